@@ -1,0 +1,69 @@
+"""The instance catalog: one table of facts per GPU instance type.
+
+The launch template (EFA layout), the Batch job definition (vCPUs, memory, GPUs, uverbs devices), the stack
+config validation, the trainer's MFU and the planner all read this table; nothing else keeps its own copy.
+EFA and network-card counts match EC2 `describe-instance-types` (`EfaInfo.MaximumEfaInterfaces`,
+`MaximumNetworkCards`); tests check them against the data that moto ships. Peak FLOP/s are NVIDIA's dense
+(no sparsity) bf16 tensor-core figures for the SXM parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    gpu_model: str
+    gpus: int
+    gpu_memory_gib: int  # per GPU
+    vcpus: int
+    memory_gib: int
+    network_cards: int
+    efa_interfaces: int  # EfaInfo.MaximumEfaInterfaces; 0 = no EFA
+    network_gbps: int  # aggregate EFA/ENA bandwidth per instance
+    peak_bf16_tflops_per_gpu: float  # dense
+    nvlink_gbytes_per_s: float  # per GPU, one direction, through NVSwitch
+
+    @property
+    def has_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def uverbs_devices(self) -> list[str]:
+        """The /dev/infiniband/uverbsN device nodes an EFA instance exposes, one per EFA interface."""
+        return [f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces)]
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        InstanceType("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 4, 400, 312.0, 300.0),
+        InstanceType("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 4, 400, 312.0, 300.0),
+        InstanceType("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 989.0, 450.0),
+        InstanceType("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 989.0, 450.0),
+        InstanceType("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 989.0, 450.0),
+        InstanceType("p6-b200.48xlarge", "B200", 8, 179, 192, 2048, 8, 8, 3200, 2250.0, 900.0),
+        # GPU types without EFA, listed so that choosing one for the cluster gets a precise error.
+        InstanceType("g5.xlarge", "A10G", 1, 22, 4, 16, 1, 0, 10, 70.0, 0.0),
+        InstanceType("g5.2xlarge", "A10G", 1, 22, 8, 32, 1, 0, 10, 70.0, 0.0),
+    )
+}
+
+EFA_INSTANCE_TYPES: tuple[str, ...] = tuple(name for name, t in INSTANCE_TYPES.items() if t.has_efa)
+
+# Peak dense bf16 TFLOP/s by GPU model, for MFU when the trainer runs outside a known instance type.
+PEAK_BF16_TFLOPS_BY_GPU: dict[str, float] = {
+    t.gpu_model: t.peak_bf16_tflops_per_gpu for t in INSTANCE_TYPES.values()
+}
+
+
+def instance_type(name: str) -> InstanceType:
+    """Look up an instance type, or raise a KeyError that lists the known ones."""
+    try:
+        return INSTANCE_TYPES[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown instance type {name!r}; known types: {', '.join(sorted(INSTANCE_TYPES))}"
+        ) from None
