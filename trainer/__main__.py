@@ -1,0 +1,32 @@
+"""`python -m trainer <verb>`: each verb lives in its own module, imported only when it runs (torch and
+megatron-core take seconds to import; `--help` should not)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> (module, one-line help). Each module defines add_arguments(parser) and main(args) -> int.
+VERBS: dict[str, tuple[str, str]] = {
+    "prepare": ("trainer.data.prepare", "tokenize text/JSONL into a Megatron indexed dataset (.bin/.idx)"),
+    "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    for verb, (_, help_text) in VERBS.items():
+        verbs.add_parser(verb, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
+        parser.parse_args(argv)  # prints help or the "invalid choice" error and exits
+    module = importlib.import_module(VERBS[argv[0]][0])
+    verb_parser = argparse.ArgumentParser(prog=f"python -m trainer {argv[0]}", description=VERBS[argv[0]][1])
+    module.add_arguments(verb_parser)
+    return module.main(verb_parser.parse_args(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
