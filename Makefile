@@ -58,6 +58,18 @@ format: $(VENV)/.dev-installed ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# --- image --------------------------------------------------------------------------------------
+
+IMAGE_TAG ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+IMAGE_BUILD_ARGS := $(shell sed -n 's/^\([A-Z_][A-Z0-9_]*\)=\(.*\)$$/--build-arg \1=\2/p' image/versions.env)
+
+.PHONY: image
+image: ## Build the trainer image with docker buildx, tagged trainstack:<git commit> (pins: image/versions.env)
+	@test -n "$(IMAGE_TAG)" || { echo "make image: not a git checkout; give IMAGE_TAG=<tag>" >&2; exit 2; }
+	@test -z "$$(git status --porcelain 2>/dev/null)" -o "$(origin IMAGE_TAG)" = "command line" || \
+	  { echo "make image: uncommitted changes; commit first so the tag names what the image holds" >&2; exit 2; }
+	docker buildx build --platform linux/amd64 -f image/Dockerfile $(IMAGE_BUILD_ARGS) -t trainstack:$(IMAGE_TAG) --load .
+
 .PHONY: clean
 clean: ## Remove caches (keeps .venv, runs/ and data/)
 	rm -rf .pytest_cache .ruff_cache .hypothesis

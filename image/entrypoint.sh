@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Container entrypoint on every node of a Batch job, and for single-node or local runs.
+# Exports the NCCL/EFA environment from efa.env (values already set by the job or the user win), then hands over
+# to `python -m trainer launch`, which maps the Batch node variables to a torchrun rendezvous, runs the preflight
+# and execs torchrun. exec keeps one process tree, so SIGTERM from Batch reaches torchrun and through it the ranks.
+set -euo pipefail
+here=$(dirname "$(readlink -f "$0")")
+
+while IFS= read -r line; do
+    [[ $line =~ ^([A-Z_][A-Z0-9_]*)=(.*)$ ]] || continue
+    key=${BASH_REMATCH[1]}
+    [[ -v $key ]] || eval "export ${key}=${BASH_REMATCH[2]}"
+done < "${here}/efa.env"
+
+exec python -m trainer launch "$@"
