@@ -15,19 +15,18 @@ Everything that depends on the instance type (EFA interfaces, uverbs devices, vC
 from __future__ import annotations
 
 import base64
-import shlex
 from dataclasses import dataclass
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import ROOT, StackConfig
+from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
 from trainer.catalog import InstanceType
+from trainer.efa_env import efa_environment
 
 if TYPE_CHECKING:
     from infra.identity import Identity
@@ -35,25 +34,13 @@ if TYPE_CHECKING:
     from infra.network import Network
     from infra.registry import Registry
 
-EFA_ENV_FILE = ROOT / "image" / "efa.env"
 DEFAULT_COMMAND = ["train", "--config", "trainer/configs/llama3-8b.yaml"]
 FSX_MOUNT = "/fsx"
-DATASETS_DIR = f"{FSX_MOUNT}/datasets"
 CHECKPOINTS_DIR = f"{FSX_MOUNT}/checkpoints"
 # The ECS-optimized Amazon Linux 2023 AMI with NVIDIA drivers; Batch picks its newest release.
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
 RETRY_ATTEMPTS = 3
-
-
-def efa_environment(path: Path = EFA_ENV_FILE) -> dict[str, str]:
-    """The NCCL/EFA variables of image/efa.env (shell `KEY="value"` lines), the entrypoint's own source."""
-    environment = {}
-    for line in path.read_text().splitlines():
-        for word in shlex.split(line, comments=True):
-            key, _, value = word.partition("=")
-            environment[key] = value
-    return environment
 
 
 def container_memory_mib(instance: InstanceType) -> int:
@@ -104,8 +91,12 @@ def job_container(
     """The container every node runs (Batch's ContainerProperties), sized and wired from the catalog."""
     instance = cfg.instance
     memory = container_memory_mib(instance)
-    environment = {**efa_environment(), "TRAINSTACK_DATASETS_DIR": DATASETS_DIR}
-    environment["TRAINSTACK_CHECKPOINTS_DIR"] = CHECKPOINTS_DIR
+    # The preflight checks GPUs and EFA devices against the catalog entry TRAINSTACK_INSTANCE_TYPE names.
+    environment = {
+        **efa_environment(),
+        "TRAINSTACK_INSTANCE_TYPE": cfg.instance_type,
+        "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
+    }
     return {
         "image": image,
         "command": DEFAULT_COMMAND,

@@ -70,7 +70,7 @@ class Identity(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: IdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainstack:identity:Identity", name, None, opts)
-        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        cfg = args.config
         prefix, region, account = cfg.name_prefix, cfg.region, args.account_id
         logs = pulumi.Output.concat(
             "arn:aws:logs:", region, ":", account, ":log-group:", cfg.log_group_prefix, "/*"
@@ -79,92 +79,63 @@ class Identity(pulumi.ComponentResource):
         datasets, checkpoints = args.lake.datasets.arn, args.lake.checkpoints.arn
         repository = args.registry.repository.arn
 
-        self.instance_role = aws.iam.Role(
+        self.instance_role = self._role(
             f"{prefix}-instance",
-            assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
-            description="GPU nodes: ECS agent, image pulls, SSM sessions",
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{prefix}-instance",
-            role=self.instance_role.id,
-            policy=policy_document(
-                allow("AwsRequiresWildcardResource", list(WILDCARD_RESOURCE_ACTIONS), ["*"]),
-                allow(
-                    "EcsAgentOnStackClusters",
-                    [
-                        "ecs:DeregisterContainerInstance",
-                        "ecs:Poll",
-                        "ecs:RegisterContainerInstance",
-                        "ecs:StartTelemetrySession",
-                        "ecs:SubmitAttachmentStateChanges",
-                        "ecs:SubmitContainerStateChange",
-                        "ecs:SubmitTaskStateChange",
-                        "ecs:UpdateContainerInstancesState",
-                    ],
-                    # Batch names the ECS cluster after the compute environment: <ce name>_Batch_<uuid>.
-                    [
-                        pulumi.Output.concat(ecs, ":cluster/", prefix, "-*"),
-                        pulumi.Output.concat(ecs, ":container-instance/", prefix, "-*"),
-                    ],
-                ),
-                allow("PullTrainerImage", ECR_PULL_ACTIONS, [repository]),
-                allow("WriteStackLogs", LOG_WRITE_ACTIONS, [logs]),
-                allow(
-                    "SsmSessions",
-                    ["ssm:UpdateInstanceInformation"],
-                    [pulumi.Output.concat("arn:aws:ec2:", region, ":", account, ":instance/*")],
-                ),
+            service_trust_policy("ec2.amazonaws.com"),
+            "GPU nodes: ECS agent, image pulls, SSM sessions",
+            allow("AwsRequiresWildcardResource", list(WILDCARD_RESOURCE_ACTIONS), ["*"]),
+            allow(
+                "EcsAgentOnStackClusters",
+                [
+                    "ecs:DeregisterContainerInstance",
+                    "ecs:Poll",
+                    "ecs:RegisterContainerInstance",
+                    "ecs:StartTelemetrySession",
+                    "ecs:SubmitAttachmentStateChanges",
+                    "ecs:SubmitContainerStateChange",
+                    "ecs:SubmitTaskStateChange",
+                    "ecs:UpdateContainerInstancesState",
+                ],
+                # Batch names the ECS cluster after the compute environment: <ce name>_Batch_<uuid>.
+                [
+                    pulumi.Output.concat(ecs, ":cluster/", prefix, "-*"),
+                    pulumi.Output.concat(ecs, ":container-instance/", prefix, "-*"),
+                ],
             ),
-            opts=child,
+            allow("PullTrainerImage", ECR_PULL_ACTIONS, [repository]),
+            allow("WriteStackLogs", LOG_WRITE_ACTIONS, [logs]),
+            allow(
+                "SsmSessions",
+                ["ssm:UpdateInstanceInformation"],
+                [pulumi.Output.concat("arn:aws:ec2:", region, ":", account, ":instance/*")],
+            ),
         )
         self.instance_profile = aws.iam.InstanceProfile(
-            f"{prefix}-instance", role=self.instance_role.name, opts=child
+            f"{prefix}-instance", role=self.instance_role.name, opts=pulumi.ResourceOptions(parent=self)
         )
-
-        self.job_role = aws.iam.Role(
+        self.job_role = self._role(
             f"{prefix}-job",
-            assume_role_policy=service_trust_policy("ecs-tasks.amazonaws.com", account),
-            description="Training containers: read datasets, read/write checkpoints",
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{prefix}-job",
-            role=self.job_role.id,
-            policy=policy_document(
-                allow("ListBuckets", ["s3:ListBucket"], [datasets, checkpoints]),
-                allow("ReadDatasets", ["s3:GetObject"], [pulumi.Output.concat(datasets, "/*")]),
-                allow(
-                    "ReadWriteCheckpoints",
-                    ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
-                    [pulumi.Output.concat(checkpoints, "/*")],
-                ),
-                allow(
-                    "UseStackKey",
-                    ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey"],
-                    [args.keys.key.arn],
-                ),
+            service_trust_policy("ecs-tasks.amazonaws.com", account),
+            "Training containers: read datasets, read/write checkpoints",
+            allow("ListBuckets", ["s3:ListBucket"], [datasets, checkpoints]),
+            allow("ReadDatasets", ["s3:GetObject"], [pulumi.Output.concat(datasets, "/*")]),
+            allow(
+                "ReadWriteCheckpoints",
+                ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
+                [pulumi.Output.concat(checkpoints, "/*")],
             ),
-            opts=child,
-        )
-
-        self.execution_role = aws.iam.Role(
-            f"{prefix}-execution",
-            assume_role_policy=service_trust_policy("ecs-tasks.amazonaws.com", account),
-            description="ECS on behalf of training containers: image pulls and logs",
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{prefix}-execution",
-            role=self.execution_role.id,
-            policy=policy_document(
-                allow("AwsRequiresWildcardResource", ["ecr:GetAuthorizationToken"], ["*"]),
-                allow("PullTrainerImage", ECR_PULL_ACTIONS, [repository]),
-                allow("WriteStackLogs", LOG_WRITE_ACTIONS, [logs]),
+            allow(
+                "UseStackKey", ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey"], [args.keys.key.arn]
             ),
-            opts=child,
         )
-
+        self.execution_role = self._role(
+            f"{prefix}-execution",
+            service_trust_policy("ecs-tasks.amazonaws.com", account),
+            "ECS on behalf of training containers: image pulls and logs",
+            allow("AwsRequiresWildcardResource", ["ecr:GetAuthorizationToken"], ["*"]),
+            allow("PullTrainerImage", ECR_PULL_ACTIONS, [repository]),
+            allow("WriteStackLogs", LOG_WRITE_ACTIONS, [logs]),
+        )
         self.register_outputs(
             {
                 "instance_profile_arn": self.instance_profile.arn,
@@ -172,3 +143,15 @@ class Identity(pulumi.ComponentResource):
                 "execution_role_arn": self.execution_role.arn,
             }
         )
+
+    def _role(
+        self, name: str, trust: pulumi.Output[str], description: str, *statements: dict[str, Any]
+    ) -> aws.iam.Role:
+        """A role with one inline policy: what it may do is read in one place, next to who may assume it."""
+        role = aws.iam.Role(
+            name, assume_role_policy=trust, description=description, opts=pulumi.ResourceOptions(parent=self)
+        )
+        aws.iam.RolePolicy(
+            name, role=role.id, policy=policy_document(*statements), opts=pulumi.ResourceOptions(parent=self)
+        )
+        return role

@@ -46,30 +46,23 @@ class Lustre(pulumi.ComponentResource):
             f"{prefix}-fsx", vpc_id=args.network.vpc.id, description="FSx for Lustre file servers", opts=child
         )
         # FSx refuses to create a file system whose group does not admit Lustre traffic between its own servers.
-        server_rules = []
-        for low, high in LUSTRE_PORTS:
-            server_rules += [
-                aws.vpc.SecurityGroupIngressRule(
-                    f"{prefix}-fsx-from-servers-{low}",
-                    security_group_id=self.security_group.id,
-                    referenced_security_group_id=self.security_group.id,
-                    ip_protocol="tcp",
-                    from_port=low,
-                    to_port=high,
-                    description="Lustre between file servers",
-                    opts=child,
-                ),
-                aws.vpc.SecurityGroupEgressRule(
-                    f"{prefix}-fsx-to-servers-{low}",
-                    security_group_id=self.security_group.id,
-                    referenced_security_group_id=self.security_group.id,
-                    ip_protocol="tcp",
-                    from_port=low,
-                    to_port=high,
-                    description="Lustre between file servers",
-                    opts=child,
-                ),
-            ]
+        server_rules = [
+            rule(
+                f"{prefix}-fsx-{direction}-servers-{low}",
+                security_group_id=self.security_group.id,
+                referenced_security_group_id=self.security_group.id,
+                ip_protocol="tcp",
+                from_port=low,
+                to_port=high,
+                description="Lustre between file servers",
+                opts=child,
+            )
+            for low, high in LUSTRE_PORTS
+            for direction, rule in (
+                ("from", aws.vpc.SecurityGroupIngressRule),
+                ("to", aws.vpc.SecurityGroupEgressRule),
+            )
+        ]
 
         self.file_system = aws.fsx.LustreFileSystem(
             f"{prefix}-fsx",
@@ -89,24 +82,11 @@ class Lustre(pulumi.ComponentResource):
                 retain_on_delete=cfg.protect_data,
             ),
         )
-        self.datasets = aws.fsx.DataRepositoryAssociation(
-            f"{prefix}-fsx-datasets",
-            file_system_id=self.file_system.id,
-            file_system_path="/datasets",
-            data_repository_path=pulumi.Output.concat("s3://", args.lake.datasets.bucket, "/"),
-            batch_import_meta_data_on_create=True,
-            s3={"auto_import_policy": {"events": ALL_EVENTS}},
-            opts=child,
+        self.datasets = self._link(
+            prefix, "datasets", args.lake.datasets, {"auto_import_policy": {"events": ALL_EVENTS}}
         )
-        self.checkpoints = aws.fsx.DataRepositoryAssociation(
-            f"{prefix}-fsx-checkpoints",
-            file_system_id=self.file_system.id,
-            file_system_path="/checkpoints",
-            data_repository_path=pulumi.Output.concat("s3://", args.lake.checkpoints.bucket, "/"),
-            # Metadata of checkpoints already in S3 appears at creation: a rebuilt file system can resume runs.
-            batch_import_meta_data_on_create=True,
-            s3={"auto_export_policy": {"events": ALL_EVENTS}},
-            opts=child,
+        self.checkpoints = self._link(
+            prefix, "checkpoints", args.lake.checkpoints, {"auto_export_policy": {"events": ALL_EVENTS}}
         )
         self.register_outputs(
             {
@@ -115,4 +95,19 @@ class Lustre(pulumi.ComponentResource):
                 "mount_name": self.file_system.mount_name,
                 "security_group_id": self.security_group.id,
             }
+        )
+
+    def _link(
+        self, prefix: str, directory: str, bucket: aws.s3.Bucket, policy: dict
+    ) -> aws.fsx.DataRepositoryAssociation:
+        """`/<directory>` <-> the bucket's root."""
+        return aws.fsx.DataRepositoryAssociation(
+            f"{prefix}-fsx-{directory}",
+            file_system_id=self.file_system.id,
+            file_system_path=f"/{directory}",
+            data_repository_path=pulumi.Output.concat("s3://", bucket.bucket, "/"),
+            # What the bucket already holds appears at creation: a rebuilt file system sees old data and checkpoints.
+            batch_import_meta_data_on_create=True,
+            s3=policy,
+            opts=pulumi.ResourceOptions(parent=self),
         )

@@ -56,17 +56,7 @@ class Network(pulumi.ComponentResource):
         )
         self.public_subnets, self.private_subnets, private_routes, nat_gateways = [], [], [], []
         for i, zone in enumerate(cfg.availability_zones):
-            public = aws.ec2.Subnet(
-                f"{prefix}-public-{zone}",
-                vpc_id=self.vpc.id,
-                cidr_block=public_cidrs[i],
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                opts=child,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{prefix}-public-{zone}", subnet_id=public.id, route_table_id=public_routes.id, opts=child
-            )
+            public = self._subnet(f"{prefix}-public-{zone}", zone, public_cidrs[i], public_routes)
             self.public_subnets.append(public)
             if i < cfg.nat_gateways:
                 address = aws.ec2.Eip(f"{prefix}-nat-{zone}", domain="vpc", opts=child)
@@ -87,18 +77,9 @@ class Network(pulumi.ComponentResource):
                 routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
                 opts=child,
             )
-            private = aws.ec2.Subnet(
-                f"{prefix}-private-{zone}",
-                vpc_id=self.vpc.id,
-                cidr_block=private_cidrs[i],
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                opts=child,
+            self.private_subnets.append(
+                self._subnet(f"{prefix}-private-{zone}", zone, private_cidrs[i], routes)
             )
-            aws.ec2.RouteTableAssociation(
-                f"{prefix}-private-{zone}", subnet_id=private.id, route_table_id=routes.id, opts=child
-            )
-            self.private_subnets.append(private)
             private_routes.append(routes)
         self.cluster_subnet = self.private_subnets[0]
 
@@ -120,6 +101,20 @@ class Network(pulumi.ComponentResource):
                 "private_subnet_ids": [s.id for s in self.private_subnets],
             }
         )
+
+    def _subnet(self, name: str, zone: str, cidr: str, routes: aws.ec2.RouteTable) -> aws.ec2.Subnet:
+        subnet = aws.ec2.Subnet(
+            name,
+            vpc_id=self.vpc.id,
+            cidr_block=cidr,
+            availability_zone=zone,
+            map_public_ip_on_launch=False,  # nothing here gets a public IP; NAT gateways have their own
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        aws.ec2.RouteTableAssociation(
+            name, subnet_id=subnet.id, route_table_id=routes.id, opts=pulumi.ResourceOptions(parent=self)
+        )
+        return subnet
 
     def _interface_endpoints(self, cfg: StackConfig, child: pulumi.ResourceOptions) -> None:
         if not cfg.interface_endpoints:

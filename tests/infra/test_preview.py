@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra.cluster import efa_environment, efa_network_interfaces
+from infra.cluster import efa_network_interfaces
 from infra.preview import cli_config, main
 from trainer.catalog import instance_type
 
@@ -50,13 +50,6 @@ def test_cli_config_encodes_values_as_the_pulumi_cli_does():
         "a:count": "4",
         "a:name": "n",
     }
-
-
-def test_efa_env_is_parsed_as_shell_assignments():
-    environment = efa_environment()
-    assert environment["NCCL_NET"] == "AWS Libfabric"
-    assert environment["NCCL_SOCKET_IFNAME"] == "^docker,lo,veth"
-    assert all(key.isupper() and "#" not in key for key in environment)
 
 
 def test_interface_layout_for_each_catalog_type_has_one_efa_per_card():

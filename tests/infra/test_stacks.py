@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from infra.cluster import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_COMMAND, efa_environment
+from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from infra.identity import WILDCARD_RESOURCE_ACTIONS
 from infra.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 from trainer.catalog import instance_type
+from trainer.efa_env import efa_environment
 
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 
@@ -120,13 +121,14 @@ def test_job_container_contract(stack):
     assert container["executionRoleArn"] == stack.one("iam.Role", "-execution").outputs["arn"]
 
 
-def test_job_environment_is_image_efa_env_plus_the_fsx_layout(stack):
+def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_root(stack):
     environment = {e["name"]: e["value"] for e in stack.node_container["environment"]}
     assert environment == {
         **efa_environment(),
-        "TRAINSTACK_DATASETS_DIR": DATASETS_DIR,
-        "TRAINSTACK_CHECKPOINTS_DIR": CHECKPOINTS_DIR,
+        "TRAINSTACK_INSTANCE_TYPE": stack.config.instance_type,
+        "TRAINSTACK_CHECKPOINT_ROOT": "/fsx/checkpoints",
     }
+    assert CHECKPOINTS_DIR == "/fsx/checkpoints"
     assert environment["NCCL_NET"] == "AWS Libfabric"
 
 
