@@ -156,7 +156,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainstack:cluster:Cluster", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
-        prefix, instance = cfg.name_prefix, cfg.instance
+        prefix = cfg.name_prefix
 
         self.security_group = self._efa_security_group(args, child)
         placement_group = (
@@ -164,33 +164,14 @@ class Cluster(pulumi.ComponentResource):
             if cfg.uses_placement_group
             else None
         )
-        self.launch_template = self._launch_template(
+        self.launch_template = self._launch_template(f"{prefix}-gpu", args, **self._reserved_capacity(cfg))
+        self.compute_environment = self._environment(
             f"{prefix}-gpu",
             args,
-            network_interfaces=efa_network_interfaces(
-                instance, args.network.cluster_subnet.id, self.security_group.id
-            ),
-            **self._reserved_capacity(cfg),
-        )
-        self.compute_environment = aws.batch.ComputeEnvironment(
-            f"{prefix}-gpu",
-            type="MANAGED",
-            state="ENABLED",
-            compute_resources={
-                "type": "EC2",
-                "allocation_strategy": "BEST_FIT_PROGRESSIVE",
-                "min_vcpus": 0,  # an idle cluster runs (and costs) nothing
-                "max_vcpus": cfg.node_count * instance.vcpus,
-                "instance_types": [cfg.instance_type],
-                "subnets": [args.network.cluster_subnet.id],
-                "security_group_ids": [self.security_group.id],
-                "instance_role": args.identity.instance_profile.arn,
-                "placement_group": placement_group.name if placement_group else None,
-                "launch_template": self._template_version(self.launch_template),
-                "ec2_configurations": [{"image_type": IMAGE_TYPE}],
-                "tags": cfg.tags,  # default tags do not reach the instances Batch launches
-            },
-            opts=child,
+            self.launch_template,
+            type="EC2",
+            allocation_strategy="BEST_FIT_PROGRESSIVE",
+            placement_group=placement_group.name if placement_group else None,
         )
         self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment)
 
@@ -306,6 +287,9 @@ class Cluster(pulumi.ComponentResource):
         return aws.ec2.LaunchTemplate(
             name,
             update_default_version=True,
+            network_interfaces=efa_network_interfaces(
+                cfg.instance, args.network.cluster_subnet.id, self.security_group.id
+            ),
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",  # IMDSv2 only
@@ -334,10 +318,33 @@ class Cluster(pulumi.ComponentResource):
             **extra,
         )
 
-    @staticmethod
-    def _template_version(template: aws.ec2.LaunchTemplate) -> dict[str, Any]:
-        # A pinned version: a changed template rolls the environment's instances instead of drifting silently.
-        return {"launch_template_id": template.id, "version": template.latest_version.apply(str)}
+    def _environment(
+        self, name: str, args: ClusterArgs, template: aws.ec2.LaunchTemplate, **resources: Any
+    ) -> aws.batch.ComputeEnvironment:
+        """A managed environment of the stack's instance type in the cluster subnet, from 0 to `nodeCount` nodes."""
+        cfg = args.config
+        return aws.batch.ComputeEnvironment(
+            name,
+            type="MANAGED",
+            state="ENABLED",
+            compute_resources={
+                "min_vcpus": 0,  # an idle cluster runs (and costs) nothing
+                "max_vcpus": cfg.node_count * cfg.instance.vcpus,
+                "instance_types": [cfg.instance_type],
+                "subnets": [args.network.cluster_subnet.id],
+                "security_group_ids": [self.security_group.id],
+                "instance_role": args.identity.instance_profile.arn,
+                # A pinned version: a changed template rolls the instances instead of drifting silently.
+                "launch_template": {
+                    "launch_template_id": template.id,
+                    "version": template.latest_version.apply(str),
+                },
+                "ec2_configurations": [{"image_type": IMAGE_TYPE}],
+                "tags": cfg.tags,  # default tags do not reach the instances Batch launches
+                **resources,
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _queue(self, name: str, environment: aws.batch.ComputeEnvironment) -> aws.batch.JobQueue:
         return aws.batch.JobQueue(
@@ -349,27 +356,18 @@ class Cluster(pulumi.ComponentResource):
         )
 
     def _spot(self, args: ClusterArgs, container: dict[str, Any]) -> dict[str, pulumi.Output[str]]:
-        """Single-node Spot jobs (evaluations, data preparation): multi-node parallel jobs cannot run on Spot."""
+        """Single-node Spot jobs (evaluations, data preparation): multi-node parallel jobs cannot run on Spot.
+
+        Same template without the reservation: the nodes keep their EFA devices, so the same container runs.
+        """
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         template = self._launch_template(f"{cfg.name_prefix}-spot", args)
-        environment = aws.batch.ComputeEnvironment(
+        environment = self._environment(
             f"{cfg.name_prefix}-spot",
-            type="MANAGED",
-            state="ENABLED",
-            compute_resources={
-                "type": "SPOT",
-                "allocation_strategy": "SPOT_PRICE_CAPACITY_OPTIMIZED",
-                "min_vcpus": 0,
-                "max_vcpus": cfg.node_count * cfg.instance.vcpus,
-                "instance_types": [cfg.instance_type],
-                "subnets": [args.network.cluster_subnet.id],
-                "security_group_ids": [self.security_group.id],
-                "instance_role": args.identity.instance_profile.arn,
-                "launch_template": self._template_version(template),
-                "ec2_configurations": [{"image_type": IMAGE_TYPE}],
-                "tags": cfg.tags,
-            },
-            opts=child,
+            args,
+            template,
+            type="SPOT",
+            allocation_strategy="SPOT_PRICE_CAPACITY_OPTIMIZED",
         )
         queue = self._queue(f"{cfg.name_prefix}-spot", environment)
         definition = aws.batch.JobDefinition(

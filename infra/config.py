@@ -32,30 +32,11 @@ NAMESPACE = "trainstack"
 MAX_NODE_COUNT = 32
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy).
+# fmt: off
 LOG_RETENTION_DAYS = (
-    1,
-    3,
-    5,
-    7,
-    14,
-    30,
-    60,
-    90,
-    120,
-    150,
-    180,
-    365,
-    400,
-    545,
-    731,
-    1096,
-    1827,
-    2192,
-    2557,
-    2922,
-    3288,
-    3653,
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
 )
+# fmt: on
 
 # VPC interface endpoints a stack may ask for (S3 always gets a free gateway endpoint).
 INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ssm", "ssmmessages")
@@ -323,7 +304,7 @@ class StackConfig(BaseModel):
 
     @property
     def name_prefix(self) -> str:
-        """Prefix of every resource name, and of the IAM roles the stack key trusts."""
+        """Prefix of every resource name; the instance role finds Batch's ECS clusters by it."""
         return f"{NAMESPACE}-{self.stack}"
 
     @property
@@ -360,7 +341,7 @@ def parse_stack_config(stack: str, values: Mapping[str, Any], source: str = "sta
     try:
         return StackConfig.model_validate({**given, "pulumi:stack": stack})
     except ValidationError as e:
-        problems = [_describe(error) for error in e.errors()]
+        problems = [problem for error in e.errors() for problem in _describe(error)]
     raise StackConfigError(f"{source}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
 
 
@@ -404,16 +385,16 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _describe(error: Mapping[str, Any]) -> str:
-    if not error["loc"]:  # cross-key problems carry their own keys
-        return error["msg"].replace("\n", "\n  ")
+def _describe(error: Mapping[str, Any]) -> list[str]:
+    if not error["loc"]:  # cross-key problems, one a line, each naming its keys
+        return error["msg"].splitlines()
     key = str(error["loc"][0]) + "".join(f"[{part}]" for part in error["loc"][1:])
     if error["type"] == "extra_forbidden":
         # Compare the part after the namespace, so that `trainstack:` itself does not make every key look close.
         by_name = {valid.partition(":")[2]: valid for valid in _FIELDS}
         near = difflib.get_close_matches(key.partition(":")[2], by_name, n=1, cutoff=0.6)
         hint = f"did you mean {by_name[near[0]]}?" if near else f"valid keys: {', '.join(sorted(_FIELDS))}"
-        return f"{key}: unknown key; {hint}"
+        return [f"{key}: unknown key; {hint}"]
     if error["type"] == "missing":
-        return f"{key}: required: {_FIELDS[key].description} (docs/infra.md#configuration)"
-    return f"{key} = {error['input']!r}: {error['msg']}"
+        return [f"{key}: required: {_FIELDS[key].description} (docs/infra.md#configuration)"]
+    return [f"{key} = {error['input']!r}: {error['msg']}"]

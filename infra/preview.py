@@ -58,20 +58,16 @@ class Plan:
     resources: list[PlannedResource]
     outputs: dict[str, Any]
 
-    def find(self, type_: str) -> list[PlannedResource]:
-        return [r for r in self.resources if r.type == type_]
-
 
 def cli_config(values: Mapping[str, Any]) -> dict[str, str]:
     """Config as the Pulumi CLI hands it to a program: strings, with lists and maps as JSON."""
-    return {
-        key: json.dumps(value)
-        if isinstance(value, list | dict)
-        else str(value).lower()
-        if isinstance(value, bool)
-        else str(value)
-        for key, value in values.items()
-    }
+
+    def as_cli_string(value: Any) -> str:
+        if isinstance(value, list | dict):
+            return json.dumps(value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return {key: as_cli_string(value) for key, value in values.items()}
 
 
 def run_program(stack: str, values: Mapping[str, Any] | None = None) -> Plan:

@@ -326,3 +326,8 @@ def test_every_config_key_is_documented():
     documented = (ROOT / "docs" / "infra.md").read_text()
     keys = [f.alias for f in StackConfig.model_fields.values() if f.alias != "pulumi:stack"]
     assert [key for key in keys if f"| `{key}` |" not in documented] == []
+
+
+def test_cross_key_problems_are_counted_one_each():
+    message = error_for(trainstack__natGateways=3, trainstack__fsxThroughputPerTib=250)
+    assert message.startswith("stack config: 2 problem(s)")

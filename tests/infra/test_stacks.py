@@ -458,7 +458,10 @@ def test_spot_adds_a_single_node_queue_and_job_definition(stack):
     environment = stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
     assert environment["type"] == "SPOT" and environment["minVcpus"] == 0
     assert "placementGroup" not in environment
-    assert "networkInterfaces" not in stack.one("ec2.LaunchTemplate", "-spot").inputs
+    spot_interfaces = stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
+    assert (
+        spot_interfaces == stack.launch_template.inputs["networkInterfaces"]
+    )  # the container needs its devices
     definition = stack.one("batch.JobDefinition", "-spot").inputs
     assert definition["type"] == "container" and "nodeProperties" not in definition
 
