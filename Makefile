@@ -19,6 +19,10 @@ $(VENV)/.train-installed: requirements/train.txt requirements/lock.txt | $(PY)
 	$(PIP) -r requirements/train.txt
 	touch $@
 
+$(VENV)/.infra-installed: requirements/infra.txt requirements/lock.txt | $(PY)
+	$(PIP) -r requirements/infra.txt
+	touch $@
+
 $(VENV)/.dev-installed: requirements/dev.txt requirements/train.txt requirements/infra.txt requirements/lock.txt | $(PY)
 	$(PIP) -r requirements/dev.txt
 	touch $@
@@ -46,6 +50,36 @@ test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end on
 .PHONY: test-fast
 test-fast: $(VENV)/.dev-installed ## Run the tests not marked slow
 	$(PY) -m pytest -m "not slow"
+
+# --- infrastructure ------------------------------------------------------------------------------
+
+define need_stack
+	@test -n "$(STACK)" || { echo "make $@: say which stack, e.g. make $@ STACK=dev ($(STACKS))" >&2; exit 2; }
+endef
+define need_pulumi
+	@command -v pulumi >/dev/null || { echo "make $@: the Pulumi CLI is not installed (https://www.pulumi.com/docs/install/);" \
+	  "make preview-offline STACK=$(STACK) plans the same program without it" >&2; exit 127; }
+endef
+comma := ,
+space := $(empty) $(empty)
+STACKS := $(subst $(space),$(comma)$(space),$(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml)))
+
+.PHONY: preview-offline
+preview-offline: $(VENV)/.infra-installed ## Plan STACK=<env> under Pulumi mocks: no AWS, no CLI (FORMAT=table|json)
+	$(need_stack)
+	@$(PY) -m infra.preview --stack $(STACK) --format $(FORMAT)
+
+.PHONY: preview
+preview: $(VENV)/.infra-installed ## pulumi preview --stack STACK (needs the Pulumi CLI and AWS credentials)
+	$(need_stack)
+	$(need_pulumi)
+	pulumi preview --stack $(STACK)
+
+.PHONY: up
+up: $(VENV)/.infra-installed ## pulumi up --stack STACK (needs the Pulumi CLI and AWS credentials)
+	$(need_stack)
+	$(need_pulumi)
+	pulumi up --stack $(STACK)
 
 .PHONY: lint
 lint: $(VENV)/.dev-installed ## ruff over Python sources, hadolint over image/Dockerfile

@@ -1,0 +1,52 @@
+"""trainstack: one environment's infrastructure, composed like the architecture diagram (see docs/infra.md)."""
+
+import sys
+from pathlib import Path
+
+# Pulumi runs this directory as a script; import the program as the package `infra` (it also uses `trainer`).
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "infra")]
+
+import pulumi  # noqa: E402
+import pulumi_aws as aws  # noqa: E402
+
+from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.config import pulumi_stack_config  # noqa: E402
+from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
+from infra.identity import Identity, IdentityArgs  # noqa: E402
+from infra.keys import Keys, KeysArgs  # noqa: E402
+from infra.lustre import Lustre, LustreArgs  # noqa: E402
+from infra.network import Network, NetworkArgs  # noqa: E402
+from infra.registry import Registry, RegistryArgs  # noqa: E402
+
+cfg = pulumi_stack_config()  # validated before any resource is registered
+aws_provider = aws.Provider(
+    "aws", region=cfg.region, profile=cfg.aws_profile, default_tags={"tags": cfg.tags}
+)
+opts = pulumi.ResourceOptions(providers=[aws_provider])
+account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider)).account_id
+
+keys = Keys("keys", KeysArgs(cfg, account_id), opts)
+network = Network("network", NetworkArgs(cfg, account_id, keys), opts)
+lake = DataLake("data-lake", DataLakeArgs(cfg, keys), opts)
+registry = Registry("registry", RegistryArgs(cfg, keys), opts)
+identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, registry), opts)
+lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
+cluster = Cluster("cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry), opts)
+
+outputs = {  # the names infra/outputs.py lists
+    "region": cfg.region,
+    "ecr_repository_url": registry.repository.repository_url,
+    "datasets_bucket": lake.datasets.bucket,
+    "checkpoints_bucket": lake.checkpoints.bucket,
+    "fsx_file_system_id": lustre.file_system.id,
+    "fsx_dns_name": lustre.file_system.dns_name,
+    "fsx_mount_name": lustre.file_system.mount_name,
+    "kms_key_arn": keys.key.arn,
+    "instance_type": cfg.instance_type,
+    "node_count": cfg.node_count,
+    "gpus_per_node": cfg.instance.gpus,
+    **cluster.outputs,  # job_queue, job_definition, log_group (+ the spot queue and definition)
+}
+for name, value in outputs.items():
+    pulumi.export(name, value)

@@ -1,0 +1,382 @@
+"""The GPU cluster on AWS Batch: EFA security group, placement, launch template, compute environment, queue, jobs.
+
+Everything that depends on the instance type (EFA interfaces, uverbs devices, vCPUs, memory, GPUs) is read from
+`trainer.catalog`. The job definition is the container contract the image is built to:
+
+- image: `trainstack:image`, else `<ecr repository url>:latest` (a placeholder: Batch multi-node jobs cannot
+  override the image at submission, so the submit tool registers a new revision with the immutable tag it pushed);
+- entrypoint: baked into the image (`/opt/trainstack/image/entrypoint.sh`); the job definition sets only the
+  command, by default `train --config trainer/configs/llama3-8b.yaml`;
+- `/fsx` from the host (user data mounts FSx there): datasets under /fsx/datasets, checkpoints under
+  /fsx/checkpoints/<run>; the NCCL/EFA environment from image/efa.env;
+- retries only when the host failed (`Host EC2*` status reasons); an application error ends the job.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+from typing import TYPE_CHECKING, Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import StackConfig
+from infra.lustre import LUSTRE_PORTS, Lustre
+from trainer.catalog import InstanceType
+from trainer.efa_env import efa_environment
+
+if TYPE_CHECKING:
+    from infra.identity import Identity
+    from infra.keys import Keys
+    from infra.network import Network
+    from infra.registry import Registry
+
+DEFAULT_COMMAND = ["train", "--config", "trainer/configs/llama3-8b.yaml"]
+FSX_MOUNT = "/fsx"
+CHECKPOINTS_DIR = f"{FSX_MOUNT}/checkpoints"
+# The ECS-optimized Amazon Linux 2023 AMI with NVIDIA drivers; Batch picks its newest release.
+IMAGE_TYPE = "ECS_AL2023_NVIDIA"
+ROOT_DEVICE = "/dev/xvda"
+RETRY_ATTEMPTS = 3
+
+
+def container_memory_mib(instance: InstanceType) -> int:
+    """What a job may ask for: ECS registers less than EC2 advertises (kernel, page tables, agent, docker).
+
+    Rule: keep back 5 % of the instance's memory, at least 2 GiB; asking for more leaves a job RUNNABLE forever.
+    """
+    total = instance.memory_gib * 1024
+    return min(total * 95 // 100, total - 2048)
+
+
+def efa_network_interfaces(
+    instance: InstanceType, subnet_id: Any, security_group_id: Any
+) -> list[dict[str, Any]]:
+    """One interface per EFA card: the primary `efa` (card 0, device 0, the node's IP) and `efa-only` on the rest."""
+    common = {"subnet_id": subnet_id, "security_groups": [security_group_id], "delete_on_termination": "true"}
+    primary = {**common, "network_card_index": 0, "device_index": 0, "interface_type": "efa"}
+    return [
+        {**primary, "associate_public_ip_address": "false"},
+        *(
+            {**common, "network_card_index": card, "device_index": 0, "interface_type": "efa-only"}
+            for card in range(1, instance.efa_interfaces)
+        ),
+    ]
+
+
+def node_user_data(fsx_dns_name: str, fsx_mount_name: str) -> str:
+    """Base64 MIME multi-part user data (Batch merges it with its own): EFA driver, Lustre client, /fsx mounted."""
+    script = f"""#!/bin/bash
+set -euxo pipefail
+# The host needs only the EFA kernel driver; the image brings libfabric and aws-ofi-nccl.
+curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz
+tar -xzf /tmp/aws-efa-installer.tar.gz -C /tmp
+(cd /tmp/aws-efa-installer && ./efa_installer.sh --yes --minimal)
+dnf install -y lustre-client
+mkdir -p {FSX_MOUNT}
+echo "{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT} lustre defaults,noatime,flock,_netdev 0 0" >> /etc/fstab
+mount {FSX_MOUNT}
+"""
+    message = MIMEMultipart(boundary="==trainstack-node==")  # a fixed boundary keeps the template stable
+    message.attach(MIMEText(script, "x-shellscript"))
+    return base64.b64encode(message.as_string().encode()).decode()
+
+
+def job_container(
+    cfg: StackConfig, image: Any, job_role_arn: Any, execution_role_arn: Any, log_group: Any
+) -> dict[str, Any]:
+    """The container every node runs (Batch's ContainerProperties), sized and wired from the catalog."""
+    instance = cfg.instance
+    memory = container_memory_mib(instance)
+    # The preflight checks GPUs and EFA devices against the catalog entry TRAINSTACK_INSTANCE_TYPE names.
+    environment = {
+        **efa_environment(),
+        "TRAINSTACK_INSTANCE_TYPE": cfg.instance_type,
+        "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
+    }
+    return {
+        "image": image,
+        "command": DEFAULT_COMMAND,
+        "jobRoleArn": job_role_arn,
+        "executionRoleArn": execution_role_arn,
+        "resourceRequirements": [
+            {"type": "VCPU", "value": str(instance.vcpus)},
+            {"type": "MEMORY", "value": str(memory)},
+            {"type": "GPU", "value": str(instance.gpus)},
+        ],
+        "linuxParameters": {
+            "devices": [
+                {"hostPath": device, "containerPath": device, "permissions": ["READ", "WRITE", "MKNOD"]}
+                for device in instance.uverbs_devices
+            ],
+            # PyTorch data workers and NCCL's intra-node transport live in /dev/shm.
+            "sharedMemorySize": memory // 8,
+        },
+        # EFA registers (pins) GPU and host buffers with the NIC.
+        "ulimits": [{"name": "memlock", "softLimit": -1, "hardLimit": -1}],
+        "volumes": [{"name": "fsx", "host": {"sourcePath": FSX_MOUNT}}],
+        "mountPoints": [{"sourceVolume": "fsx", "containerPath": FSX_MOUNT, "readOnly": False}],
+        "environment": [{"name": k, "value": v} for k, v in sorted(environment.items())],
+        "logConfiguration": {
+            "logDriver": "awslogs",
+            "options": {
+                "awslogs-group": log_group,
+                "awslogs-region": cfg.region,
+                "awslogs-stream-prefix": "train",
+            },
+        },
+    }
+
+
+RETRY_ON_HOST_FAILURE = {
+    "attempts": RETRY_ATTEMPTS,
+    "evaluate_on_exits": [
+        {"on_status_reason": "Host EC2*", "action": "RETRY"},
+        {"on_reason": "*", "action": "EXIT"},
+    ],
+}
+
+
+@dataclass
+class ClusterArgs:
+    config: StackConfig
+    network: Network
+    keys: Keys
+    lustre: Lustre
+    identity: Identity
+    registry: Registry
+
+
+class Cluster(pulumi.ComponentResource):
+    """Managed EC2 Batch environment scaling 0..N nodes, its queue, and the multi-node training job definition."""
+
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainstack:cluster:Cluster", name, None, opts)
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        prefix = cfg.name_prefix
+
+        self.security_group = self._efa_security_group(args, child)
+        placement_group = (
+            aws.ec2.PlacementGroup(f"{prefix}-gpu", strategy="cluster", opts=child)
+            if cfg.uses_placement_group
+            else None
+        )
+        self.launch_template = self._launch_template(f"{prefix}-gpu", args, **self._reserved_capacity(cfg))
+        self.compute_environment = self._environment(
+            f"{prefix}-gpu",
+            args,
+            self.launch_template,
+            type="EC2",
+            allocation_strategy="BEST_FIT_PROGRESSIVE",
+            placement_group=placement_group.name if placement_group else None,
+        )
+        self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment)
+
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{prefix}-jobs",
+            name=f"{cfg.log_group_prefix}/jobs",
+            retention_in_days=cfg.log_retention_days,
+            kms_key_id=args.keys.key.arn,
+            opts=child,
+        )
+        image = cfg.image or pulumi.Output.concat(args.registry.repository.repository_url, ":latest")
+        container = job_container(
+            cfg, image, args.identity.job_role.arn, args.identity.execution_role.arn, self.log_group.name
+        )
+        self.job_definition = aws.batch.JobDefinition(
+            f"{prefix}-train",
+            type="multinode",
+            platform_capabilities=["EC2"],
+            propagate_tags=True,
+            node_properties=pulumi.Output.json_dumps(
+                {
+                    "mainNode": 0,
+                    "numNodes": cfg.node_count,
+                    "nodeRangeProperties": [
+                        {"targetNodes": "0:", "container": {**container, "instanceType": cfg.instance_type}}
+                    ],
+                }
+            ),
+            retry_strategy=RETRY_ON_HOST_FAILURE,
+            opts=child,
+        )
+        outputs = {
+            "job_queue": self.job_queue.name,
+            "job_definition": self.job_definition.arn,
+            "log_group": self.log_group.name,
+        }
+        if cfg.spot:
+            outputs.update(self._spot(args, container))
+        self.outputs = outputs
+        self.register_outputs(outputs)
+
+    def _efa_security_group(self, args: ClusterArgs, child: pulumi.ResourceOptions) -> aws.ec2.SecurityGroup:
+        """EFA needs all traffic from AND to its own group; 0.0.0.0/0 egress does not cover EFA's SRD traffic."""
+        prefix = args.config.name_prefix
+        group = aws.ec2.SecurityGroup(
+            f"{prefix}-efa",
+            vpc_id=args.network.vpc.id,
+            description="GPU nodes: EFA, NCCL bootstrap, FSx client",
+            opts=child,
+        )
+        own = {"security_group_id": group.id, "opts": child}
+        aws.vpc.SecurityGroupIngressRule(
+            f"{prefix}-efa-from-self",
+            referenced_security_group_id=group.id,
+            ip_protocol="-1",
+            description="EFA and NCCL between nodes",
+            **own,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{prefix}-efa-to-self",
+            referenced_security_group_id=group.id,
+            ip_protocol="-1",
+            description="EFA and NCCL between nodes",
+            **own,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{prefix}-efa-https",
+            cidr_ipv4="0.0.0.0/0",
+            ip_protocol="tcp",
+            from_port=443,
+            to_port=443,
+            description="AWS APIs, ECR, S3, package repositories",
+            **own,
+        )
+        for low, high in LUSTRE_PORTS:
+            aws.vpc.SecurityGroupEgressRule(
+                f"{prefix}-efa-to-fsx-{low}",
+                referenced_security_group_id=args.lustre.security_group.id,
+                ip_protocol="tcp",
+                from_port=low,
+                to_port=high,
+                description="Lustre client to FSx",
+                **own,
+            )
+            aws.vpc.SecurityGroupIngressRule(
+                f"{prefix}-fsx-from-efa-{low}",
+                security_group_id=args.lustre.security_group.id,
+                referenced_security_group_id=group.id,
+                ip_protocol="tcp",
+                from_port=low,
+                to_port=high,
+                description="Lustre clients: the GPU nodes",
+                opts=child,
+            )
+        return group
+
+    @staticmethod
+    def _reserved_capacity(cfg: StackConfig) -> dict[str, Any]:
+        """Launch into the configured On-Demand Capacity Reservation or Capacity Block, if any."""
+        if cfg.capacity_reservation_id is None:
+            return {}
+        reserved: dict[str, Any] = {
+            "capacity_reservation_specification": {
+                "capacity_reservation_target": {"capacity_reservation_id": cfg.capacity_reservation_id}
+            }
+        }
+        if cfg.capacity_block:
+            reserved["instance_market_options"] = {"market_type": "capacity-block"}
+        return reserved
+
+    def _launch_template(self, name: str, args: ClusterArgs, **extra: Any) -> aws.ec2.LaunchTemplate:
+        cfg = args.config
+        return aws.ec2.LaunchTemplate(
+            name,
+            update_default_version=True,
+            network_interfaces=efa_network_interfaces(
+                cfg.instance, args.network.cluster_subnet.id, self.security_group.id
+            ),
+            metadata_options={
+                "http_endpoint": "enabled",
+                "http_tokens": "required",  # IMDSv2 only
+                "http_put_response_hop_limit": 1,  # containers get credentials from their job role, not the node's
+            },
+            block_device_mappings=[
+                {
+                    "device_name": ROOT_DEVICE,
+                    "ebs": {
+                        "volume_size": cfg.root_volume_gib,
+                        "volume_type": "gp3",
+                        "encrypted": "true",
+                        "kms_key_id": args.keys.key.arn,
+                        "delete_on_termination": "true",
+                    },
+                }
+            ],
+            user_data=pulumi.Output.all(
+                args.lustre.file_system.dns_name, args.lustre.file_system.mount_name
+            ).apply(lambda fsx: node_user_data(*fsx)),
+            tag_specifications=[
+                {"resource_type": kind, "tags": cfg.tags}
+                for kind in ("instance", "volume", "network-interface")
+            ],
+            opts=pulumi.ResourceOptions(parent=self),
+            **extra,
+        )
+
+    def _environment(
+        self, name: str, args: ClusterArgs, template: aws.ec2.LaunchTemplate, **resources: Any
+    ) -> aws.batch.ComputeEnvironment:
+        """A managed environment of the stack's instance type in the cluster subnet, from 0 to `nodeCount` nodes."""
+        cfg = args.config
+        return aws.batch.ComputeEnvironment(
+            name,
+            type="MANAGED",
+            state="ENABLED",
+            compute_resources={
+                "min_vcpus": 0,  # an idle cluster runs (and costs) nothing
+                "max_vcpus": cfg.node_count * cfg.instance.vcpus,
+                "instance_types": [cfg.instance_type],
+                "subnets": [args.network.cluster_subnet.id],
+                "security_group_ids": [self.security_group.id],
+                "instance_role": args.identity.instance_profile.arn,
+                # A pinned version: a changed template rolls the instances instead of drifting silently.
+                "launch_template": {
+                    "launch_template_id": template.id,
+                    "version": template.latest_version.apply(str),
+                },
+                "ec2_configurations": [{"image_type": IMAGE_TYPE}],
+                "tags": cfg.tags,  # default tags do not reach the instances Batch launches
+                **resources,
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _queue(self, name: str, environment: aws.batch.ComputeEnvironment) -> aws.batch.JobQueue:
+        return aws.batch.JobQueue(
+            name,
+            state="ENABLED",
+            priority=1,
+            compute_environment_orders=[{"order": 1, "compute_environment": environment.arn}],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _spot(self, args: ClusterArgs, container: dict[str, Any]) -> dict[str, pulumi.Output[str]]:
+        """Single-node Spot jobs (evaluations, data preparation): multi-node parallel jobs cannot run on Spot.
+
+        Same template without the reservation: the nodes keep their EFA devices, so the same container runs.
+        """
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        template = self._launch_template(f"{cfg.name_prefix}-spot", args)
+        environment = self._environment(
+            f"{cfg.name_prefix}-spot",
+            args,
+            template,
+            type="SPOT",
+            allocation_strategy="SPOT_PRICE_CAPACITY_OPTIMIZED",
+        )
+        queue = self._queue(f"{cfg.name_prefix}-spot", environment)
+        definition = aws.batch.JobDefinition(
+            f"{cfg.name_prefix}-spot",
+            type="container",
+            platform_capabilities=["EC2"],
+            propagate_tags=True,
+            container_properties=pulumi.Output.json_dumps(container),
+            retry_strategy=RETRY_ON_HOST_FAILURE,
+            opts=child,
+        )
+        return {"spot_job_queue": queue.name, "spot_job_definition": definition.arn}

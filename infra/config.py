@@ -1,0 +1,400 @@
+"""The stack configuration: one typed model, read once from `Pulumi.<stack>.yaml`, validated before any resource.
+
+Keys are written as in the stack file (`trainstack:instanceType`, `aws:region`). `parse_stack_config` is a pure
+function over that mapping, so `python -m trainer plan` and the job-submission tool read a stack's config through
+the same model as the Pulumi program (`load_stack_config("prod")`), without Pulumi running. Every problem is
+reported in one `StackConfigError` that names the key, the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from trainer.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMESPACE = "trainstack"
+
+# The project's ceiling on nodes per stack: 32 x 8 = 256 GPUs in one cluster placement group. Past it, ask EC2 for
+# the capacity (a Capacity Block or an ODCR) and raise the account's "Running On-Demand P instances" vCPU quota
+# (L-417A185B; 32 p5.48xlarge = 6,144 vCPUs) first, then this number. Documented in docs/infra.md#quotas.
+MAX_NODE_COUNT = 32
+
+# CloudWatch Logs accepts only these retention periods (PutRetentionPolicy).
+# fmt: off
+LOG_RETENTION_DAYS = (
+    1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653,
+)
+# fmt: on
+
+# VPC interface endpoints a stack may ask for (S3 always gets a free gateway endpoint).
+INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ssm", "ssmmessages")
+
+# FSx for Lustre SSD capacity steps, and the PERSISTENT_2 throughput tiers in MB/s per TiB.
+FSX_FIRST_STEP_GIB, FSX_STEP_GIB = 1200, 2400
+FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
+
+# Commercial-partition regions: the launch template and key policy build `arn:aws:` ARNs.
+_REGION = re.compile(r"^(us|eu|ap|ca|sa|me|af|il|mx)-[a-z]+-\d$")
+_CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+
+
+class StackConfigError(ValueError):
+    """Stack config that would not deploy; the message lists every offending key, its value and what is valid."""
+
+
+def _key(field: str) -> str:
+    return f"{NAMESPACE}:{to_camel(field)}"
+
+
+def _problem(why: str) -> PydanticCustomError:
+    return PydanticCustomError("stack_config", "{why}", {"why": why})
+
+
+class StackConfig(BaseModel):
+    """One environment's settings. Field `foo_bar` is the stack file's `trainstack:fooBar`; `region` is `aws:region`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=_key)
+
+    stack: str = Field(
+        alias="pulumi:stack", description="the stack name (from the file name, not a config key)"
+    )
+    region: str = Field(alias="aws:region", description="the AWS region, such as us-east-1")
+    aws_profile: str | None = Field(default=None, alias="aws:profile")
+    owner: str = Field(min_length=1, description="the team or person tagged as owner of every resource")
+    instance_type: str = "p5.48xlarge"
+    node_count: int = 1
+    availability_zones: list[str] = Field(
+        description="the zones for subnets, such as [us-east-1a, us-east-1b]; the first hosts the GPU nodes and FSx"
+    )
+    vpc_cidr: str = "10.0.0.0/16"
+    private_subnet_cidrs: list[str] | None = None
+    public_subnet_cidrs: list[str] | None = None
+    nat_gateways: int = 1
+    interface_endpoints: list[str] = []
+    fsx_deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
+    fsx_storage_capacity_gib: int = FSX_FIRST_STEP_GIB
+    fsx_throughput_per_tib: int | None = None
+    fsx_kms_encryption: bool | None = None
+    placement_group: bool | None = None
+    capacity_reservation_id: str | None = None
+    capacity_block: bool = False
+    spot: bool = False
+    log_retention_days: int = 30
+    noncurrent_version_expiration_days: int = Field(default=30, ge=1)
+    ecr_keep_images: int = Field(default=30, ge=1)
+    root_volume_gib: int = Field(default=200, ge=100)
+    protect_data: bool = False
+    image: str | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _commercial_region(cls, region: str) -> str:
+        if not _REGION.match(region):
+            raise _problem("not a commercial AWS region; use one such as us-east-1 or us-west-2")
+        return region
+
+    @field_validator("instance_type")
+    @classmethod
+    def _efa_instance_type(cls, name: str) -> str:
+        if name not in INSTANCE_TYPES:
+            raise _problem(f"unknown instance type; valid: {', '.join(EFA_INSTANCE_TYPES)}")
+        if not INSTANCE_TYPES[name].has_efa:
+            raise _problem(
+                f"has no EFA, which multi-node training needs; valid: {', '.join(EFA_INSTANCE_TYPES)}"
+            )
+        return name
+
+    @field_validator("node_count")
+    @classmethod
+    def _within_quota(cls, count: int) -> int:
+        if not 1 <= count <= MAX_NODE_COUNT:
+            raise _problem(f"must be between 1 and {MAX_NODE_COUNT} (the node quota in docs/infra.md#quotas)")
+        return count
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _some_zones(cls, zones: list[str]) -> list[str]:
+        if not zones:
+            raise _problem("give at least one availability zone; the first one hosts the GPU nodes and FSx")
+        if len(set(zones)) != len(zones):
+            raise _problem("lists an availability zone twice")
+        return zones
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, cidr: str) -> str:
+        network = _cidr(cidr)
+        if not 16 <= network.prefixlen <= 20:
+            raise _problem("the VPC needs a prefix between /16 and /20, such as 10.0.0.0/16")
+        return cidr
+
+    @field_validator("private_subnet_cidrs", "public_subnet_cidrs")
+    @classmethod
+    def _subnet_cidrs(cls, cidrs: list[str] | None) -> list[str] | None:
+        for cidr in cidrs or ():
+            _cidr(cidr)
+        return cidrs
+
+    @field_validator("interface_endpoints")
+    @classmethod
+    def _known_endpoints(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in INTERFACE_ENDPOINTS]
+        if unknown:
+            raise _problem(f"unknown endpoint {unknown[0]!r}; valid: {', '.join(INTERFACE_ENDPOINTS)}")
+        return names
+
+    @field_validator("fsx_storage_capacity_gib")
+    @classmethod
+    def _fsx_capacity(cls, gib: int) -> int:
+        if gib != FSX_FIRST_STEP_GIB and (gib <= 0 or gib % FSX_STEP_GIB):
+            raise _problem(
+                f"FSx for Lustre SSD takes {FSX_FIRST_STEP_GIB} GiB or a multiple of {FSX_STEP_GIB} GiB"
+            )
+        return gib
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _reservation_id(cls, reservation: str | None) -> str | None:
+        if reservation is not None and not _CAPACITY_RESERVATION.match(reservation):
+            raise _problem("not a capacity reservation id like cr-0123456789abcdef0")
+        return reservation
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _cloudwatch_retention(cls, days: int) -> int:
+        if days not in LOG_RETENTION_DAYS:
+            raise _problem(f"CloudWatch Logs allows only {', '.join(map(str, LOG_RETENTION_DAYS))}")
+        return days
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackConfig:
+        problems = [
+            *self._zone_problems(),
+            *self._subnet_problems(),
+            *self._fsx_problems(),
+            *self._capacity_problems(),
+        ]
+        if problems:
+            raise _problem("\n".join(problems))
+        return self
+
+    def _zone_problems(self) -> list[str]:
+        problems = [
+            f"{_key('availability_zones')} = {zone!r}: not a zone of region {self.region} "
+            f"(aws:region); zones there are named {self.region}a, {self.region}b, ..."
+            for zone in self.availability_zones
+            if not re.fullmatch(re.escape(self.region) + r"[a-z]", zone)
+        ]
+        if not 1 <= self.nat_gateways <= len(self.availability_zones):
+            problems.append(
+                f"{_key('nat_gateways')} = {self.nat_gateways!r}: must be between 1 and the number of "
+                f"availability zones ({len(self.availability_zones)}); one per zone survives a zone outage"
+            )
+        return problems
+
+    def _subnet_problems(self) -> list[str]:
+        vpc = ipaddress.ip_network(self.vpc_cidr)
+        problems, seen = [], []
+        for field in ("private_subnet_cidrs", "public_subnet_cidrs"):
+            given = getattr(self, field)
+            if given is not None and len(given) != len(self.availability_zones):
+                problems.append(
+                    f"{_key(field)} = {given!r}: give one CIDR per availability zone "
+                    f"({len(self.availability_zones)}), in the order of {_key('availability_zones')}"
+                )
+            for i, cidr in enumerate(given or ()):
+                where, subnet = f"{_key(field)}[{i}]", ipaddress.ip_network(cidr)
+                if not subnet.subnet_of(vpc):
+                    problems.append(f"{where} = {cidr!r}: outside {_key('vpc_cidr')} {self.vpc_cidr}")
+                problems += [
+                    f"{where} = {cidr!r}: overlaps {other_where} = {other!s}"
+                    for other_where, other in seen
+                    if subnet.overlaps(other)
+                ]
+                seen.append((where, subnet))
+        return problems
+
+    def _fsx_problems(self) -> list[str]:
+        problems = []
+        throughput = self.fsx_throughput_per_tib
+        if self.fsx_persistent and throughput is not None and throughput not in FSX_PERSISTENT_2_THROUGHPUTS:
+            problems.append(
+                f"{_key('fsx_throughput_per_tib')} = {throughput!r}: PERSISTENT_2 offers "
+                f"{', '.join(map(str, FSX_PERSISTENT_2_THROUGHPUTS))} MB/s per TiB"
+            )
+        if not self.fsx_persistent and throughput is not None:
+            problems.append(
+                f"{_key('fsx_throughput_per_tib')} = {throughput!r}: only PERSISTENT_2 takes a throughput tier; "
+                f"remove it or set {_key('fsx_deployment_type')} to PERSISTENT_2"
+            )
+        if not self.fsx_persistent and self.fsx_kms_encryption:
+            problems.append(
+                f"{_key('fsx_kms_encryption')} = True: {self.fsx_deployment_type} file systems are always encrypted "
+                f"with an FSx-managed key; use PERSISTENT_2 for the stack's KMS key, or remove the key"
+            )
+        return problems
+
+    def _capacity_problems(self) -> list[str]:
+        problems = []
+        if self.capacity_reservation_id and self.placement_group:
+            problems.append(
+                f"{_key('placement_group')} = True: a capacity reservation ({_key('capacity_reservation_id')} = "
+                f"{self.capacity_reservation_id!r}) already fixes placement; remove {_key('placement_group')}"
+            )
+        if self.capacity_block and not self.capacity_reservation_id:
+            problems.append(
+                f"{_key('capacity_block')} = True: needs {_key('capacity_reservation_id')}, the Capacity Block's "
+                "reservation id (cr-...)"
+            )
+        return problems
+
+    # --- derived settings: what the components read -------------------------------------------------------------
+
+    @property
+    def instance(self) -> InstanceType:
+        return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def cluster_availability_zone(self) -> str:
+        """The zone that hosts every GPU node and the file system: the first of `availabilityZones`."""
+        return self.availability_zones[0]
+
+    @property
+    def fsx_persistent(self) -> bool:
+        return self.fsx_deployment_type.startswith("PERSISTENT")
+
+    @property
+    def fsx_uses_stack_key(self) -> bool:
+        return self.fsx_persistent and self.fsx_kms_encryption is not False
+
+    @property
+    def fsx_throughput(self) -> int | None:
+        """MB/s per TiB for persistent file systems (default 250), None for scratch ones."""
+        return (self.fsx_throughput_per_tib or 250) if self.fsx_persistent else None
+
+    @property
+    def uses_placement_group(self) -> bool:
+        """A cluster placement group, unless a capacity reservation decides placement."""
+        return (
+            self.placement_group if self.placement_group is not None else self.capacity_reservation_id is None
+        )
+
+    @property
+    def subnet_cidrs(self) -> tuple[list[str], list[str]]:
+        """(private, public) CIDRs per zone: as configured, or carved from the VPC (/20s private, /24s public)."""
+        vpc = ipaddress.ip_network(self.vpc_cidr)
+        blocks = list(vpc.subnets(new_prefix=vpc.prefixlen + 4))
+        public_blocks = blocks[-1].subnets(new_prefix=vpc.prefixlen + 8)
+        zones = range(len(self.availability_zones))
+        private = self.private_subnet_cidrs or [str(blocks[i]) for i in zones]
+        public = self.public_subnet_cidrs or [str(next(public_blocks)) for _ in zones]
+        return private, public
+
+    @property
+    def name_prefix(self) -> str:
+        """Prefix of every resource name; the instance role finds Batch's ECS clusters by it."""
+        return f"{NAMESPACE}-{self.stack}"
+
+    @property
+    def log_group_prefix(self) -> str:
+        """Every log group of the stack lives under this path; the key policy and the roles are scoped to it."""
+        return f"/{NAMESPACE}/{self.stack}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"project": NAMESPACE, "stack": self.stack, "owner": self.owner}
+
+
+def _cidr(cidr: str) -> ipaddress.IPv4Network:
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as e:
+        raise _problem(f"not a valid IPv4 CIDR block ({e}); write it like 10.0.0.0/16") from None
+    if not network.is_private:
+        raise _problem(
+            "not a private (RFC 1918) range; use one inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16"
+        )
+    return network
+
+
+_FIELDS = {f.alias: f for f in StackConfig.model_fields.values() if f.alias != "pulumi:stack"}
+
+
+def parse_stack_config(stack: str, values: Mapping[str, Any], source: str = "stack config") -> StackConfig:
+    """Validate a stack's `namespace:key -> value` config (YAML values, or the CLI's strings) into a StackConfig.
+
+    Keys of the `pulumi:` namespace belong to the CLI and are ignored; any other unknown key is an error.
+    """
+    given = {k: _decode(v) for k, v in values.items() if not k.startswith("pulumi:")}
+    try:
+        return StackConfig.model_validate({**given, "pulumi:stack": stack})
+    except ValidationError as e:
+        problems = [problem for error in e.errors() for problem in _describe(error)]
+    raise StackConfigError(f"{source}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
+
+
+def stack_names(root: Path = ROOT) -> list[str]:
+    """The stacks checked in as `Pulumi.<stack>.yaml`."""
+    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in root.glob("Pulumi.*.yaml"))
+
+
+def read_stack_file(stack: str, root: Path = ROOT) -> dict[str, Any]:
+    """The `config:` mapping of `Pulumi.<stack>.yaml`, unvalidated."""
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        known = ", ".join(stack_names(root)) or "none"
+        raise StackConfigError(f"no stack file {path.name} in {root}; stacks: {known}")
+    document = yaml.safe_load(path.read_text()) or {}
+    return dict(document.get("config") or {})
+
+
+def load_stack_config(stack: str, root: Path = ROOT) -> StackConfig:
+    """Read and validate `Pulumi.<stack>.yaml` from the repository root."""
+    return parse_stack_config(stack, read_stack_file(stack, root), source=f"Pulumi.{stack}.yaml")
+
+
+def pulumi_stack_config() -> StackConfig:
+    """The running Pulumi program's config (the CLI's, or the one the offline preview set), validated."""
+    import pulumi
+    from pulumi.runtime.config import CONFIG, get_config_env
+
+    return parse_stack_config(
+        pulumi.get_stack(), {**get_config_env(), **CONFIG.get()}, f"stack {pulumi.get_stack()}"
+    )
+
+
+def _decode(value: Any) -> Any:
+    """The CLI hands lists to the program as JSON strings; the stack file has them as YAML."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _describe(error: Mapping[str, Any]) -> list[str]:
+    if not error["loc"]:  # cross-key problems, one a line, each naming its keys
+        return error["msg"].splitlines()
+    key = str(error["loc"][0]) + "".join(f"[{part}]" for part in error["loc"][1:])
+    if error["type"] == "extra_forbidden":
+        # Compare the part after the namespace, so that `trainstack:` itself does not make every key look close.
+        by_name = {valid.partition(":")[2]: valid for valid in _FIELDS}
+        near = difflib.get_close_matches(key.partition(":")[2], by_name, n=1, cutoff=0.6)
+        hint = f"did you mean {by_name[near[0]]}?" if near else f"valid keys: {', '.join(sorted(_FIELDS))}"
+        return [f"{key}: unknown key; {hint}"]
+    if error["type"] == "missing":
+        return [f"{key}: required: {_FIELDS[key].description} (docs/infra.md#configuration)"]
+    return [f"{key} = {error['input']!r}: {error['msg']}"]

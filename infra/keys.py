@@ -1,0 +1,137 @@
+"""The stack's customer-managed KMS key: rotation on, an alias, and a policy that lets only its services use it.
+
+Who may use the key, and how:
+- the account's administrators manage it (no encrypt/decrypt for them through this statement);
+- principals of this account encrypt and decrypt only through S3, FSx, ECR and EC2 (`kms:ViaService`), so the job
+  role reads checkpoints through S3 but cannot call KMS directly;
+- CloudWatch Logs, only for the stack's log groups (the `aws:logs:arn` encryption context);
+- the service-linked roles that act for us without IAM policies of ours: Auto Scaling and Batch (encrypted EBS root
+  volumes of GPU nodes) and FSx's S3 access role (data repository associations with SSE-KMS buckets). They are
+  matched by `aws:PrincipalArn` so the key can be created before those roles exist in a fresh account.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import StackConfig
+from infra.identity import policy_document
+
+CRYPTO_ACTIONS = ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"]
+ADMIN_ACTIONS = [
+    "kms:CancelKeyDeletion",
+    "kms:Create*",
+    "kms:Delete*",
+    "kms:Describe*",
+    "kms:Disable*",
+    "kms:Enable*",
+    "kms:Get*",
+    "kms:List*",
+    "kms:Put*",
+    "kms:Revoke*",
+    "kms:RotateKeyOnDemand",
+    "kms:ScheduleKeyDeletion",
+    "kms:TagResource",
+    "kms:UntagResource",
+    "kms:Update*",
+]
+# Services that encrypt the stack's data with the key on a caller's behalf.
+VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")
+SERVICE_LINKED_ROLES = (
+    "aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling",
+    "aws-service-role/batch.amazonaws.com/AWSServiceRoleForBatch",
+    "aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*",
+)
+
+
+@dataclass
+class KeysArgs:
+    config: StackConfig
+    account_id: pulumi.Input[str]
+
+
+class Keys(pulumi.ComponentResource):
+    """One customer-managed key per stack; every bucket, log group, volume, repository and FSx uses it."""
+
+    def __init__(self, name: str, args: KeysArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainstack:keys:Keys", name, None, opts)
+        cfg, account = args.config, args.account_id
+
+        self.key = aws.kms.Key(
+            f"{cfg.name_prefix}-key",
+            description=f"trainstack {cfg.stack}: datasets, checkpoints, file system, images, volumes, logs",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            policy=self._policy(cfg, account),
+            opts=pulumi.ResourceOptions(
+                parent=self, protect=cfg.protect_data, retain_on_delete=cfg.protect_data
+            ),
+        )
+        self.alias = aws.kms.Alias(
+            f"{cfg.name_prefix}-key",
+            name=f"alias/{cfg.name_prefix}",
+            target_key_id=self.key.key_id,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"key_arn": self.key.arn, "alias": self.alias.name})
+
+    @staticmethod
+    def _policy(cfg: StackConfig, account: pulumi.Input[str]) -> pulumi.Output[str]:
+        root = {"AWS": pulumi.Output.concat("arn:aws:iam::", account, ":root")}
+        log_groups = pulumi.Output.concat(
+            "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.log_group_prefix, "/*"
+        )
+        via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in VIA_SERVICES]
+        linked_roles = {
+            "StringEquals": {"aws:PrincipalAccount": account},
+            "ArnLike": {
+                "aws:PrincipalArn": [
+                    pulumi.Output.concat("arn:aws:iam::", account, ":role/", role)
+                    for role in SERVICE_LINKED_ROLES
+                ]
+            },
+        }
+        return policy_document(
+            {
+                "Sid": "KeyAdministration",
+                "Effect": "Allow",
+                "Principal": root,
+                "Action": ADMIN_ACTIONS,
+                "Resource": "*",
+            },
+            {
+                "Sid": "UseThroughStackServices",
+                "Effect": "Allow",
+                "Principal": root,
+                "Action": [*CRYPTO_ACTIONS, "kms:CreateGrant"],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"kms:CallerAccount": account, "kms:ViaService": via_services}},
+            },
+            {
+                "Sid": "CloudWatchLogsForStackLogGroups",
+                "Effect": "Allow",
+                "Principal": {"Service": f"logs.{cfg.region}.amazonaws.com"},
+                "Action": CRYPTO_ACTIONS,
+                "Resource": "*",
+                "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": log_groups}},
+            },
+            {
+                "Sid": "ServiceLinkedRolesUseKey",
+                "Effect": "Allow",
+                "Principal": {"AWS": "*"},
+                "Action": CRYPTO_ACTIONS,
+                "Resource": "*",
+                "Condition": linked_roles,
+            },
+            {
+                "Sid": "ServiceLinkedRolesGrantForAwsResources",
+                "Effect": "Allow",
+                "Principal": {"AWS": "*"},
+                "Action": "kms:CreateGrant",
+                "Resource": "*",
+                "Condition": {**linked_roles, "Bool": {"kms:GrantIsForAWSResource": "true"}},
+            },
+        )

@@ -1,0 +1,30 @@
+"""The stack outputs that `make train STACK=<env>` and operators read: the one list of their names."""
+
+from __future__ import annotations
+
+# Every stack exports these (snake_case, the names `pulumi stack output --json` prints).
+STACK_OUTPUTS: tuple[str, ...] = (
+    "region",
+    "job_queue",
+    "job_definition",
+    "ecr_repository_url",
+    "datasets_bucket",
+    "checkpoints_bucket",
+    "fsx_file_system_id",
+    "fsx_dns_name",
+    "fsx_mount_name",
+    "log_group",
+    "kms_key_arn",
+    "instance_type",
+    "node_count",
+    "gpus_per_node",
+)
+
+# Exported only when `trainstack:spot` is true: the Spot queue and a single-node job definition for it
+# (multi-node parallel jobs cannot run on Spot).
+SPOT_OUTPUTS: tuple[str, ...] = ("spot_job_queue", "spot_job_definition")
+
+
+def missing_outputs(outputs: dict[str, object]) -> list[str]:
+    """The required output names absent from a `pulumi stack output --json` document, in declaration order."""
+    return [name for name in STACK_OUTPUTS if name not in outputs]

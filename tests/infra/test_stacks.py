@@ -1,0 +1,475 @@
+"""What every checked-in stack (dev, staging, prod) plans, asserted on the inputs the Pulumi engine would receive."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
+from infra.identity import WILDCARD_RESOURCE_ACTIONS
+from infra.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
+from trainer.catalog import instance_type
+from trainer.efa_env import efa_environment
+
+# --- EFA: launch template, security group, devices ------------------------------------------------------------
+
+
+def test_launch_template_has_one_efa_interface_per_catalog_efa_card(stack):
+    interfaces = stack.launch_template.inputs["networkInterfaces"]
+    efa = [i for i in interfaces if i["interfaceType"] in ("efa", "efa-only")]
+    assert len(efa) == len(interfaces) == stack.config.instance.efa_interfaces
+    assert sorted(i["networkCardIndex"] for i in interfaces) == list(
+        range(stack.config.instance.efa_interfaces)
+    )
+
+
+def test_primary_interface_is_efa_on_card_0_and_every_other_card_is_efa_only(stack):
+    primary, *others = sorted(
+        stack.launch_template.inputs["networkInterfaces"], key=lambda i: i["networkCardIndex"]
+    )
+    assert (primary["networkCardIndex"], primary["deviceIndex"], primary["interfaceType"]) == (0, 0, "efa")
+    assert all(i["interfaceType"] == "efa-only" and i["deviceIndex"] == 0 for i in others)
+
+
+def test_p5_launch_template_has_32_efa_interfaces(prod):
+    assert prod.config.instance_type == "p5.48xlarge"
+    assert len(prod.launch_template.inputs["networkInterfaces"]) == 32
+
+
+def test_p4d_launch_template_has_4_efa_interfaces(dev):
+    assert dev.config.instance_type == "p4d.24xlarge"
+    assert len(dev.launch_template.inputs["networkInterfaces"]) == 4
+
+
+def test_every_efa_interface_is_in_the_cluster_subnet_with_the_efa_group_and_no_public_ip(stack):
+    cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
+    for interface in stack.launch_template.inputs["networkInterfaces"]:
+        assert interface["subnetId"] == cluster_subnet.id
+        assert interface["securityGroups"] == [stack.efa_group.id]
+        assert interface.get("associatePublicIpAddress", "false") == "false"
+    assert stack.launch_template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
+
+
+def test_efa_group_allows_all_traffic_from_itself_and_to_itself(stack):
+    group = stack.efa_group.id
+    own = lambda rules: [r.inputs for r in rules if r.inputs["securityGroupId"] == group]  # noqa: E731
+    ingress, egress = (
+        own(stack.all("vpc.SecurityGroupIngressRule")),
+        own(stack.all("vpc.SecurityGroupEgressRule")),
+    )
+    assert {"ipProtocol": "-1", "referencedSecurityGroupId": group} in [
+        {k: r[k] for k in ("ipProtocol", "referencedSecurityGroupId") if k in r} for r in ingress
+    ]
+    assert any(r["ipProtocol"] == "-1" and r.get("referencedSecurityGroupId") == group for r in egress)
+    # The only egress beyond the group itself: HTTPS to AWS endpoints and Lustre to the file system.
+    assert {(r["ipProtocol"], r.get("fromPort"), r.get("toPort")) for r in egress} == {
+        ("-1", None, None),
+        ("tcp", 443, 443),
+        ("tcp", 988, 988),
+        ("tcp", 1018, 1023),
+    }
+
+
+def test_no_security_group_admits_the_internet(stack):
+    rules = [r.inputs for r in stack.all("vpc.SecurityGroupIngressRule")]
+    assert rules, "the stack has ingress rules to check"
+    assert not [r for r in rules if r.get("cidrIpv4") == "0.0.0.0/0" or r.get("cidrIpv6") == "::/0"]
+    assert not [g.name for g in stack.all("ec2.SecurityGroup") if g.inputs.get("ingress")]
+    assert stack.one("ec2.DefaultSecurityGroup").inputs.get("ingress", []) == []
+
+
+def test_job_definition_passes_one_uverbs_device_per_efa_interface(stack):
+    devices = stack.node_container["linuxParameters"]["devices"]
+    assert [d["hostPath"] for d in devices] == stack.config.instance.uverbs_devices
+    assert len(devices) == stack.config.instance.efa_interfaces
+    assert all(
+        d["containerPath"] == d["hostPath"] and set(d["permissions"]) == {"READ", "WRITE", "MKNOD"}
+        for d in devices
+    )
+
+
+def test_job_definition_sizes_each_node_from_the_catalog_with_memory_headroom(stack):
+    instance = stack.config.instance
+    needs = {r["type"]: int(r["value"]) for r in stack.node_container["resourceRequirements"]}
+    assert needs["VCPU"] == instance.vcpus and needs["GPU"] == instance.gpus
+    total = instance.memory_gib * 1024
+    assert 0.05 <= (total - needs["MEMORY"]) / total < 0.051  # left for the kernel, docker and the ECS agent
+    assert stack.node_container["instanceType"] == stack.config.instance_type
+
+
+def test_job_definition_runs_every_node_of_the_stack(stack):
+
+    job = stack.one("batch.JobDefinition", "-train").inputs
+    nodes = json.loads(job["nodeProperties"])
+    assert (job["type"], nodes["numNodes"], nodes["mainNode"]) == ("multinode", stack.config.node_count, 0)
+    assert [r["targetNodes"] for r in nodes["nodeRangeProperties"]] == ["0:"]
+
+
+def test_job_container_contract(stack):
+    container = stack.node_container
+    repository = stack.one("ecr.Repository").outputs["repositoryUrl"]
+    assert container["image"] == f"{repository}:latest"
+    assert container["command"] == DEFAULT_COMMAND
+    assert "entryPoint" not in container  # baked into the image
+    assert container["volumes"] == [{"name": "fsx", "host": {"sourcePath": "/fsx"}}]
+    assert container["mountPoints"] == [{"sourceVolume": "fsx", "containerPath": "/fsx", "readOnly": False}]
+    assert {"name": "memlock", "softLimit": -1, "hardLimit": -1} in container["ulimits"]
+    assert container["linuxParameters"]["sharedMemorySize"] >= 64 * 1024
+    assert container["jobRoleArn"] == stack.one("iam.Role", "-job").outputs["arn"]
+    assert container["executionRoleArn"] == stack.one("iam.Role", "-execution").outputs["arn"]
+
+
+def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_root(stack):
+    environment = {e["name"]: e["value"] for e in stack.node_container["environment"]}
+    assert environment == {
+        **efa_environment(),
+        "TRAINSTACK_INSTANCE_TYPE": stack.config.instance_type,
+        "TRAINSTACK_CHECKPOINT_ROOT": "/fsx/checkpoints",
+    }
+    assert CHECKPOINTS_DIR == "/fsx/checkpoints"
+    assert environment["NCCL_NET"] == "AWS Libfabric"
+
+
+def test_jobs_log_to_a_stack_log_group_with_awslogs(stack):
+    logging = stack.node_container["logConfiguration"]
+    assert logging["logDriver"] == "awslogs"
+    assert logging["options"]["awslogs-group"] == f"/trainstack/{stack.stack}/jobs"
+    assert logging["options"]["awslogs-region"] == stack.config.region
+
+
+def test_jobs_retry_when_the_host_fails_but_not_on_application_errors(stack):
+    strategy = stack.one("batch.JobDefinition", "-train").inputs["retryStrategy"]
+    assert strategy["attempts"] > 1
+    assert strategy["evaluateOnExits"] == [
+        {"onStatusReason": "Host EC2*", "action": "RETRY"},
+        {"onReason": "*", "action": "EXIT"},
+    ]
+
+
+# --- compute environment, launch template -----------------------------------------------------------------------
+
+
+def test_compute_environment_scales_from_zero_to_the_stack_node_count(stack):
+    resources = stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
+    assert resources["type"] == "EC2"  # multi-node parallel jobs cannot run on Spot
+    assert resources["minVcpus"] == 0
+    assert resources["maxVcpus"] == stack.config.node_count * stack.config.instance.vcpus
+    assert resources["instanceTypes"] == [stack.config.instance_type]
+    assert resources["ec2Configurations"] == [{"imageType": "ECS_AL2023_NVIDIA"}]
+
+
+def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_template(stack):
+    resources = stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
+    cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
+    assert resources["subnets"] == [cluster_subnet.id]
+    assert resources["securityGroupIds"] == [stack.efa_group.id]
+    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup").name
+    assert stack.one("ec2.PlacementGroup").inputs["strategy"] == "cluster"
+    assert resources["launchTemplate"] == {"launchTemplateId": stack.launch_template.id, "version": "1"}
+    assert resources["instanceRole"] == stack.one("iam.InstanceProfile").outputs["arn"]
+
+
+def test_launch_templates_require_imdsv2(stack):
+    for template in stack.all("ec2.LaunchTemplate"):
+        options = template.inputs["metadataOptions"]
+        assert options["httpTokens"] == "required"
+        assert options["httpPutResponseHopLimit"] == 1
+
+
+def test_root_volumes_are_encrypted_gp3_with_the_stack_key(stack):
+    for template in stack.all("ec2.LaunchTemplate"):
+        (root,) = template.inputs["blockDeviceMappings"]
+        assert root["ebs"]["encrypted"] == "true"
+        assert root["ebs"]["kmsKeyId"] == stack.key_arn
+        assert root["ebs"]["volumeType"] == "gp3"
+
+
+def test_user_data_mounts_the_stack_file_system_at_fsx(stack):
+    fsx = stack.one("fsx.LustreFileSystem").outputs
+    user_data = base64.b64decode(stack.launch_template.inputs["userData"]).decode()
+    assert user_data.startswith("Content-Type: multipart/mixed")  # the format Batch merges with its own
+    assert f"{fsx['dnsName']}@tcp:/{fsx['mountName']} /fsx lustre" in user_data
+    assert "efa_installer.sh --yes --minimal" in user_data
+
+
+def test_instances_and_volumes_carry_the_stack_tags(stack):
+    tags = {"project": "trainstack", "stack": stack.stack, "owner": stack.config.owner}
+    specs = {s["resourceType"]: s["tags"] for s in stack.launch_template.inputs["tagSpecifications"]}
+    assert specs == {"instance": tags, "volume": tags, "network-interface": tags}
+    assert stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]["tags"] == tags
+
+
+def test_provider_default_tags_name_project_stack_and_owner(stack):
+
+    (provider,) = [r for r in stack.plan.resources if r.type == "pulumi:providers:aws"]
+    assert provider.inputs["region"] == stack.config.region
+    assert json.loads(provider.inputs["defaultTags"]) == {
+        "tags": {"project": "trainstack", "stack": stack.stack, "owner": stack.config.owner}
+    }
+    assert all(r.type.startswith(("pulumi:", "trainstack:")) or r.parent for r in stack.plan.resources)
+
+
+# --- encryption with the stack key ------------------------------------------------------------------------------
+
+
+def test_key_rotates_and_has_an_alias(stack):
+    assert stack.one("kms.Key").inputs["enableKeyRotation"] is True
+    assert stack.one("kms.Alias").inputs["name"] == f"alias/trainstack-{stack.stack}"
+
+
+def test_every_bucket_is_encrypted_with_the_stack_key_and_a_bucket_key(stack):
+    buckets = stack.all("s3.Bucket")
+    encryption = {
+        r.inputs["bucket"]: r.inputs["rules"] for r in stack.all("s3.BucketServerSideEncryptionConfiguration")
+    }
+    assert len(buckets) == 2 and set(encryption) == {b.id for b in buckets}
+    for (rule,) in encryption.values():
+        assert rule["applyServerSideEncryptionByDefault"] == {
+            "sseAlgorithm": "aws:kms",
+            "kmsMasterKeyId": stack.key_arn,
+        }
+        assert rule["bucketKeyEnabled"] is True
+
+
+def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
+    groups = stack.all("cloudwatch.LogGroup")
+    assert {g.inputs["name"] for g in groups} == {
+        f"/trainstack/{stack.stack}/jobs",
+        f"/trainstack/{stack.stack}/vpc-flow-logs",
+    }
+    assert all(g.inputs["kmsKeyId"] == stack.key_arn for g in groups)
+    assert all(g.inputs["retentionInDays"] == stack.config.log_retention_days for g in groups)
+
+
+def test_persistent_file_systems_use_the_stack_key_and_scratch_ones_do_not(stack):
+    fsx = stack.one("fsx.LustreFileSystem").inputs
+    assert fsx["deploymentType"] == stack.config.fsx_deployment_type
+    if stack.config.fsx_persistent:
+        assert fsx["kmsKeyId"] == stack.key_arn
+        assert fsx["perUnitStorageThroughput"] == stack.config.fsx_throughput
+    else:
+        assert "kmsKeyId" not in fsx and "perUnitStorageThroughput" not in fsx
+
+
+def test_repository_uses_the_stack_key_immutable_tags_and_scans_on_push(stack):
+
+    repository = stack.one("ecr.Repository").inputs
+    assert repository["encryptionConfigurations"] == [{"encryptionType": "KMS", "kmsKey": stack.key_arn}]
+    assert repository["imageTagMutability"] == "IMMUTABLE"
+    assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
+    (rule,) = json.loads(stack.one("ecr.LifecyclePolicy").inputs["policy"])["rules"]
+    assert rule["selection"]["countNumber"] == stack.config.ecr_keep_images
+
+
+def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
+
+    statements = {s["Sid"]: s for s in json.loads(stack.one("kms.Key").inputs["policy"])["Statement"]}
+    logs = statements["CloudWatchLogsForStackLogGroups"]
+    assert logs["Principal"] == {"Service": f"logs.{stack.config.region}.amazonaws.com"}
+    context = logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"]
+    assert context.endswith(f":log-group:/trainstack/{stack.stack}/*")
+    assert not [s for s in statements.values() if "kms:*" in s["Action"]]
+    via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
+    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2"}
+
+
+# --- data lake and file system ----------------------------------------------------------------------------------
+
+
+def test_buckets_are_versioned_private_tls_only_with_lifecycle(stack):
+
+    for bucket in stack.all("s3.Bucket"):
+
+        def of(kind: str, bucket_id: str = bucket.id) -> list[dict]:
+            return [r.inputs for r in stack.all(kind) if r.inputs["bucket"] == bucket_id]
+
+        assert of("s3.BucketVersioning") == [
+            {"bucket": bucket.id, "versioningConfiguration": {"status": "Enabled"}}
+        ]
+        (block,) = of("s3.BucketPublicAccessBlock")
+        assert all(
+            block[k] is True
+            for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+        )
+        (policy,) = of("s3.BucketPolicy")
+        (deny,) = json.loads(policy["policy"])["Statement"]
+        assert (deny["Effect"], deny["Condition"]) == ("Deny", {"Bool": {"aws:SecureTransport": "false"}})
+        (lifecycle,) = of("s3.BucketLifecycleConfiguration")
+        rules = {r["id"]: r for r in lifecycle["rules"]}
+        assert (
+            rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"][
+                "daysAfterInitiation"
+            ]
+            == 7
+        )
+        expiry = rules["expire-noncurrent-versions"]["noncurrentVersionExpiration"]["noncurrentDays"]
+        assert expiry == stack.config.noncurrent_version_expiration_days
+
+
+def test_file_system_links_datasets_with_auto_import_and_checkpoints_with_auto_export(stack):
+    links = {r.inputs["fileSystemPath"]: r.inputs for r in stack.all("fsx.DataRepositoryAssociation")}
+    fsx = stack.one("fsx.LustreFileSystem")
+    datasets, checkpoints = stack.one("s3.Bucket", "-datasets").id, stack.one("s3.Bucket", "-checkpoints").id
+    assert links["/datasets"]["dataRepositoryPath"] == f"s3://{datasets}/"
+    assert links["/datasets"]["s3"] == {"autoImportPolicy": {"events": ["NEW", "CHANGED", "DELETED"]}}
+    assert links["/checkpoints"]["dataRepositoryPath"] == f"s3://{checkpoints}/"
+    assert links["/checkpoints"]["s3"] == {"autoExportPolicy": {"events": ["NEW", "CHANGED", "DELETED"]}}
+    assert all(link["fileSystemId"] == fsx.id for link in links.values())
+
+
+def test_file_system_sits_in_the_cluster_subnet_with_lz4_and_the_configured_size(stack):
+    fsx = stack.one("fsx.LustreFileSystem").inputs
+    assert (
+        fsx["subnetIds"] == stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}").id
+    )
+    assert fsx["dataCompressionType"] == "LZ4"
+    assert fsx["storageCapacity"] == stack.config.fsx_storage_capacity_gib
+
+
+def test_file_system_admits_lustre_ports_from_the_gpu_nodes(stack):
+    fsx_group = stack.one("ec2.SecurityGroup", "-fsx").id
+    from_nodes = {
+        (r.inputs["fromPort"], r.inputs["toPort"])
+        for r in stack.all("vpc.SecurityGroupIngressRule")
+        if r.inputs["securityGroupId"] == fsx_group
+        and r.inputs.get("referencedSecurityGroupId") == stack.efa_group.id
+    }
+    assert from_nodes == {(988, 988), (1018, 1023)}
+    assert stack.one("fsx.LustreFileSystem").inputs["securityGroupIds"] == [fsx_group]
+
+
+# --- network ----------------------------------------------------------------------------------------------------
+
+
+def test_s3_gateway_endpoint_serves_every_private_route_table(stack):
+    endpoint = stack.one("ec2.VpcEndpoint", "-s3").inputs
+    assert endpoint["serviceName"] == f"com.amazonaws.{stack.config.region}.s3"
+    assert endpoint["vpcEndpointType"] == "Gateway"
+    private_tables = {r.id for r in stack.all("ec2.RouteTable") if "-private-" in r.name}
+    assert set(endpoint["routeTableIds"]) == private_tables and private_tables
+
+
+def test_interface_endpoints_are_exactly_the_configured_ones(stack):
+    interface = [r.inputs for r in stack.all("ec2.VpcEndpoint") if r.inputs["vpcEndpointType"] == "Interface"]
+    region = stack.config.region
+    assert sorted(e["serviceName"] for e in interface) == sorted(
+        f"com.amazonaws.{region}.{s}" for s in stack.config.interface_endpoints
+    )
+    assert all(e["privateDnsEnabled"] is True for e in interface)
+
+
+def test_nat_gateways_match_the_config_and_private_subnets_route_through_them(stack):
+    nats = stack.all("ec2.NatGateway")
+    assert len(nats) == stack.config.nat_gateways
+    routes = [r.inputs["routes"] for r in stack.all("ec2.RouteTable") if "-private-" in r.name]
+    assert len(routes) == len(stack.config.availability_zones)
+    assert {route["natGatewayId"] for (route,) in routes} == {n.id for n in nats}
+
+
+def test_subnets_cover_each_zone_and_never_map_public_ips(stack):
+    subnets = stack.all("ec2.Subnet")
+    assert len(subnets) == 2 * len(stack.config.availability_zones)
+    assert {s.inputs["availabilityZone"] for s in subnets} == set(stack.config.availability_zones)
+    assert all(s.inputs["mapPublicIpOnLaunch"] is False for s in subnets)
+    private, public = stack.config.subnet_cidrs
+    assert sorted(s.inputs["cidrBlock"] for s in subnets) == sorted(private + public)
+
+
+def test_vpc_flow_logs_go_to_the_encrypted_log_group(stack):
+    flow = stack.one("ec2.FlowLog").inputs
+    group = stack.one("cloudwatch.LogGroup", "-flow-logs")
+    assert (flow["trafficType"], flow["logDestinationType"]) == ("ALL", "cloud-watch-logs")
+    assert flow["logDestination"] == group.outputs["arn"]
+    assert flow["vpcId"] == stack.one("ec2.Vpc").id
+
+
+# --- identity ---------------------------------------------------------------------------------------------------
+
+
+def test_no_policy_grants_a_wildcard_action(stack):
+    for name, document in stack.policies():
+        for statement in document["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            assert "*" not in actions, name
+            assert statement["Effect"] == "Deny" or not any(a.endswith(":*") for a in actions), name
+
+
+def test_iam_policies_use_a_wildcard_resource_only_where_aws_requires_one(stack):
+    role_policies = [(r.name, r.inputs["policy"]) for r in stack.all("iam.RolePolicy")]
+    assert role_policies
+
+    for name, document in role_policies:
+        for statement in json.loads(document)["Statement"]:
+            if "*" in statement["Resource"]:
+                assert set(statement["Action"]) <= set(WILDCARD_RESOURCE_ACTIONS), name
+
+
+def test_job_role_reads_datasets_and_writes_only_checkpoints(stack):
+
+    policy = json.loads(stack.one("iam.RolePolicy", "-job").inputs["policy"])
+    writes = [s for s in policy["Statement"] if "s3:PutObject" in s["Action"]]
+    checkpoints = stack.one("s3.Bucket", "-checkpoints").outputs["arn"]
+    assert [s["Resource"] for s in writes] == [[f"{checkpoints}/*"]]
+    (kms,) = [s for s in policy["Statement"] if any(a.startswith("kms:") for a in s["Action"])]
+    assert kms["Resource"] == [stack.key_arn]
+
+
+# --- protection, outputs ----------------------------------------------------------------------------------------
+
+DATA_HOLDERS = ("kms.Key", "s3.Bucket", "fsx.LustreFileSystem", "ecr.Repository")
+
+
+def test_resources_holding_data_are_protected_and_retained_exactly_when_configured(stack):
+    for kind in DATA_HOLDERS:
+        for resource in stack.all(kind):
+            assert (resource.protect, resource.retain_on_delete) == (stack.config.protect_data,) * 2, (
+                resource.name
+            )
+
+
+def test_prod_protects_its_data(prod):
+    assert prod.config.protect_data
+    protected = {r.type for r in prod.plan.resources if r.protect and r.retain_on_delete}
+    assert len(protected) == len(DATA_HOLDERS)
+
+
+def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
+    assert missing_outputs(stack.plan.outputs) == []
+    expected = {*STACK_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
+    assert set(stack.plan.outputs) == expected
+    outputs = stack.plan.outputs
+    assert (outputs["instance_type"], outputs["node_count"]) == (
+        stack.config.instance_type,
+        stack.config.node_count,
+    )
+    assert outputs["gpus_per_node"] == instance_type(stack.config.instance_type).gpus
+    assert outputs["job_definition"] == stack.one("batch.JobDefinition", "-train").outputs["arn"]
+    assert outputs["fsx_mount_name"] == stack.one("fsx.LustreFileSystem").outputs["mountName"]
+    assert outputs["region"] == stack.config.region
+
+
+def test_spot_adds_a_single_node_queue_and_job_definition(stack):
+    spot = [r for r in stack.plan.resources if r.name.endswith("-spot")]
+    if not stack.config.spot:
+        assert spot == []
+        return
+    environment = stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
+    assert environment["type"] == "SPOT" and environment["minVcpus"] == 0
+    assert "placementGroup" not in environment
+    spot_interfaces = stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
+    assert (
+        spot_interfaces == stack.launch_template.inputs["networkInterfaces"]
+    )  # the container needs its devices
+    definition = stack.one("batch.JobDefinition", "-spot").inputs
+    assert definition["type"] == "container" and "nodeProperties" not in definition
+
+
+@pytest.mark.parametrize(
+    "kind", ["trainstack:keys:Keys", "trainstack:cluster:Cluster", "trainstack:lustre:Lustre"]
+)
+def test_components_parent_their_resources(stack, kind):
+    (component,) = [r for r in stack.plan.resources if r.type == kind]
+    assert component.custom is False
+    assert [r for r in stack.plan.resources if r.parent == component.name]
