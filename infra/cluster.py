@@ -26,7 +26,7 @@ import pulumi_aws as aws
 from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
 from trainer.catalog import InstanceType
-from trainer.efa_env import efa_environment
+from trainer.image_settings import efa_environment, image_pins
 
 if TYPE_CHECKING:
     from infra.identity import Identity
@@ -69,10 +69,11 @@ def efa_network_interfaces(
 
 def node_user_data(fsx_dns_name: str, fsx_mount_name: str) -> str:
     """Base64 MIME multi-part user data (Batch merges it with its own): EFA driver, Lustre client, /fsx mounted."""
+    efa_installer = image_pins()["EFA_INSTALLER_VERSION"]
     script = f"""#!/bin/bash
 set -euxo pipefail
-# The host needs only the EFA kernel driver; the image brings libfabric and aws-ofi-nccl.
-curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz
+# The host needs only the EFA kernel driver; the image brings libfabric and aws-ofi-nccl (same installer version).
+curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz https://efa-installer.amazonaws.com/aws-efa-installer-{efa_installer}.tar.gz
 tar -xzf /tmp/aws-efa-installer.tar.gz -C /tmp
 (cd /tmp/aws-efa-installer && ./efa_installer.sh --yes --minimal)
 dnf install -y lustre-client

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from trainer.efa_env import efa_environment
+from trainer.image_settings import efa_environment
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
 NUM_NODES = "AWS_BATCH_JOB_NUM_NODES"

@@ -5,6 +5,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from trainer.image_settings import image_pins
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text()
 INSTRUCTIONS = [
@@ -12,14 +14,9 @@ INSTRUCTIONS = [
 ]
 
 
-def pins() -> dict[str, str]:
-    lines = (ROOT / "image" / "versions.env").read_text().splitlines()
-    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
-
-
 def test_every_build_arg_is_a_pin_without_a_default():
     args = [line.split()[1] for line in INSTRUCTIONS if line.startswith("ARG ")]
-    assert sorted(args) == sorted(pins()), "ARGs and image/versions.env must name the same pins"
+    assert sorted(args) == sorted(image_pins()), "ARGs and image/versions.env must name the same pins"
     assert all("=" not in arg for arg in args), "a default would be a second copy of the pin"
 
 
@@ -32,7 +29,7 @@ def test_no_version_literal_outside_the_pin_source():
 def test_base_image_is_pinned_by_tag():
     assert INSTRUCTIONS[1] == "FROM ${BASE_IMAGE}"
     assert re.fullmatch(
-        r"nvcr\.io/nvidia/pytorch:\d\d\.\d\d-py3(@sha256:[0-9a-f]{64})?", pins()["BASE_IMAGE"]
+        r"nvcr\.io/nvidia/pytorch:\d\d\.\d\d-py3(@sha256:[0-9a-f]{64})?", image_pins()["BASE_IMAGE"]
     )
 
 
@@ -52,6 +49,6 @@ def test_make_image_passes_every_pin_as_a_build_arg():
     dry_run = subprocess.run(
         ["make", "-n", "image", "IMAGE_TAG=test"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    for key, value in pins().items():
+    for key, value in image_pins().items():
         assert f"--build-arg {key}={value}" in dry_run
     assert "-f image/Dockerfile" in dry_run and "-t trainstack:test" in dry_run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.efa_env import efa_environment
+from trainer.image_settings import efa_environment
 from trainer.launch import LaunchError, Rendezvous, rendezvous_from_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from infra.identity import WILDCARD_RESOURCE_ACTIONS
 from infra.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 from trainer.catalog import instance_type
-from trainer.efa_env import efa_environment
+from trainer.image_settings import efa_environment, image_pins
 
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 
@@ -192,6 +192,8 @@ def test_user_data_mounts_the_stack_file_system_at_fsx(stack):
     assert user_data.startswith("Content-Type: multipart/mixed")  # the format Batch merges with its own
     assert f"{fsx['dnsName']}@tcp:/{fsx['mountName']} /fsx lustre" in user_data
     assert "efa_installer.sh --yes --minimal" in user_data
+    # the host's EFA driver comes from the same installer version as the image's user space
+    assert f"aws-efa-installer-{image_pins()['EFA_INSTALLER_VERSION']}.tar.gz" in user_data
 
 
 def test_instances_and_volumes_carry_the_stack_tags(stack):
