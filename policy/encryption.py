@@ -39,8 +39,9 @@ def _launch_template(props: Mapping[str, Any]) -> str | None:
     volumes = [m for m in props.get("blockDeviceMappings") or [] if m.get("ebs") is not None]
     if not volumes:
         return (
-            "maps no EBS volume, so nodes boot from the AMI's unencrypted snapshot: add a block_device_mappings "
-            "entry for the root device with ebs={'encrypted': 'true', 'kms_key_id': <stack key ARN>}"
+            "maps no EBS volume, so nodes boot from the AMI's snapshot, encrypted only if the account's default "
+            "says so: add a block_device_mappings entry for the root device with "
+            "ebs={'encrypted': 'true', 'kms_key_id': <stack key ARN>}"
         )
     unencrypted = [
         m.get("deviceName", f"mapping {i}")
