@@ -69,17 +69,22 @@ preview-offline: $(VENV)/.infra-installed ## Plan STACK=<env> under Pulumi mocks
 	$(need_stack)
 	@$(PY) -m infra.preview --stack $(STACK) --format $(FORMAT)
 
+.PHONY: policy
+policy: $(VENV)/.infra-installed ## Run the policy pack (policy/) over STACK=<env>'s offline preview; fails on a mandatory violation
+	$(need_stack)
+	@$(PY) -m policy.offline --stack $(STACK)
+
 .PHONY: preview
-preview: $(VENV)/.infra-installed ## pulumi preview --stack STACK (needs the Pulumi CLI and AWS credentials)
+preview: $(VENV)/.infra-installed ## pulumi preview --stack STACK --policy-pack policy (needs the Pulumi CLI and AWS credentials)
 	$(need_stack)
 	$(need_pulumi)
-	pulumi preview --stack $(STACK)
+	pulumi preview --stack $(STACK) --policy-pack policy
 
 .PHONY: up
-up: $(VENV)/.infra-installed ## pulumi up --stack STACK (needs the Pulumi CLI and AWS credentials)
+up: $(VENV)/.infra-installed ## pulumi up --stack STACK --policy-pack policy (needs the Pulumi CLI and AWS credentials)
 	$(need_stack)
 	$(need_pulumi)
-	pulumi up --stack $(STACK)
+	pulumi up --stack $(STACK) --policy-pack policy
 
 .PHONY: lint
 lint: $(VENV)/.dev-installed ## ruff over Python sources, hadolint over image/Dockerfile

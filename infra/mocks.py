@@ -1,7 +1,8 @@
 """Pulumi mocks for the offline preview and the tests: run the real program with no AWS, no CLI, no plugins.
 
 Every registration is recorded as a `PlannedResource` with its inputs as the engine receives them (camelCase keys,
-numbers as floats) and the resource options a policy or reviewer cares about (parent, protect, retainOnDelete).
+numbers as floats), the resource options a policy or reviewer cares about (parent, protect, retainOnDelete), and the
+URN with the registration's property dependencies (which resources feed each input), as a policy analyzer sees them.
 Computed outputs that the program reads (ARNs, bucket names, FSx DNS and mount names, ECR URLs) are faked per type.
 Data-source calls are answered by token; an unknown token raises so that a new, unmocked call is noticed.
 """
@@ -29,6 +30,8 @@ class PlannedResource:
     custom: bool = True  # False for ComponentResources
     id: str = ""
     outputs: dict[str, Any] = field(default_factory=dict, repr=False)  # as faked: ARNs, names, DNS names
+    urn: str = ""
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict, repr=False)  # input -> URNs
 
     def to_json(self) -> dict[str, Any]:
         """The preview's JSON object: option names as the engine spells them."""
@@ -121,7 +124,7 @@ class StackMocks(pulumi.runtime.Mocks):
 
 
 class RecordingMonitor(MockMonitor):
-    """The mock monitor, also keeping the resource options that `Mocks.new_resource` does not see."""
+    """The mock monitor, also keeping what `Mocks.new_resource` does not see: options, URN, dependencies."""
 
     mocks: StackMocks
 
@@ -133,6 +136,10 @@ class RecordingMonitor(MockMonitor):
             recorded.parent = None if under_stack else request.parent.rsplit("::", 1)[1]
             recorded.protect = bool(request.protect)
             recorded.retain_on_delete = bool(request.retainOnDelete)
+            recorded.urn = response.urn
+            recorded.property_dependencies = {
+                key: list(dependencies.urns) for key, dependencies in request.propertyDependencies.items()
+            }
         return response
 
 

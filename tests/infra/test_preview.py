@@ -57,3 +57,14 @@ def test_interface_layout_for_each_catalog_type_has_one_efa_per_card():
         layout = efa_network_interfaces(instance_type(name), "subnet-1", "sg-1")
         assert [i["network_card_index"] for i in layout] == list(range(instance_type(name).efa_interfaces))
         assert [i["interface_type"] for i in layout].count("efa") == 1
+
+
+def test_each_registration_records_its_urn_and_the_resources_feeding_each_input(dev):
+    rule = dev.one("vpc.SecurityGroupIngressRule", "-efa-from-self")
+    assert rule.urn == (
+        "urn:pulumi:dev::trainstack::trainstack:cluster:Cluster$"
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule::trainstack-dev-efa-from-self"
+    )
+    assert rule.property_dependencies["securityGroupId"] == [dev.efa_group.urn]
+    assert rule.property_dependencies["referencedSecurityGroupId"] == [dev.efa_group.urn]
+    assert rule.property_dependencies["ipProtocol"] == []

@@ -1,0 +1,30 @@
+"""The pack's contents: its name, its default enforcement level and every policy, in the order docs/policy.md lists.
+
+Kept apart from `policy/__main__.py`, which serves the pack: constructing `PolicyPack` starts a gRPC server and
+blocks, so tests and the offline runner import the policies from here.
+"""
+
+from pulumi_policy import EnforcementLevel, Policy
+
+from policy import encryption, iam, launch_templates, network, protection, s3
+
+PACK_NAME = "trainstack-guardrails"
+# Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
+ENFORCEMENT_LEVEL = EnforcementLevel.MANDATORY
+
+POLICIES: list[Policy] = [
+    encryption.encryption_at_rest,
+    s3.bucket_encryption,
+    s3.public_access_blocked,
+    s3.tls_only,
+    s3.versioning,
+    network.efa_self_traffic,
+    launch_templates.no_public_ip_with_several_interfaces,
+    network.no_internet_ingress,
+    launch_templates.imdsv2_required,
+    iam.no_wildcard_action,
+    iam.no_wildcard_resource,
+    encryption.key_rotation,
+    network.s3_gateway_endpoint,
+    protection.prod_data_protected,
+]
