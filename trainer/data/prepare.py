@@ -14,6 +14,7 @@ import functools
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -209,6 +210,7 @@ def prepare_dataset(
     temporary = {path: path.with_name(f"{path.name}.tmp-{os.getpid()}") for path in files.all()}
     try:
         with _batch_mapper(workers) as map_batches, _progress(console) as progress:
+            importer = _import_in_background()  # after the fork: no child may inherit a half-done import
             _scan(batches, text_key, map_batches, progress)
             files.bin.parent.mkdir(parents=True, exist_ok=True)
             tokenizer_path = temporary[files.tokenizer]
@@ -220,6 +222,7 @@ def prepare_dataset(
                 )
                 train_bpe(_documents(batches, text_key), request.vocab_size).save(str(tokenizer_path))
                 progress.update(task, total=1, completed=1)
+            importer.join()
             manifest, encode_seconds = _encode(
                 batches, text_key, request, tokenizer_path, temporary, files, map_batches, progress
             )
@@ -452,6 +455,19 @@ def _encode(
         idx_bytes=temporary[files.idx].stat().st_size,
     )
     return manifest, seconds
+
+
+def _import_in_background() -> threading.Thread:
+    """Import megatron-core (about 5 s) while the inputs are checked and the tokenizer trains. A failure stays
+    quiet here and surfaces when _encode imports it again."""
+
+    def import_quietly() -> None:
+        with contextlib.suppress(Exception):
+            _import_indexed_dataset()
+
+    thread = threading.Thread(target=import_quietly, daemon=True)
+    thread.start()
+    return thread
 
 
 def _import_indexed_dataset() -> ModuleType:
