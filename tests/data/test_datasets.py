@@ -130,7 +130,7 @@ def test_data_parallel_ranks_split_each_global_batch_between_them(prepared):
 def test_sample_batches_rejects_an_impossible_layout(prepared, arguments, message):
     train, _, _ = build(prepared)
     with pytest.raises(DataError, match=re.escape(message)):
-        next(sample_batches(train, *arguments))
+        sample_batches(train, *arguments)
 
 
 @pytest.fixture
@@ -206,6 +206,10 @@ def test_a_dataset_changed_after_prepare_is_refused(prepared, tmp_path):
 
     with pytest.raises(DataError, match=r"is incomplete or changed since prepare: .*c\.bin is \d+ bytes"):
         check_tokenizer_matches_dataset(str(tmp_path / "c"), load_tokenizer(tmp_path / "c.tokenizer.json"))
+    (tmp_path / "c.bin").write_bytes(Path(prepared["a"] + ".bin").read_bytes())
+    (tmp_path / "c.tokenizer.json").write_text((tmp_path / "c.tokenizer.json").read_text() + " ")
+    with pytest.raises(DataError, match=r"c\.tokenizer\.json is not the tokenizer its manifest records"):
+        check_tokenizer_matches_dataset(str(tmp_path / "c"), load_tokenizer(prepared["tokenizer"]))
 
 
 def test_a_dataset_from_another_tool_is_checked_by_its_largest_token_id(prepared, tmp_path):

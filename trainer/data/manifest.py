@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trainer.data import DataError
+from trainer.data.tokenizer import file_sha256
 
 
 @dataclass(frozen=True)
@@ -101,15 +102,22 @@ class Manifest(_Strict):
     idx_bytes: int
 
     def check_files(self, files: DatasetFiles) -> None:
-        """Raise unless the dataset's files are the ones this manifest describes."""
-        for path, expected in ((files.bin, self.bin_bytes), (files.idx, self.idx_bytes)):
-            size = path.stat().st_size if path.exists() else None
-            if size != expected:
-                found = "missing" if size is None else f"{size} bytes"
-                raise DataError(
-                    f"dataset {files.prefix!r} is incomplete or changed since prepare: {path} is {found}, "
-                    f"its manifest says {expected} bytes; re-run `python -m trainer prepare ... --force`"
-                )
+        """Raise unless the dataset's files are the ones this manifest describes (sizes; the tokenizer's hash)."""
+        found = {path: path.stat().st_size if path.exists() else None for path in (files.bin, files.idx)}
+        problems = [
+            f"{path} is {'missing' if size is None else f'{size} bytes'}, its manifest says {expected} bytes"
+            for (path, size), expected in zip(found.items(), (self.bin_bytes, self.idx_bytes), strict=True)
+            if size != expected
+        ]
+        if not files.tokenizer.exists():
+            problems.append(f"{files.tokenizer} is missing")
+        elif file_sha256(files.tokenizer) != self.tokenizer.sha256:
+            problems.append(f"{files.tokenizer} is not the tokenizer its manifest records")
+        if problems:
+            raise DataError(
+                f"dataset {files.prefix!r} is incomplete or changed since prepare: {'; '.join(problems)}; "
+                f"re-run `python -m trainer prepare ... --force`"
+            )
 
 
 def read_manifest(files: DatasetFiles) -> Manifest | None:

@@ -25,8 +25,8 @@ def sample_batches(
     data_parallel_rank: int,
     data_parallel_size: int,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Yield this rank's micro-batches (FIELDS -> [micro_batch_size, seq_length] tensors), whole global batches
-    only, from `consumed_samples` until the dataset cannot fill another global batch."""
+    """This rank's micro-batches (FIELDS -> [micro_batch_size, seq_length] tensors), whole global batches only,
+    from `consumed_samples` until the dataset cannot fill another global batch. Checks its arguments at once."""
     per_micro_step = micro_batch_size * data_parallel_size
     if micro_batch_size < 1 or data_parallel_size < 1:
         raise DataError(
@@ -43,8 +43,15 @@ def sample_batches(
         raise DataError(
             f"consumed_samples {consumed_samples}: must be in 0..{len(dataset)} (the dataset's size)"
         )
-    for step_start in range(consumed_samples, len(dataset) - global_batch_size + 1, global_batch_size):
-        for micro_start in range(step_start, step_start + global_batch_size, per_micro_step):
-            first = micro_start + data_parallel_rank * micro_batch_size
-            samples = [dataset[index] for index in range(first, first + micro_batch_size)]
-            yield {field: torch.stack([sample[field] for sample in samples]) for field in FIELDS}
+    starts = (
+        micro_start + data_parallel_rank * micro_batch_size
+        for step_start in range(consumed_samples, len(dataset) - global_batch_size + 1, global_batch_size)
+        for micro_start in range(step_start, step_start + global_batch_size, per_micro_step)
+    )
+    return (
+        _collate([dataset[index] for index in range(start, start + micro_batch_size)]) for start in starts
+    )
+
+
+def _collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {field: torch.stack([sample[field] for sample in samples]) for field in FIELDS}

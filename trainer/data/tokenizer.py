@@ -21,10 +21,6 @@ MIN_VOCAB_SIZE = 257
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE (GPT-2 style: every byte is a symbol, so any text round-trips) with EOD_TOKEN as id 0."""
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise DataError(
-            f"--vocab-size {vocab_size} is too small: at least {MIN_VOCAB_SIZE} (256 bytes + EOD)"
-        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
