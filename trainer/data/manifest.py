@@ -1,0 +1,138 @@
+"""The manifest beside a prepared dataset (`PREFIX.manifest.json`): what it was made from and what it holds.
+
+It is written last, after the `.bin`/`.idx`/tokenizer files are in place, so it marks a complete dataset;
+re-running `prepare` with the same request finds it and does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trainer.data import DataError
+from trainer.data.tokenizer import file_sha256
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """Every file a prepared dataset PREFIX consists of."""
+
+    prefix: str
+
+    @property
+    def bin(self) -> Path:
+        return Path(self.prefix + ".bin")
+
+    @property
+    def idx(self) -> Path:
+        return Path(self.prefix + ".idx")
+
+    @property
+    def tokenizer(self) -> Path:
+        return Path(self.prefix + ".tokenizer.json")
+
+    @property
+    def manifest(self) -> Path:
+        return Path(self.prefix + ".manifest.json")
+
+    def all(self) -> tuple[Path, ...]:
+        return (self.bin, self.idx, self.tokenizer, self.manifest)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputFile(_Strict):
+    path: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> InputFile:
+        stat = path.stat()
+        return cls(path=str(path), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+class Request(_Strict):
+    """What decides the output: equal requests give equal datasets."""
+
+    inputs: list[InputFile]
+    text_key: str
+    tokenizer_sha256: str | None  # the given tokenizer; None when prepare trains one
+    vocab_size: int | None  # the vocabulary to train; None when a tokenizer is given
+
+    def differences(self, other: Request) -> list[str]:
+        """Human-readable reasons why `other` (an earlier request) does not match this one."""
+        reasons = []
+        before = {item.path: item for item in other.inputs}
+        now = {item.path: item for item in self.inputs}
+        added, removed = now.keys() - before.keys(), before.keys() - now.keys()
+        changed = sorted(path for path in now.keys() & before.keys() if now[path] != before[path])
+        for label, paths in (("new", added), ("gone", removed), ("changed", changed)):
+            if paths:
+                reasons.append(f"{len(paths)} input file(s) {label}, e.g. {sorted(paths)[0]}")
+        if self.text_key != other.text_key:
+            reasons.append(f"--text-key {self.text_key!r} (was {other.text_key!r})")
+        if (self.tokenizer_sha256, self.vocab_size) != (other.tokenizer_sha256, other.vocab_size):
+            reasons.append("a different tokenizer or --vocab-size")
+        return reasons or ["the same input files in another order"]
+
+
+class TokenizerRecord(_Strict):
+    file: str  # the tokenizer's file name, beside the manifest
+    sha256: str
+    vocab_size: int
+    eod_id: int
+
+
+class Manifest(_Strict):
+    version: Literal[1] = 1
+    request: Request
+    tokenizer: TokenizerRecord
+    dtype: str
+    documents: int
+    tokens: int
+    max_token_id: int
+    bin_bytes: int
+    idx_bytes: int
+
+    def check_files(self, files: DatasetFiles) -> None:
+        """Raise unless the dataset's files are the ones this manifest describes (sizes; the tokenizer's hash)."""
+        found = {path: path.stat().st_size if path.exists() else None for path in (files.bin, files.idx)}
+        problems = [
+            f"{path} is {'missing' if size is None else f'{size} bytes'}, its manifest says {expected} bytes"
+            for (path, size), expected in zip(found.items(), (self.bin_bytes, self.idx_bytes), strict=True)
+            if size != expected
+        ]
+        if not files.tokenizer.exists():
+            problems.append(f"{files.tokenizer} is missing")
+        elif file_sha256(files.tokenizer) != self.tokenizer.sha256:
+            problems.append(f"{files.tokenizer} is not the tokenizer its manifest records")
+        if problems:
+            raise DataError(
+                f"dataset {files.prefix!r} is incomplete or changed since prepare: {'; '.join(problems)}; "
+                f"re-run `python -m trainer prepare ... --force`"
+            )
+
+
+def read_manifest(files: DatasetFiles) -> Manifest | None:
+    if not files.manifest.exists():
+        return None
+    try:
+        return Manifest.model_validate_json(files.manifest.read_bytes())
+    except ValidationError as error:
+        raise DataError(
+            f"manifest {files.manifest} is unreadable ({error.error_count()} problem(s), first: "
+            f"{error.errors()[0]['msg']}); re-run `python -m trainer prepare ... --force`"
+        ) from None
+
+
+def write_manifest(files: DatasetFiles, manifest: Manifest) -> None:
+    temporary = files.manifest.with_name(f"{files.manifest.name}.tmp-{os.getpid()}")
+    temporary.write_text(manifest.model_dump_json(indent=2) + "\n")
+    temporary.replace(files.manifest)

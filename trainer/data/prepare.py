@@ -1,0 +1,478 @@
+"""`python -m trainer prepare`: tokenize text files, directories and JSONL into a Megatron indexed dataset.
+
+One document per text file or JSONL line, with the end-of-document token appended. Writes PREFIX.bin and
+PREFIX.idx (megatron-core's IndexedDatasetBuilder), PREFIX.tokenizer.json (the tokenizer used: the one given,
+or a byte-level BPE trained on the inputs) and PREFIX.manifest.json (what it was made from; written last, it
+marks a complete dataset, and re-running with the same inputs finds it and does nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import multiprocessing
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from tokenizers import Tokenizer
+
+from trainer.data import DataError
+from trainer.data.manifest import (
+    DatasetFiles,
+    InputFile,
+    Manifest,
+    Request,
+    TokenizerRecord,
+    read_manifest,
+    write_manifest,
+)
+from trainer.data.sources import (
+    DEFAULT_GLOBS,
+    Piece,
+    PieceError,
+    count_lines,
+    find_input_files,
+    read_documents,
+    split_into_pieces,
+    stdlib_sources,
+)
+from trainer.data.tokenizer import (
+    MIN_VOCAB_SIZE,
+    encode_documents,
+    eod_id,
+    file_sha256,
+    read_tokenizer,
+    train_bpe,
+)
+
+# FACTS.md: on the stdlib corpus a 2-core, 4-minute run learns most with a BPE of 2048-8192.
+DEFAULT_VOCAB_SIZE = 8192
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="text files, .jsonl files, or directories (searched by --glob)",
+    )
+    parser.add_argument(
+        "--stdlib",
+        action="store_true",
+        help="add the Python standard library's .py sources (the local corpus)",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="PREFIX",
+        help="writes PREFIX.bin, PREFIX.idx, PREFIX.tokenizer.json and PREFIX.manifest.json",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="a Hugging Face tokenizer.json to use (default: train a byte-level BPE on the inputs)",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help=f"vocabulary of the BPE trained when no --tokenizer is given (default {DEFAULT_VOCAB_SIZE})",
+    )
+    parser.add_argument("--text-key", default="text", help="the JSONL field holding the text (default: text)")
+    parser.add_argument(
+        "--glob",
+        action="append",
+        dest="globs",
+        metavar="PATTERN",
+        help=f"file pattern for input directories, repeatable (default: {' '.join(DEFAULT_GLOBS)})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="encoding processes (default: the cores this process may use)",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even if PREFIX already holds a dataset")
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(stderr=True, highlight=False)
+    try:
+        result = prepare_dataset(
+            args.inputs,
+            args.output,
+            stdlib=args.stdlib,
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            text_key=args.text_key,
+            globs=args.globs or DEFAULT_GLOBS,
+            workers=args.workers,
+            force=args.force,
+            console=console,
+        )
+    except DataError as error:
+        console.print(f"[bold red]prepare:[/] {escape(str(error))}", soft_wrap=True)
+        return 2
+    console.print(escape(result.summary()), soft_wrap=True)
+    return 0
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    files: DatasetFiles
+    manifest: Manifest
+    cached: bool
+    seconds: float
+    encode_seconds: float
+
+    def summary(self) -> str:
+        m = self.manifest
+        if self.cached:
+            return (
+                f"{self.files.prefix}: cached ({m.documents:,} documents, {m.tokens:,} tokens, tokenizer "
+                f"{self.files.tokenizer}); inputs unchanged since it was prepared, --force rebuilds it"
+            )
+        rate = m.tokens / max(self.encode_seconds, 1e-9)
+        return (
+            f"{self.files.prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}, vocab "
+            f"{m.tokenizer.vocab_size:,}) in {self.seconds:.1f} s, encoding at {rate:,.0f} tokens/s; "
+            f"{self.files.bin.name} {m.bin_bytes / 1e6:.1f} MB + {self.files.idx.name} {m.idx_bytes / 1e6:.2f} MB, "
+            f"tokenizer {self.files.tokenizer}"
+        )
+
+
+def prepare_dataset(
+    inputs: Sequence[str],
+    output: str,
+    *,
+    stdlib: bool = False,
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
+    text_key: str = "text",
+    globs: Sequence[str] = DEFAULT_GLOBS,
+    workers: int = 1,
+    force: bool = False,
+    console: Console | None = None,
+) -> PrepareResult:
+    """Everything `prepare` does; every check on the arguments runs before any file is read or written."""
+    started = time.perf_counter()
+    console = console or Console(stderr=True, quiet=True)
+    files = _output_files(output)
+    if workers < 1:
+        raise DataError(f"--workers {workers}: must be at least 1")
+    if tokenizer is not None and vocab_size is not None:
+        raise DataError(
+            "--vocab-size sizes the tokenizer prepare trains; it cannot change a given --tokenizer"
+        )
+    if vocab_size is not None and vocab_size < MIN_VOCAB_SIZE:
+        raise DataError(
+            f"--vocab-size {vocab_size} is too small: at least {MIN_VOCAB_SIZE} (256 byte symbols + EOD)"
+        )
+    paths = list(dict.fromkeys([*find_input_files(inputs, globs), *(stdlib_sources() if stdlib else [])]))
+    if not paths:
+        raise DataError("no inputs: give INPUT files or directories, or --stdlib")
+    if tokenizer is not None:
+        eod_id(read_tokenizer(tokenizer), tokenizer)
+    request = Request(
+        inputs=[InputFile.of(path) for path in paths],
+        text_key=text_key,
+        tokenizer_sha256=file_sha256(tokenizer) if tokenizer else None,
+        vocab_size=None if tokenizer else (vocab_size or DEFAULT_VOCAB_SIZE),
+    )
+    if not force and (cached := _cached(files, request)) is not None:
+        return PrepareResult(
+            files, cached, cached=True, seconds=time.perf_counter() - started, encode_seconds=0
+        )
+
+    batches = _batches(split_into_pieces(paths))
+    temporary = {path: path.with_name(f"{path.name}.tmp-{os.getpid()}") for path in files.all()}
+    try:
+        with _batch_mapper(workers) as map_batches, _progress(console) as progress:
+            importer = _import_in_background()  # after the fork: no child may inherit a half-done import
+            _scan(batches, text_key, map_batches, progress)
+            files.bin.parent.mkdir(parents=True, exist_ok=True)
+            tokenizer_path = temporary[files.tokenizer]
+            if tokenizer is not None:
+                shutil.copyfile(tokenizer, tokenizer_path)
+            else:
+                task = progress.add_task(
+                    f"training a byte-level BPE (vocab {request.vocab_size:,})", total=None, detail=""
+                )
+                train_bpe(_documents(batches, text_key), request.vocab_size).save(str(tokenizer_path))
+                progress.update(task, total=1, completed=1)
+            importer.join()
+            manifest, encode_seconds = _encode(
+                batches, text_key, request, tokenizer_path, temporary, files, map_batches, progress
+            )
+        files.manifest.unlink(missing_ok=True)  # the old dataset stops counting as complete before it changes
+        for final in (files.tokenizer, files.bin, files.idx):
+            temporary[final].replace(final)
+        write_manifest(files, manifest)
+    finally:
+        for path in temporary.values():
+            path.unlink(missing_ok=True)
+    return PrepareResult(files, manifest, False, time.perf_counter() - started, encode_seconds)
+
+
+def _output_files(output: str) -> DatasetFiles:
+    for suffix in (".bin", ".idx", ".json"):
+        if output.endswith(suffix):
+            raise DataError(
+                f"--output {output!r} is a prefix, not a file name: --output {output[: -len(suffix)]!r} writes "
+                f"{output[: -len(suffix)]}.bin, .idx, .tokenizer.json and .manifest.json"
+            )
+    parent = Path(output).parent
+    if parent.exists() and not parent.is_dir():
+        raise DataError(f"--output {output!r}: {parent} is not a directory")
+    return DatasetFiles(output)
+
+
+def _cached(files: DatasetFiles, request: Request) -> Manifest | None:
+    """The manifest of an identical earlier run; raise when PREFIX holds anything else."""
+    existing = [path for path in files.all() if path.exists()]
+    if not existing:
+        return None
+    manifest = read_manifest(files)
+    if manifest is None:
+        raise DataError(
+            f"{existing[0]} exists but no {files.manifest.name} says what it holds; "
+            f"pass --force to replace it, or choose another --output"
+        )
+    if manifest.request != request:
+        reasons = "; ".join(request.differences(manifest.request))
+        raise DataError(
+            f"{files.prefix!r} holds a dataset prepared from other inputs ({reasons}); "
+            f"pass --force to replace it, or choose another --output"
+        )
+    manifest.check_files(files)
+    return manifest
+
+
+# Pieces travel to workers in batches of about this size: few round trips, and batch encoding.
+BATCH_BYTES = 1 << 20
+Batch = tuple[Piece, ...]
+
+
+def _batches(pieces: Sequence[Piece]) -> list[Batch]:
+    """Consecutive pieces grouped up to BATCH_BYTES (a larger piece goes alone); independent of the worker count."""
+    batches: list[list[Piece]] = []
+    size = 0
+    for piece in pieces:
+        if not batches or size + piece.end - piece.start > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(piece)
+        size += piece.end - piece.start
+    return [tuple(batch) for batch in batches]
+
+
+def _batch_bytes(batch: Batch) -> int:
+    return sum(piece.end - piece.start for piece in batch)
+
+
+BatchMapper = Callable[[Callable, Sequence[Batch]], Iterator]
+
+
+@contextlib.contextmanager
+def _batch_mapper(workers: int) -> Iterator[BatchMapper]:
+    """An ordered map over batches: in this process for one worker (the tokenizer then uses its own threads),
+    else a pool of single-threaded processes, so N workers use N cores; the pool is terminated on error."""
+    if workers == 1:
+        yield map
+        return
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # inherited by the forked workers only
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers)
+    finally:
+        if previous is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+    with pool:
+        yield lambda function, batches: pool.imap(function, batches)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+@dataclass(frozen=True)
+class BatchScan:
+    documents: int
+    empty: int
+    error_piece: Piece | None = None
+    error_line: int = 0
+    error: str = ""
+
+
+def scan_batch(batch: Batch, text_key: str) -> BatchScan:
+    documents = empty = 0
+    for piece in batch:
+        try:
+            for text in read_documents(piece, text_key):
+                documents += bool(text)
+                empty += not text
+        except PieceError as error:
+            return BatchScan(documents, empty, piece, error.line, error.message)
+    return BatchScan(documents, empty)
+
+
+def _scan(batches: Sequence[Batch], text_key: str, map_batches: BatchMapper, progress: Progress) -> None:
+    """Read every document once, so that a bad line fails with its file:line before anything is written."""
+    task = progress.add_task("checking inputs", total=sum(map(_batch_bytes, batches)), detail="")
+    documents = empty = 0
+    for batch, scan in zip(
+        batches, map_batches(functools.partial(scan_batch, text_key=text_key), batches), strict=True
+    ):
+        if (bad := scan.error_piece) is not None:
+            pieces = [piece for each in batches for piece in each]
+            earlier = sum(
+                count_lines(piece) for piece in pieces[: pieces.index(bad)] if piece.path == bad.path
+            )
+            where = f"{bad.path}:{earlier + scan.error_line}" if scan.error_line else bad.path
+            raise DataError(f"{where}: {scan.error}")
+        documents += scan.documents
+        empty += scan.empty
+        progress.update(task, advance=_batch_bytes(batch), detail=f"{documents:,} documents")
+    if documents == 0:
+        files = len({piece.path for batch in batches for piece in batch})
+        raise DataError(f"the inputs hold no text: {files} file(s), {empty} document(s), all empty")
+
+
+def _documents(batches: Iterable[Batch], text_key: str) -> Iterator[str]:
+    for batch in batches:
+        for piece in batch:
+            yield from filter(None, read_documents(piece, text_key))
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    tokens: np.ndarray  # every document's tokens, each followed by EOD
+    lengths: np.ndarray  # tokens per document, EOD included
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_tokenizer(path: str, sha256: str) -> tuple[Tokenizer, int]:
+    tokenizer = read_tokenizer(path)
+    return tokenizer, eod_id(tokenizer, path)
+
+
+def encode_batch(
+    batch: Batch, text_key: str, tokenizer_path: str, tokenizer_sha256: str, dtype: str
+) -> EncodedBatch:
+    tokenizer, eod = _worker_tokenizer(tokenizer_path, tokenizer_sha256)
+    ids = encode_documents(tokenizer, list(_documents([batch], text_key)))
+    lengths = np.array([len(document) + 1 for document in ids], dtype=np.int64)
+    tokens = np.full(int(lengths.sum()), eod, dtype=dtype)
+    for document, end in zip(ids, np.cumsum(lengths).tolist(), strict=True):
+        tokens[end - 1 - len(document) : end - 1] = document
+    return EncodedBatch(tokens, lengths)
+
+
+def _encode(
+    batches: Sequence[Batch],
+    text_key: str,
+    request: Request,
+    tokenizer_path: Path,
+    temporary: dict[Path, Path],
+    files: DatasetFiles,
+    map_batches: BatchMapper,
+    progress: Progress,
+) -> tuple[Manifest, float]:
+    """Encode every batch (in order) into the temporary .bin/.idx; return their manifest and the seconds taken."""
+    indexed_dataset = _import_indexed_dataset()
+    started = time.perf_counter()
+
+    tokenizer = read_tokenizer(tokenizer_path)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = indexed_dataset.DType.optimal_dtype(vocab_size)
+    sha256 = file_sha256(tokenizer_path)
+    task = progress.add_task("tokenizing", total=sum(map(_batch_bytes, batches)), detail="")
+    builder = indexed_dataset.IndexedDatasetBuilder(str(temporary[files.bin]), dtype=dtype)
+    documents = tokens = max_token_id = 0
+    encode = functools.partial(
+        encode_batch,
+        text_key=text_key,
+        tokenizer_path=str(tokenizer_path),
+        tokenizer_sha256=sha256,
+        dtype=dtype.__name__,
+    )
+    for batch, encoded in zip(batches, map_batches(encode, batches), strict=True):
+        start = 0
+        for length in encoded.lengths.tolist():
+            builder.add_document(encoded.tokens[start : start + length], [length])
+            start += length
+        documents += encoded.lengths.size
+        tokens += encoded.tokens.size
+        max_token_id = max(max_token_id, int(encoded.tokens.max(initial=0)))
+        progress.update(task, advance=_batch_bytes(batch), detail=f"{tokens:,} tokens")
+    builder.finalize(str(temporary[files.idx]))
+    seconds = time.perf_counter() - started
+    manifest = Manifest(
+        request=request,
+        tokenizer=TokenizerRecord(
+            file=files.tokenizer.name,
+            sha256=sha256,
+            vocab_size=vocab_size,
+            eod_id=eod_id(tokenizer, tokenizer_path),
+        ),
+        dtype=dtype.__name__,
+        documents=documents,
+        tokens=tokens,
+        max_token_id=max_token_id,
+        bin_bytes=temporary[files.bin].stat().st_size,
+        idx_bytes=temporary[files.idx].stat().st_size,
+    )
+    return manifest, seconds
+
+
+def _import_in_background() -> threading.Thread:
+    """Import megatron-core (about 5 s) while the inputs are checked and the tokenizer trains. A failure stays
+    quiet here and surfaces when _encode imports it again."""
+
+    def import_quietly() -> None:
+        with contextlib.suppress(Exception):
+            _import_indexed_dataset()
+
+    thread = threading.Thread(target=import_quietly, daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_indexed_dataset() -> ModuleType:
+    """megatron-core's .bin/.idx writer, imported only here: importing megatron-core takes about 5 s."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset

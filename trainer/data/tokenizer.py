@@ -1,0 +1,111 @@
+"""Tokenizers: train a byte-level BPE on a corpus, read a Hugging Face `tokenizer.json`, and present it the
+way megatron-core's datasets want one (`.eod`, `.vocab_size`, `.unique_identifiers`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from trainer.data import DataError
+
+EOD_TOKEN = "<|endoftext|>"
+# End-of-document tokens of common tokenizers (GPT-2/NeoX, Llama 3, Llama 2/Mistral, Gemma), in that order.
+EOD_CANDIDATES = (EOD_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
+# 256 byte symbols plus the end-of-document token.
+MIN_VOCAB_SIZE = 257
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style: every byte is a symbol, so any text round-trips) with EOD_TOKEN as id 0."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def read_tokenizer(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"tokenizer {str(path)!r} does not exist (give a Hugging Face tokenizer.json)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:
+        raise DataError(
+            f"tokenizer {str(path)!r} is not a valid Hugging Face tokenizer.json: {error}"
+        ) from None
+
+
+def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, with no special tokens added, and with special-token text inside a document (say
+    a literal "<|endoftext|>") encoded as plain text, so that only the EOD that prepare appends ends a document.
+
+    Encoding special-token text literally is about 3x slower, so only the rare texts that need it pay for it."""
+    ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    special = {token for token, added in tokenizer.get_added_tokens_decoder().items() if added.special}
+    redo = [index for index, document in enumerate(ids) if special and not special.isdisjoint(document)]
+    if redo:
+        literal = Tokenizer.from_str(tokenizer.to_str())
+        literal.encode_special_tokens = True
+        for index, encoding in zip(
+            redo, literal.encode_batch_fast([texts[i] for i in redo], add_special_tokens=False), strict=True
+        ):
+            ids[index] = encoding.ids
+    return ids
+
+
+def eod_id(tokenizer: Tokenizer, path: str | Path) -> int:
+    """The id of the tokenizer's end-of-document token, the first of EOD_CANDIDATES it has."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    for token in EOD_CANDIDATES:
+        if token in vocab:
+            return vocab[token]
+    special = sorted(
+        added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special
+    )
+    raise DataError(
+        f"tokenizer {str(path)!r} has no end-of-document token: expected one of {', '.join(EOD_CANDIDATES)}; "
+        f"its special tokens are: {', '.join(special) or 'none'}"
+    )
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class HuggingFaceTokenizer:
+    """A `tokenizer.json` as megatron-core's GPT datasets use it: `eod` ends every document, `vocab_size` sizes
+    the token dtype, and `unique_identifiers` (with the file's hash) keys the dataset index cache."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._tokenizer = read_tokenizer(path)
+        self.eod = eod_id(self._tokenizer, path)
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.sha256 = file_sha256(path)
+        self.unique_identifiers = OrderedDict(
+            [("class", type(self).__name__), ("sha256", self.sha256), ("vocab_size", self.vocab_size)]
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return encode_documents(self._tokenizer, [text])[0]
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    encode = tokenize
+    decode = detokenize
+
+
+def load_tokenizer(path: str | Path) -> HuggingFaceTokenizer:
+    return HuggingFaceTokenizer(path)
