@@ -29,23 +29,26 @@ def test_tp2_pp2_matches_single_process(tp2_pp2, single):
 
 
 def test_tp2_dp2_matches_single_process(launcher, single):
-    # Also overlaps the gradient reduce-scatter with backward, as production runs do.
+    # Also overlaps the gradient reduce-scatter with backward and recomputes attention, as production runs do.
     layout = launcher.launch(
         "tp2_dp2",
         4,
         "parallel.tensor_model_parallel_size=2",
         "parallel.overlap_grad_reduce=true",
+        "parallel.recompute=selective",
         "schedule.train_iters=3",
     )
     assert_same_training(layout, single)
 
 
 def test_pp4_interleaved_matches_single_process(launcher, single):
+    # Also recomputes every layer's activations in backward.
     layout = launcher.launch(
         "pp4_vp2",
         4,
         "parallel.pipeline_model_parallel_size=4",
         "parallel.virtual_pipeline_model_parallel_size=2",
+        "parallel.recompute=full",
         "schedule.train_iters=3",
     )
     assert_same_training(layout, single)
