@@ -195,26 +195,20 @@ def layout_problems(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
         p.virtual_pipeline_model_parallel_size,
     )
     problems = []
-    if m.num_attention_heads % tp:
-        problems.append(
-            f"model.num_attention_heads = {m.num_attention_heads} is not divisible by "
-            f"parallel.tensor_model_parallel_size = {tp}; use a TP size that divides it"
-        )
-    if m.query_groups % tp:
-        problems.append(
-            f"model.num_query_groups = {m.query_groups} is not divisible by "
-            f"parallel.tensor_model_parallel_size = {tp}; each TP rank needs whole query groups"
-        )
-    if m.ffn_hidden_size % tp:
-        problems.append(
-            f"model.ffn_hidden_size = {m.ffn_hidden_size} is not divisible by "
-            f"parallel.tensor_model_parallel_size = {tp}"
-        )
-    if m.make_vocab_size_divisible_by % tp:
-        problems.append(
-            f"model.make_vocab_size_divisible_by = {m.make_vocab_size_divisible_by} is not divisible by "
-            f"parallel.tensor_model_parallel_size = {tp}; the embedding is split over TP ranks"
-        )
+    for key, value, why in (
+        ("model.num_attention_heads", m.num_attention_heads, "use a TP size that divides it"),
+        ("model.num_query_groups", m.query_groups, "each TP rank needs whole query groups"),
+        ("model.ffn_hidden_size", m.ffn_hidden_size, "each TP rank holds an equal slice of the MLP"),
+        (
+            "model.make_vocab_size_divisible_by",
+            m.make_vocab_size_divisible_by,
+            "the embedding is split over TP",
+        ),
+    ):
+        if value % tp:
+            problems.append(
+                f"{key} = {value} is not divisible by parallel.tensor_model_parallel_size = {tp}; {why}"
+            )
     if m.num_layers % (pp * vp):
         problems.append(
             f"model.num_layers = {m.num_layers} is not divisible by parallel.pipeline_model_parallel_size x "

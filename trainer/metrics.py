@@ -106,7 +106,7 @@ class MetricsLogger:
         step_time_s: float | None,
         val_loss: float | None = None,
         peak_memory: float | None = None,
-    ) -> dict:
+    ) -> None:
         tokens_per_s = tflops = mfu = None
         if step_time_s:
             tokens_per_s = self.tokens_per_step / step_time_s
@@ -137,7 +137,6 @@ class MetricsLogger:
                 )
         if val_loss is not None:
             self.console.print(f"step {step}: validation loss {val_loss:.4f}")
-        return record
 
     def close(self) -> None:
         self.progress.stop()

@@ -106,70 +106,45 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
 
 
-def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> list[dict]:
-    """The whole run on this rank; returns the metrics records it logged (rank 0 only, else empty)."""
+def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> None:
+    """The whole run on this rank: build, resume, then step, log, evaluate and save until train_iters."""
     s = cfg.schedule
-    rank = torch.distributed.get_rank()
-    if fresh and rank == 0:
+    if fresh and torch.distributed.get_rank() == 0:
         _remove_run_outputs(cfg)
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
     run = build(cfg, dims)
-
-    progress = checkpoint.Progress()
-    latest = checkpoint.latest_checkpoint(cfg.checkpoint_dir)
-    if latest is not None:
-        progress = checkpoint.load(latest, run.chunks, run.optimizer, run.scheduler, dims)
-        console.print(
-            f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
-        )
+    progress = _resume(run, console)
     if progress.step >= s.train_iters:
         console.print(
-            f"already trained to step {progress.step} of {s.train_iters}; nothing to do (make train FRESH=1, or --fresh, starts over)"
+            f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
+            "(make train FRESH=1, or --fresh, starts over)"
         )
-        return []
-
-    logger = None
-    if rank == 0:
-        logger = MetricsLogger(
-            cfg.run_dir,
-            train_iters=s.train_iters,
-            start_step=progress.step,
-            flops_per_step=model_flops_per_sequence(cfg.model, cfg.data.seq_length, run.padded_vocab_size)
-            * s.global_batch_size,
-            tokens_per_step=s.global_batch_size * cfg.data.seq_length,
-            world_size=dims.world_size,
-            peak_tflops=peak_tflops_per_device(cfg.logging.peak_tflops_per_device),
-            tensorboard=cfg.logging.tensorboard,
-            console=console,
-        )
-    records = []
-
-    def record(step: int, **values) -> None:
-        if logger is not None:
-            records.append(logger.log(step, **values))
-
+        return
+    logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
-        record(0, loss=None, lr=None, grad_norm=None, step_time_s=None, val_loss=evaluate(run))
+        _log(logger, 0, val_loss=evaluate(run))  # the untrained model: where the loss starts
     batches = _micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     try:
         while progress.step < s.train_iters:
             started = time.perf_counter()
-            loss, grad_norm = train_step(run, batches)
+            loss, grad_norm, lr = train_step(run, batches)
             step_time = time.perf_counter() - started
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
             val_loss = evaluate(run) if step % s.eval_interval == 0 or last else None
             if step % cfg.logging.log_interval == 0 or val_loss is not None:
-                record(
+                memory = _max_over_ranks(peak_memory_gib())
+                _log(
+                    logger,
                     step,
                     loss=loss,
-                    lr=run.scheduler.get_lr(run.optimizer.param_groups[0]),
+                    lr=lr,
                     grad_norm=grad_norm,
                     step_time_s=step_time,
                     val_loss=val_loss,
-                    peak_memory=_max_over_ranks(peak_memory_gib()),
+                    peak_memory=memory,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
                 saved = checkpoint.save(
@@ -185,18 +160,19 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
     finally:
         if logger is not None:
             logger.close()
-    return records
 
 
-def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float]:
-    """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW."""
+def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float]:
+    """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW.
+    Returns the mean loss, the gradient norm before clipping and the learning rate the step used."""
     for chunk in run.chunks:
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
     loss = forward_backward(run, batches)
+    lr = run.optimizer.param_groups[0]["lr"]
     _, grad_norm, _ = run.optimizer.step()  # gradients were reduced over DP in finalize_model_grads
     run.scheduler.step(increment=1)
-    return loss, grad_norm
+    return loss, grad_norm, lr
 
 
 def evaluate(run: Run) -> float:
@@ -273,3 +249,35 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
     (cfg.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def _resume(run: Run, console: Console) -> checkpoint.Progress:
+    """Load the newest complete checkpoint, if there is one; where training stands."""
+    latest = checkpoint.latest_checkpoint(run.cfg.checkpoint_dir)
+    if latest is None:
+        return checkpoint.Progress()
+    progress = checkpoint.load(latest, run.chunks, run.optimizer, run.scheduler, run.dims)
+    console.print(f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)")
+    return progress
+
+
+def _metrics_logger(run: Run, start_step: int, console: Console) -> MetricsLogger:
+    cfg, s = run.cfg, run.cfg.schedule
+    flops_per_sequence = model_flops_per_sequence(cfg.model, cfg.data.seq_length, run.padded_vocab_size)
+    return MetricsLogger(
+        cfg.run_dir,
+        train_iters=s.train_iters,
+        start_step=start_step,
+        flops_per_step=flops_per_sequence * s.global_batch_size,
+        tokens_per_step=s.global_batch_size * cfg.data.seq_length,
+        world_size=run.dims.world_size,
+        peak_tflops=peak_tflops_per_device(cfg.logging.peak_tflops_per_device),
+        tensorboard=cfg.logging.tensorboard,
+        console=console,
+    )
+
+
+def _log(logger: MetricsLogger | None, step: int, **values) -> None:
+    """Record a step on rank 0 (the others hold no logger); absent training values are null."""
+    if logger is not None:
+        logger.log(step, **{"loss": None, "lr": None, "grad_norm": None, "step_time_s": None, **values})
