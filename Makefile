@@ -48,7 +48,7 @@ ifneq ($(STACK),)
 	@echo "make train STACK=$(STACK): submitting to a stack's cluster comes with the image/cluster issue." >&2; exit 2
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
-	$(PY) -m trainer launch --config $(CONFIG) $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
+	$(PY) -m trainer train --config $(CONFIG) $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
 endif
 
 .PHONY: test

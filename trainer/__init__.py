@@ -1,4 +1,4 @@
-"""trainstack's trainer: `python -m trainer <verb>` (prepare, train, launch)."""
+"""trainstack's trainer: `python -m trainer <verb>`."""
 
 import warnings
 

@@ -11,7 +11,6 @@ import sys
 VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.data.prepare", "tokenize text/JSONL into a Megatron indexed dataset (.bin/.idx)"),
     "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
-    "launch": ("trainer.launch", "train on this machine: torchrun with one process per device"),
 }
 
 

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, model, parallel
+from trainer import checkpoint, model, parallel, standalone
 from trainer.config import ConfigError, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
@@ -47,23 +47,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="start over: drop this run's checkpoints and metrics"
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=rank != 0)
+    console = Console(
+        stderr=True, highlight=False, soft_wrap=True, quiet=int(os.environ.get("RANK", "0")) != 0
+    )
     try:
         cfg = load_config(args.config, args.overrides)
-        validate_run(cfg, int(os.environ.get("WORLD_SIZE", "1")), parallel.device_type())
+        if standalone.under_torchrun():
+            world_size = int(os.environ["WORLD_SIZE"])
+        else:
+            world_size = standalone.processes(cfg, args.nproc)
+        validate_run(cfg, world_size, parallel.device_type())
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
+    if not standalone.under_torchrun():
+        standalone.exec_torchrun(world_size, _verb_args(args))
     dims = parallel.initialize(cfg)
     try:
         train(cfg, dims, console, fresh=args.fresh)
     finally:
         parallel.shutdown()
     return 0
+
+
+def _verb_args(args: argparse.Namespace) -> list[str]:
+    """This command line again, for each process torchrun starts."""
+    overrides = [arg for override in args.overrides for arg in ("--set", override)]
+    return ["train", "--config", args.config, *overrides, *(["--fresh"] if args.fresh else [])]
 
 
 @dataclass

@@ -36,7 +36,7 @@ def test_make_train_with_a_stack_says_cluster_submission_is_not_here_yet():
     assert result.returncode == 2 and "comes with the image/cluster issue" in result.stderr
 
 
-def test_launch_refuses_a_bad_layout_before_starting_any_process():
+def test_train_refuses_a_bad_layout_before_starting_any_process():
     result = subprocess.run(
         ["make", "train", "ARGS=--set parallel.tensor_model_parallel_size=3"],
         cwd=ROOT,
