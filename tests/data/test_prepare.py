@@ -271,6 +271,26 @@ def test_existing_output_from_other_inputs_needs_force(text_corpus, tmp_path, ca
     assert read_manifest(DatasetFiles(str(tmp_path / "d"))) is not None
 
 
+def test_inputs_in_another_order_are_another_dataset(tmp_path, capsys):
+    write_text_corpus(tmp_path / "one", documents(2, seed=6))
+    write_text_corpus(tmp_path / "two", documents(2, seed=7))
+    assert (
+        prepare_cli(
+            tmp_path / "one", tmp_path / "two", "--vocab-size", TINY_VOCAB, "--output", tmp_path / "d"
+        )
+        == 0
+    )
+
+    assert (
+        prepare_cli(
+            tmp_path / "two", tmp_path / "one", "--vocab-size", TINY_VOCAB, "--output", tmp_path / "d"
+        )
+        == 2
+    )
+
+    assert "prepared from other inputs (the same input files in another order)" in capsys.readouterr().err
+
+
 def test_output_not_written_by_prepare_needs_force(text_corpus, tmp_path, capsys):
     corpus, _ = text_corpus
     (tmp_path / "d.bin").write_bytes(b"someone else's")

@@ -80,7 +80,7 @@ class Request(_Strict):
             reasons.append(f"--text-key {self.text_key!r} (was {other.text_key!r})")
         if (self.tokenizer_sha256, self.vocab_size) != (other.tokenizer_sha256, other.vocab_size):
             reasons.append("a different tokenizer or --vocab-size")
-        return reasons
+        return reasons or ["the same input files in another order"]
 
 
 class TokenizerRecord(_Strict):
