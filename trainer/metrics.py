@@ -82,19 +82,18 @@ class MetricsLogger:
             self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
         self.progress = Progress(
             TextColumn("[bold]train"),
-            BarColumn(),
+            BarColumn(bar_width=30),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s"),
-            TextColumn("ETA"),
+            TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  ETA"),
             TimeRemainingColumn(),
             console=console,
-            transient=False,
         )
         self.task = self.progress.add_task(
             "train", total=train_iters, completed=start_step, loss="-", tokens_per_s="-"
         )
         self.progress.start()
-        self.plain_every = max(1, train_iters // 20)  # without a terminal, a line every 5 % instead of a bar
+        self.train_iters = train_iters
+        self.line_every = max(1, train_iters // 20)  # every metric in a line every 5 %; the bar has the rest
 
     def log(
         self,
@@ -105,7 +104,7 @@ class MetricsLogger:
         grad_norm: float | None,
         step_time_s: float | None,
         val_loss: float | None = None,
-        peak_memory: float | None = None,
+        peak_memory: float = 0.0,
     ) -> None:
         tokens_per_s = tflops = mfu = None
         if step_time_s:
@@ -125,16 +124,16 @@ class MetricsLogger:
                 if key != "step" and value is not None and math.isfinite(value):
                     self.tensorboard.add_scalar(key, value, step)
         if loss is not None:
+            mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
+            status = (
+                f"loss {loss:.4f}  lr {lr:.2e}  grad norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s  "
+                f"{tflops:.3g} TFLOP/s/device  {mfu_text}  {step_time_s:.2f} s/step  peak mem {peak_memory:.2f} GiB"
+            )
             self.progress.update(
                 self.task, completed=step, loss=f"{loss:.3f}", tokens_per_s=f"{tokens_per_s:,.0f}"
             )
-            if not self.console.is_terminal and step % self.plain_every == 0:
-                memory = f"  peak mem {peak_memory:.2f} GiB" if peak_memory is not None else ""
-                mfu_text = f"  MFU {mfu:.1%}" if mfu is not None else ""
-                self.console.print(
-                    f"step {step}: loss {loss:.4f}  lr {lr:.2e}  grad norm {grad_norm:.3f}  "
-                    f"{tokens_per_s:,.0f} tok/s  {tflops:.3f} TFLOP/s/device{mfu_text}  {step_time_s:.2f} s/step{memory}"
-                )
+            if step % self.line_every == 0:
+                self.console.print(f"step {step}/{self.train_iters}: {status}")
         if val_loss is not None:
             self.console.print(f"step {step}: validation loss {val_loss:.4f}")
 
