@@ -122,11 +122,11 @@ def single(launcher) -> Result:
 
 @pytest.fixture(scope="session")
 def tp2_pp2(launcher) -> Result:
-    """5 steps at TP=2 x PP=2 (4 processes), ending with a checkpoint and a validation loss."""
+    """3 steps at TP=2 x PP=2 (4 processes), ending with a checkpoint and a validation loss."""
     return launcher.launch(
         "tp2_pp2",
         4,
         "parallel.tensor_model_parallel_size=2",
         "parallel.pipeline_model_parallel_size=2",
-        "schedule.train_iters=5",
+        "schedule.train_iters=3",
     )

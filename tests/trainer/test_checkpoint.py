@@ -32,7 +32,7 @@ def test_straight_run_keeps_the_last_three_checkpoints_and_points_at_the_newest(
 
 @pytest.mark.parametrize(("name", "nproc", "pp"), [("reshard_tp1_pp2", 2, 2), ("reshard_tp1_pp1", 1, 1)])
 def test_tp2_pp2_checkpoint_loads_at_another_layout_with_the_same_loss(launcher, tp2_pp2, name, nproc, pp):
-    saved = tp2_pp2.run_dir / "checkpoints" / "iter_0000005"
+    saved = tp2_pp2.run_dir / "checkpoints" / "iter_0000003"
     loaded = launcher.launch(
         name, nproc, f"parallel.pipeline_model_parallel_size={pp}", mode="evaluate", checkpoint=saved
     )

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_make_train_learns_and_leaves_a_checkpoint_then_resumes(tmp_path):
     run_dir = tmp_path / "local"
-    args = f"--set logging.run_dir={run_dir} --set schedule.train_iters=40 --set schedule.eval_interval=20"
+    args = f"--set logging.run_dir={run_dir} --set schedule.train_iters=30 --set schedule.eval_interval=15"
+    args += " --set schedule.lr_warmup_iters=10"
     first = subprocess.run(
         ["make", "train", f"ARGS={args}"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -20,13 +21,13 @@ def test_make_train_learns_and_leaves_a_checkpoint_then_resumes(tmp_path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r["val_loss"] for r in records if "val_loss" in r]
     assert len(evaluations) == 3 and evaluations[-1] < 0.85 * evaluations[0]
-    assert (run_dir / "checkpoints" / "latest").read_text() == "iter_0000040\n"
+    assert (run_dir / "checkpoints" / "latest").read_text() == "iter_0000030\n"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
     again = subprocess.run(
         ["make", "train", f"ARGS={args}"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
-    assert again.returncode == 0 and "already trained to step 40 of 40" in again.stderr
+    assert again.returncode == 0 and "already trained to step 30 of 30" in again.stderr
 
 
 def test_make_train_with_a_stack_says_cluster_submission_is_not_here_yet():
