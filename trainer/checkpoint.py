@@ -136,10 +136,9 @@ def save(
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
+        # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
         replaced = final.with_name(final.name + ".replaced.tmp")
-        if (
-            final.exists()
-        ):  # this step saved again (resumed from an older `latest`): swap, then drop the old one
+        if final.exists():
             final.rename(replaced)
         staging.rename(final)
         _write_atomically(directory / LATEST, final.name + "\n")

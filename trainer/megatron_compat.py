@@ -48,17 +48,10 @@ class _CudaToCpu(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return func(*args).replace("torch.", "torch.cuda.", 1)
-        if _is_cuda(kwargs.get("device")):
+        device = kwargs.get("device")
+        if (isinstance(device, str) and device.startswith("cuda")) or getattr(device, "type", None) == "cuda":
             kwargs["device"] = "cpu"
-        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
-            args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
-
-
-def _is_cuda(device) -> bool:
-    if isinstance(device, str):
-        return device.startswith("cuda")
-    return isinstance(device, torch.device) and device.type == "cuda"
 
 
 def apply() -> None:
