@@ -39,9 +39,21 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 
 # --- main verbs ---------------------------------------------------------------------------------
 
+# make train: CONFIG picks the recipe, NPROC the process count (default: one per GPU, or the config's
+# TP x PP x DP on CPU), FRESH=1 starts over instead of resuming, ARGS passes more (e.g. --set schedule.train_iters=50).
+CONFIG ?= trainer/configs/local.yaml
+NPROC  ?=
+FRESH  ?=
+ARGS   ?=
+
 .PHONY: train
 train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env> submits to that stack's cluster
-	@echo "make train: the trainer is not built yet (issue: trainer)." >&2; exit 2
+ifneq ($(STACK),)
+	@echo "make train STACK=$(STACK): submitting to a stack's cluster comes with the image/cluster issue." >&2; exit 2
+else
+	$(PY) -m trainer prepare --stdlib --output data/stdlib
+	$(PY) -m trainer train --config $(CONFIG) $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
+endif
 
 .PHONY: test
 test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)

@@ -1,0 +1,132 @@
+"""Shared fixtures for the trainer tests: a tiny prepared corpus, the tiny config, and multi-process runs.
+
+A launch costs 10-20 s on 2 cores, so each layout runs once per session and tests compare the results.
+"""
+
+from __future__ import annotations
+
+import email
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("worker.py")
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> str:
+    """The email package's sources, tokenized with a 512-token BPE; returns the dataset prefix."""
+    from trainer.data.prepare import prepare_dataset
+
+    prefix = str(tmp_path_factory.mktemp("corpus") / "email")
+    prepare_dataset([str(Path(email.__file__).parent)], prefix, vocab_size=512, globs=["*.py"], workers=1)
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
+    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    path.write_text(Path(__file__).with_name("tiny.yaml").read_text().replace("PREFIX", tiny_corpus))
+    return path
+
+
+@dataclass
+class Result:
+    """What one launch left behind."""
+
+    run_dir: Path
+    out: Path
+
+    @property
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in self.records if r["loss"] is not None}
+
+    def gradients(self) -> list[dict[str, torch.Tensor]]:
+        """Per recorded step, every parameter's full gradient, merged over pipeline stages."""
+        steps: list[dict[str, torch.Tensor]] = []
+        for path in sorted(self.out.glob("grads_pp*.pt")):
+            for i, gradients in enumerate(torch.load(path)):
+                if i == len(steps):
+                    steps.append({})
+                steps[i].update(gradients)
+        return steps
+
+    @property
+    def val_loss(self) -> float:
+        return json.loads((self.out / "val_loss.json").read_text())
+
+
+class Launcher:
+    def __init__(self, base: Path, config: Path):
+        self.base, self.config = base, config
+        self.results: dict[str, Result] = {}
+
+    def run_dir(self, name: str) -> Path:
+        return self.base / name / "run"
+
+    def launch(
+        self, name: str, nproc: int, *overrides: str, mode: str = "train", checkpoint: Path | None = None
+    ):
+        """Run the worker once per session under this name; later calls return the first result."""
+        if name in self.results:
+            return self.results[name]
+        out = self.base / name / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        command += [str(WORKER), mode, str(self.config), str(out), *([str(checkpoint)] if checkpoint else [])]
+        for override in (f"logging.run_dir={self.run_dir(name)}", *overrides):
+            command += ["--set", override]
+        log = self.base / name / "log.txt"
+        with log.open("w") as output:
+            # Its own session, so that a timeout takes down torchrun's workers too.
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                start_new_session=True,
+            )
+            try:
+                process.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        assert process.returncode == 0, f"{name} failed ({process.returncode}):\n" + log.read_text()[-6000:]
+        self.results[name] = Result(self.run_dir(name), out)
+        return self.results[name]
+
+
+@pytest.fixture(scope="session")
+def launcher(tmp_path_factory, tiny_config) -> Launcher:
+    return Launcher(tmp_path_factory.mktemp("runs"), tiny_config)
+
+
+@pytest.fixture(scope="session")
+def single(launcher) -> Result:
+    """The reference: 20 steps in one process (TP=1, PP=1, DP=1), checkpoints every 5, keeping 3."""
+    return launcher.launch("single", 1)
+
+
+@pytest.fixture(scope="session")
+def tp2_pp2(launcher) -> Result:
+    """3 steps at TP=2 x PP=2 (4 processes), ending with a checkpoint and a validation loss."""
+    return launcher.launch(
+        "tp2_pp2",
+        4,
+        "parallel.tensor_model_parallel_size=2",
+        "parallel.pipeline_model_parallel_size=2",
+        "schedule.train_iters=3",
+    )

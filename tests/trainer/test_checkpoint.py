@@ -1,0 +1,50 @@
+"""Checkpoints: resume continues exactly, layouts reshard, old ones are pruned, a half-written one is ignored."""
+
+import shutil
+
+import pytest
+
+from trainer.checkpoint import LATEST, latest_checkpoint
+
+
+def test_resumed_run_repeats_the_straight_run_exactly(launcher, single):
+    # A run stopped right after saving step 10 (same config, 20 steps planned) continues from that checkpoint.
+    checkpoints = launcher.run_dir("resumed") / "checkpoints"
+    shutil.copytree(single.run_dir / "checkpoints" / "iter_0000010", checkpoints / "iter_0000010")
+    (checkpoints / LATEST).write_text("iter_0000010\n")
+    resumed = launcher.launch("resumed", 1)
+    straight = single.losses()
+    assert sorted(resumed.losses()) == list(range(11, 21))
+    assert resumed.losses() == {step: straight[step] for step in range(11, 21)}
+    assert resumed.records[-1]["val_loss"] == single.records[-1]["val_loss"]
+
+
+def test_straight_run_keeps_the_last_three_checkpoints_and_points_at_the_newest(single):
+    checkpoints = single.run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "iter_0000010",
+        "iter_0000015",
+        "iter_0000020",
+        LATEST,
+    ]
+    assert (checkpoints / LATEST).read_text() == "iter_0000020\n"
+
+
+@pytest.mark.parametrize(("name", "nproc", "pp"), [("reshard_tp1_pp2", 2, 2), ("reshard_tp1_pp1", 1, 1)])
+def test_tp2_pp2_checkpoint_loads_at_another_layout_with_the_same_loss(launcher, tp2_pp2, name, nproc, pp):
+    saved = tp2_pp2.run_dir / "checkpoints" / "iter_0000003"
+    loaded = launcher.launch(
+        name, nproc, f"parallel.pipeline_model_parallel_size={pp}", mode="evaluate", checkpoint=saved
+    )
+    assert loaded.val_loss == pytest.approx(tp2_pp2.records[-1]["val_loss"], rel=1e-5)
+
+
+def test_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    for name in ("iter_0000100", "iter_0000200", "iter_0000300.tmp"):
+        (tmp_path / name).mkdir()
+    assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000200"  # no pointer; the .tmp one is unfinished
+    (tmp_path / LATEST).write_text("iter_0000100\n")
+    assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000100"
+    (tmp_path / LATEST).write_text("iter_0000400\n")  # dangling: that one was deleted by hand
+    assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000200"
+    assert latest_checkpoint(tmp_path / "none") is None

@@ -1,0 +1,118 @@
+"""One process of a test run, launched by torchrun: trains with the production loop and records each step's
+full (unsharded) gradients, or loads a checkpoint and evaluates it.
+
+    worker.py train CONFIG OUT [--set k=v ...]          metrics in the run dir; OUT/grads_pp<rank>.pt
+    worker.py evaluate CONFIG OUT CHECKPOINT [--set ...] OUT/val_loss.json
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.utils import unwrap_model  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from trainer import checkpoint, model, parallel  # noqa: E402
+from trainer import train as train_module  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+
+GRADIENT_STEPS = 3  # steps whose gradients are recorded
+
+
+def full_gradients(run) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as the optimizer sees it, reduced over DP and gathered over TP."""
+    dims = run.dims
+    if run.cfg.parallel.use_distributed_optimizer and dims.dp > 1:
+        # The distributed optimizer's reduce-scatter left each DP rank its shard only: gather the rest.
+        for chunk in run.chunks:
+            for buffer in chunk.buffers:
+                for bucket in buffer.buckets:
+                    shard = bucket.grad_data.view(dims.dp, -1)[
+                        parallel_state.get_data_parallel_rank()
+                    ].clone()
+                    torch.distributed.all_gather_into_tensor(
+                        bucket.grad_data, shard, group=parallel_state.get_data_parallel_group()
+                    )
+    gradients = {}
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    for chunk in unwrap_model(run.chunks):
+        for name, param in chunk.named_parameters():
+            gradient = param.main_grad.detach().float().clone()
+            dim = model.tp_dim(name)
+            if dim is not None and dims.tp > 1:
+                full_shape = list(gradient.shape)
+                full_shape[dim] *= dims.tp
+                # Where each element of this shard sits in the full tensor, by the trainer's own sharding.
+                index = model.tp_shard(torch.arange(gradient.numel() * dims.tp).view(full_shape), name)
+                shards = [torch.empty_like(gradient) for _ in range(dims.tp)]
+                indices = [torch.empty_like(index) for _ in range(dims.tp)]
+                torch.distributed.all_gather(shards, gradient, group=tp_group)
+                torch.distributed.all_gather(indices, index, group=tp_group)
+                full = torch.empty(gradient.numel() * dims.tp)
+                for shard, where in zip(shards, indices, strict=True):
+                    full[where.reshape(-1)] = shard.reshape(-1)
+                gradient = full.view(full_shape)
+            gradients[model.global_name(chunk, name)] = gradient
+    return gradients
+
+
+def record_gradients(steps: list) -> None:
+    """Make each run's optimizer record the gradients it is about to apply, for the first GRADIENT_STEPS steps."""
+    build = train_module.build
+
+    def build_recording(cfg, dims):
+        run = build(cfg, dims)
+        apply_gradients = run.optimizer.step
+
+        def recording_step():
+            if len(steps) < GRADIENT_STEPS:
+                steps.append(full_gradients(run))
+            return apply_gradients()
+
+        run.optimizer.step = recording_step
+        return run
+
+    train_module.build = build_recording
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["train", "evaluate"])
+    parser.add_argument("config")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("checkpoint", nargs="?", type=Path)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    dims = parallel.initialize(cfg)
+    console = Console(stderr=True, quiet=torch.distributed.get_rank() != 0)
+    try:
+        if args.mode == "train":
+            steps = []
+            record_gradients(steps)
+            train_module.train(cfg, dims, console)
+            if (
+                parallel_state.get_tensor_model_parallel_rank() == 0
+                and parallel_state.get_data_parallel_rank() == 0
+            ):
+                torch.save(
+                    steps, args.out / f"grads_pp{parallel_state.get_pipeline_model_parallel_rank()}.pt"
+                )
+        else:
+            run = train_module.build(cfg, dims)
+            checkpoint.load(args.checkpoint, run.chunks, run.optimizer, run.scheduler, dims)
+            val_loss = train_module.evaluate(run)
+            if torch.distributed.get_rank() == 0:
+                (args.out / "val_loss.json").write_text(json.dumps(val_loss))
+    finally:
+        parallel.shutdown()
+
+
+if __name__ == "__main__":
+    main()

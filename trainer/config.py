@@ -1,0 +1,370 @@
+"""The trainer's configuration: one typed tree, loaded from YAML with `--set section.key=value` overrides.
+
+Names follow megatron-core (`tensor_model_parallel_size`, `micro_batch_size`, ...). This module imports neither
+torch nor megatron-core: the cluster-job tool and the planner use it to check a layout against a node count
+before anything starts. Every error names the dotted key, the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+
+class ConfigError(Exception):
+    """A trainer config that cannot run; one line per problem."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = problems
+        where = f" ({source})" if source else ""
+        super().__init__(f"invalid trainer config{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    """A Llama-style decoder: RMSNorm, SwiGLU, rotary embeddings, grouped-query attention, no biases."""
+
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_query_groups: PositiveInt | None = None  # None: one per head (plain multi-head attention)
+    kv_channels: PositiveInt | None = None  # head dimension; None: hidden_size / num_attention_heads
+    vocab_size: PositiveInt | None = None  # None: the tokenizer's
+    # The embedding is padded to a multiple of this, independent of TP so that checkpoints reshard.
+    make_vocab_size_divisible_by: PositiveInt = 128
+    rotary_base: PositiveInt = 500_000
+    norm_epsilon: PositiveFloat = 1e-5
+    init_method_std: PositiveFloat = 0.02
+    share_embeddings_and_output_weights: bool = False
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        multiple = self.make_vocab_size_divisible_by
+        return -(-vocab_size // multiple) * multiple
+
+
+class ParallelConfig(_Section):
+    tensor_model_parallel_size: PositiveInt = 1
+    pipeline_model_parallel_size: PositiveInt = 1
+    # Model chunks per pipeline rank; > 1 runs the interleaved 1F1B schedule.
+    virtual_pipeline_model_parallel_size: PositiveInt = 1
+    data_parallel_size: PositiveInt | None = None  # None: world size / (TP x PP)
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+    distributed_timeout_minutes: PositiveInt = 10
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+
+class DataConfig(_Section):
+    prefixes: list[str] = Field(min_length=1)  # prepared datasets: PREFIX.bin / PREFIX.idx
+    weights: list[PositiveFloat] | None = None  # blend weights, one per prefix; None: by size
+    split: str = Field("969,30,1", pattern=r"^\d+(\.\d+)?,\d+(\.\d+)?,\d+(\.\d+)?$")  # train,valid,test
+    seq_length: PositiveInt
+    tokenizer_path: str
+    cache_dir: str | None = None  # None: beside the run
+
+
+class OptimizerConfig(_Section):
+    """AdamW with decoupled weight decay, fp32 master weights."""
+
+    lr: PositiveFloat
+    min_lr: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.1
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.95, ge=0, lt=1)
+    adam_eps: PositiveFloat = 1e-8
+    clip_grad: NonNegativeFloat = 1.0  # 0: no clipping
+
+
+class ScheduleConfig(_Section):
+    train_iters: PositiveInt
+    micro_batch_size: PositiveInt
+    global_batch_size: PositiveInt
+    lr_warmup_iters: NonNegativeInt = 0
+    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    lr_decay_iters: PositiveInt | None = None  # None: train_iters
+    eval_interval: PositiveInt = 100
+    eval_iters: PositiveInt = 10
+
+
+class CheckpointConfig(_Section):
+    save_interval: PositiveInt | None = None  # None: only at the end
+    keep_last: PositiveInt = 2
+    dir: str | None = None  # None: <run_dir>/checkpoints
+    resume: bool = True  # continue from the newest complete checkpoint when there is one
+
+
+class LoggingConfig(_Section):
+    run_dir: str | None = None  # None: runs/<name>
+    log_interval: PositiveInt = 1
+    tensorboard: bool = True
+    peak_tflops_per_device: PositiveFloat | None = None  # None: the instance catalog's, by GPU model
+
+
+class TrainConfig(_Section):
+    name: str = Field(min_length=1)  # defaults to the config file's stem
+    seed: NonNegativeInt = 1234
+    precision: Literal["bf16", "fp32"] = "bf16"
+    model: ModelConfig
+    parallel: ParallelConfig = ParallelConfig()
+    data: DataConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        problems = _consistency_problems(self)
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.logging.run_dir or Path("runs") / self.name)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+
+def _consistency_problems(cfg: TrainConfig) -> list[str]:
+    """Cross-field checks that need no world size or device."""
+    m, d, s, o = cfg.model, cfg.data, cfg.schedule, cfg.optimizer
+    problems = []
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        problems.append(
+            f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "
+            f"{m.num_attention_heads}; change either, or set model.kv_channels (the head dimension)"
+        )
+    if m.num_attention_heads % m.query_groups:
+        problems.append(
+            f"model.num_attention_heads = {m.num_attention_heads} is not divisible by model.num_query_groups = "
+            f"{m.query_groups}; each query group must hold the same number of heads"
+        )
+    if d.weights is not None and len(d.weights) != len(d.prefixes):
+        problems.append(
+            f"data.weights = {d.weights} has {len(d.weights)} entries but data.prefixes has {len(d.prefixes)}; "
+            "give one weight per prefix, or none"
+        )
+    decay_iters = s.lr_decay_iters or s.train_iters
+    if s.lr_warmup_iters >= decay_iters:
+        problems.append(
+            f"schedule.lr_warmup_iters = {s.lr_warmup_iters} must be below the decay length "
+            f"(schedule.lr_decay_iters, default schedule.train_iters) = {decay_iters}"
+        )
+    if o.min_lr > o.lr:
+        problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
+    return problems
+
+
+def layout_problems(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> list[str]:
+    """What stops `cfg` from running on `world_size` processes of `device`; empty when it can."""
+    m, p, s = cfg.model, cfg.parallel, cfg.schedule
+    tp, pp, vp = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.virtual_pipeline_model_parallel_size,
+    )
+    problems = []
+    for key, value, why in (
+        ("model.num_attention_heads", m.num_attention_heads, "use a TP size that divides it"),
+        ("model.num_query_groups", m.query_groups, "each TP rank needs whole query groups"),
+        ("model.ffn_hidden_size", m.ffn_hidden_size, "each TP rank holds an equal slice of the MLP"),
+        (
+            "model.make_vocab_size_divisible_by",
+            m.make_vocab_size_divisible_by,
+            "the embedding is split over TP",
+        ),
+    ):
+        if value % tp:
+            problems.append(
+                f"{key} = {value} is not divisible by parallel.tensor_model_parallel_size = {tp}; {why}"
+            )
+    if m.num_layers % (pp * vp):
+        problems.append(
+            f"model.num_layers = {m.num_layers} is not divisible by parallel.pipeline_model_parallel_size x "
+            f"parallel.virtual_pipeline_model_parallel_size = {pp} x {vp} = {pp * vp}"
+        )
+    if vp > 1 and pp == 1:
+        problems.append(
+            f"parallel.virtual_pipeline_model_parallel_size = {vp} needs "
+            "parallel.pipeline_model_parallel_size > 1 (it interleaves pipeline stages)"
+        )
+    if world_size % (tp * pp):
+        problems.append(
+            f"world size {world_size} is not divisible by parallel.tensor_model_parallel_size x "
+            f"parallel.pipeline_model_parallel_size = {tp} x {pp} = {tp * pp}"
+        )
+    elif p.data_parallel_size is not None and world_size != tp * pp * p.data_parallel_size:
+        problems.append(
+            f"world size {world_size} != parallel.tensor_model_parallel_size x pipeline_model_parallel_size x "
+            f"data_parallel_size = {tp} x {pp} x {p.data_parallel_size} = {tp * pp * p.data_parallel_size}; "
+            f"launch {tp * pp * p.data_parallel_size} processes or set parallel.data_parallel_size to "
+            f"{world_size // (tp * pp)} (or null to derive it)"
+        )
+    else:
+        dp = world_size // (tp * pp)
+        if s.global_batch_size % (s.micro_batch_size * dp):
+            problems.append(
+                f"schedule.global_batch_size = {s.global_batch_size} is not divisible by "
+                f"schedule.micro_batch_size x data parallel size = {s.micro_batch_size} x {dp}"
+            )
+        elif vp > 1 and (s.global_batch_size // (s.micro_batch_size * dp)) % pp:
+            micro_batches = s.global_batch_size // (s.micro_batch_size * dp)
+            problems.append(
+                f"the interleaved schedule needs the {micro_batches} micro-batches per step (schedule.global_batch_size"
+                f" / (micro_batch_size x DP)) to be a multiple of parallel.pipeline_model_parallel_size = {pp}"
+            )
+    if p.sequence_parallel and device == "cpu":
+        problems.append(
+            "parallel.sequence_parallel = true cannot run on CPU: megatron-core's local layer spec "
+            "refuses it without TransformerEngine; set it to false here (it works on GPUs)"
+        )
+    elif p.sequence_parallel and tp == 1:
+        problems.append("parallel.sequence_parallel = true needs parallel.tensor_model_parallel_size > 1")
+    return problems
+
+
+def data_problems(cfg: TrainConfig) -> list[str]:
+    """Prepared datasets and tokenizer: present, made for each other, and fitting the model's vocabulary."""
+    from trainer.data import DataError  # tokenizers only; still no torch
+    from trainer.data.datasets import check_tokenizer_matches_dataset
+    from trainer.data.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(cfg.data.tokenizer_path)
+    except DataError as error:
+        return [f"data.tokenizer_path = {cfg.data.tokenizer_path!r}: {error}"]
+    problems = []
+    for i, prefix in enumerate(cfg.data.prefixes):
+        try:
+            check_tokenizer_matches_dataset(prefix, tokenizer)
+        except DataError as error:
+            problems.append(f"data.prefixes[{i}] = {prefix!r}: {error}")
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
+        problems.append(
+            f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size}, {cfg.data.tokenizer_path}); raise it or leave it unset to use the tokenizer's"
+        )
+    return problems
+
+
+def validate_layout(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> None:
+    """Raise a ConfigError unless `cfg` can run on `world_size` processes of `device`."""
+    problems = layout_problems(cfg, world_size, device)
+    if problems:
+        raise ConfigError(problems)
+
+
+def validate_run(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> None:
+    """Everything checked before a training process starts work: layout and data files."""
+    problems = layout_problems(cfg, world_size, device) + data_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
+    """Read a YAML config, apply `section.key=value` overrides, and validate the result."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"config file {str(path)!r} not found"])
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            [f"the top level must be a mapping of sections, got {type(raw).__name__}"], str(path)
+        )
+    raw.setdefault("name", path.stem)
+    try:
+        for override in overrides:
+            _apply_override(raw, override)
+        return TrainConfig.model_validate(raw)
+    except ConfigError as e:
+        raise ConfigError(e.problems, str(path)) from None
+    except ValidationError as e:
+        raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    key, sep, text = override.partition("=")
+    if not sep:
+        raise ConfigError([f"--set {override!r} is not of the form section.key=value"])
+    model: type[BaseModel] = TrainConfig
+    node = raw
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            raise ConfigError([f"--set {override!r}: {_unknown_key(parts[: depth + 1], fields)}"])
+        annotation = fields[part].annotation
+        if depth == len(parts) - 1:
+            node[part] = _typed_value(annotation, text)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError([f"--set {override!r}: {'.'.join(parts[: depth + 1])} has no sub-keys"])
+
+
+def _typed_value(annotation: Any, text: str) -> Any:
+    """The value's YAML reading (numbers, null, lists, booleans), or the raw text where the field wants a string."""
+    parsed = yaml.safe_load(text)
+    for candidate in (parsed, text):
+        try:
+            TypeAdapter(annotation).validate_python(candidate)
+            return candidate
+        except ValidationError:
+            pass
+    return parsed  # invalid either way: validation reports it
+
+
+def _unknown_key(parts: list[str] | tuple, valid: dict[str, Any]) -> str:
+    dotted = ".".join(str(p) for p in parts)
+    close = difflib.get_close_matches(str(parts[-1]), list(valid), n=1)
+    hint = f"did you mean {'.'.join([*map(str, parts[:-1]), close[0]])!r}?" if close else ""
+    return f"unknown key {dotted!r}; {hint or 'valid keys here: ' + ', '.join(valid)}"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = error["loc"]
+    dotted = ".".join(str(p) for p in loc)
+    if error["type"] == "extra_forbidden":
+        model: type[BaseModel] = TrainConfig
+        for part in loc[:-1]:
+            annotation = model.model_fields[part].annotation
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                break
+            model = annotation
+        return _unknown_key(loc, model.model_fields)
+    if error["type"] == "missing":
+        return f"{dotted} is required but missing"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{dotted} = {error['input']!r}: {message}"

@@ -1,0 +1,144 @@
+"""Training metrics: model FLOPs and MFU, and where each logged step goes (console, metrics.jsonl, TensorBoard).
+
+MFU counts model FLOPs (Megatron's formula, causal attention halved, recompute not counted) against the
+device's dense bf16 peak from the instance catalog. On CPU there is no meaningful peak, so `mfu` is null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from trainer.catalog import PEAK_BF16_TFLOPS_BY_GPU
+from trainer.config import ModelConfig
+
+JSONL_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_device", "mfu", "step_time_s")
+
+
+def model_flops_per_sequence(model: ModelConfig, seq_length: int, padded_vocab_size: int) -> float:
+    """Forward + backward FLOPs of one sequence (Megatron-LM's num_floating_point_operations, dense GPT).
+
+    12 = 3 (forward, weight grad, data grad) x 2 (two GEMMs per block of each kind) x 2 (multiply-add)."""
+    h, layers, heads = model.hidden_size, model.num_layers, model.num_attention_heads
+    kv_channels = model.kv_channels or h // heads
+    query_projection_ratio = kv_channels * heads / h
+    attention = (1 + model.query_groups / heads + seq_length / h / 2) * query_projection_ratio
+    mlp = model.ffn_hidden_size / h * 3 / 2  # SwiGLU: three matrices instead of two
+    logits = padded_vocab_size / (2 * layers * h)
+    return 12 * seq_length * layers * h * h * (attention + mlp + logits)
+
+
+def peak_tflops_per_device(configured: float | None) -> float | None:
+    """The configured peak, else the catalog's for this GPU model; None on CPU (MFU is not meaningful there)."""
+    if configured is not None:
+        return configured
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    matches = [peak for model, peak in PEAK_BF16_TFLOPS_BY_GPU.items() if model in name]
+    return matches[0] if matches else None
+
+
+def peak_memory_gib() -> float:
+    """This process's peak: allocated GPU memory, or resident set size on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+class MetricsLogger:
+    """Writes each logged step to the console, `<run>/metrics.jsonl` and TensorBoard; used on one rank only."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        train_iters: int,
+        start_step: int,
+        flops_per_step: float,
+        tokens_per_step: int,
+        world_size: int,
+        peak_tflops: float | None,
+        tensorboard: bool,
+        console: Console,
+    ):
+        self.flops_per_step = flops_per_step
+        self.tokens_per_step = tokens_per_step
+        self.world_size = world_size
+        self.peak_tflops = peak_tflops
+        self.console = console
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = (run_dir / "metrics.jsonl").open("a")
+        self.tensorboard = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(bar_width=30),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  {task.fields[tokens_per_s]} tok/s  ETA"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task(
+            "train", total=train_iters, completed=start_step, loss="-", tokens_per_s="-"
+        )
+        self.progress.start()
+        self.train_iters = train_iters
+        self.line_every = max(1, train_iters // 20)  # every metric in a line every 5 %; the bar has the rest
+
+    def log(
+        self,
+        step: int,
+        *,
+        loss: float | None,
+        lr: float | None,
+        grad_norm: float | None,
+        step_time_s: float | None,
+        val_loss: float | None = None,
+        peak_memory: float = 0.0,
+    ) -> None:
+        tokens_per_s = tflops = mfu = None
+        if step_time_s:
+            tokens_per_s = self.tokens_per_step / step_time_s
+            tflops = self.flops_per_step / step_time_s / self.world_size / 1e12
+            mfu = tflops / self.peak_tflops if self.peak_tflops else None
+        record = dict(
+            zip(JSONL_KEYS, (step, loss, lr, grad_norm, tokens_per_s, tflops, mfu, step_time_s), strict=True)
+        )
+        if val_loss is not None:
+            record["val_loss"] = val_loss
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tensorboard is not None:
+            scalars = {**record, "peak_memory_gib": peak_memory}
+            for key, value in scalars.items():
+                if key != "step" and value is not None and math.isfinite(value):
+                    self.tensorboard.add_scalar(key, value, step)
+        if loss is not None:
+            mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
+            status = (
+                f"loss {loss:.4f}  lr {lr:.2e}  grad norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s  "
+                f"{tflops:.3g} TFLOP/s/device  {mfu_text}  {step_time_s:.2f} s/step  peak mem {peak_memory:.2f} GiB"
+            )
+            self.progress.update(
+                self.task, completed=step, loss=f"{loss:.3f}", tokens_per_s=f"{tokens_per_s:,.0f}"
+            )
+            if step % self.line_every == 0:
+                self.console.print(f"step {step}/{self.train_iters}: {status}")
+        if val_loss is not None:
+            self.console.print(f"step {step}: validation loss {val_loss:.4f}")
+
+    def close(self) -> None:
+        self.progress.stop()
+        self.jsonl.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

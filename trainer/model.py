@@ -1,0 +1,197 @@
+"""The model: megatron-core's GPTModel configured as Llama, and an initialization that ignores the layout.
+
+Llama = RMSNorm, SwiGLU MLP, rotary position embeddings, grouped-query attention, no biases. On GPUs with
+TransformerEngine the layers use TE's fused modules; otherwise megatron-core's local (plain torch) spec.
+
+Initialization: every parameter is drawn at its full (TP=1) shape from a generator seeded by the run seed and
+the parameter's global name (which carries the global layer number), then this rank keeps its TP shard. The same
+seed therefore gives the same full model at any (TP, PP, DP), and runs at different layouts match step for step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+
+from trainer.config import TrainConfig
+
+try:
+    import transformer_engine  # noqa: F401
+
+    HAVE_TRANSFORMER_ENGINE = True
+except ImportError:
+    HAVE_TRANSFORMER_ENGINE = False
+
+
+def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
+    m, p = cfg.model, cfg.parallel
+    fused = device == "cuda" and HAVE_TRANSFORMER_ENGINE  # megatron's fused kernels need CUDA
+    recompute = {"none": {}, "selective": {"recompute_granularity": "selective"}}.get(
+        p.recompute,
+        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    )
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.query_groups,
+        kv_channels=m.kv_channels,
+        normalization="RMSNorm",
+        layernorm_epsilon=m.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=m.init_method_std,
+        # Megatron's own init also tags TP-split weights (grad norm, checkpoints rely on it); then
+        # initialize_parameters() overwrites the values, independent of the layout.
+        perform_initialization=True,
+        use_cpu_initialization=device == "cpu",
+        tensor_model_parallel_size=p.tensor_model_parallel_size,
+        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=_virtual_stages(cfg),
+        sequence_parallel=p.sequence_parallel,
+        bf16=cfg.precision == "bf16",
+        params_dtype=torch.float32,  # Float16Module casts after initialization; the optimizer keeps fp32 masters
+        pipeline_dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32,
+        bias_activation_fusion=fused,
+        masked_softmax_fusion=fused,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=fused,
+        persist_layer_norm=fused,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+        **recompute,
+    )
+
+
+def _virtual_stages(cfg: TrainConfig) -> int | None:
+    vp = cfg.parallel.virtual_pipeline_model_parallel_size
+    return vp if vp > 1 else None
+
+
+def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: int) -> list[GPTModel]:
+    """This rank's model chunks (one per virtual pipeline stage), initialized from the seed."""
+    spec = (
+        get_gpt_layer_with_transformer_engine_spec()
+        if not config.use_cpu_initialization and HAVE_TRANSFORMER_ENGINE
+        else get_gpt_layer_local_spec(normalization="RMSNorm")
+    )
+    vp = _virtual_stages(cfg)
+    chunks = []
+    for vp_stage in range(vp or 1):
+        stage = vp_stage if vp else None
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=padded_vocab_size,
+            max_sequence_length=cfg.data.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
+            position_embedding_type="rope",
+            rotary_base=cfg.model.rotary_base,
+            vp_stage=stage,
+        )
+        initialize_parameters(chunk, cfg)
+        chunks.append(chunk)
+    return chunks
+
+
+def global_name(chunk: GPTModel, name: str) -> str:
+    """A parameter's name with its global layer number, the same at any pipeline layout."""
+    match = re.match(r"decoder\.layers\.(\d+)\.(.*)", name)
+    if match is None:
+        return name
+    layer = chunk.decoder.layers[int(match.group(1))]
+    return f"decoder.layers.{layer.layer_number - 1}.{match.group(2)}"
+
+
+# The dimension along which megatron-core splits each Llama weight over TP ranks; None: replicated.
+# (TransformerEngine fuses the norms into the next linear as `layer_norm_weight`.)
+_TP_DIM = {
+    "embedding.word_embeddings.weight": 0,
+    "output_layer.weight": 0,
+    "self_attention.linear_qkv.weight": 0,
+    "self_attention.linear_proj.weight": 1,
+    "mlp.linear_fc1.weight": 0,
+    "mlp.linear_fc2.weight": 1,
+    "input_layernorm.weight": None,
+    "pre_mlp_layernorm.weight": None,
+    "self_attention.linear_qkv.layer_norm_weight": None,
+    "mlp.linear_fc1.layer_norm_weight": None,
+    "final_layernorm.weight": None,
+}
+
+
+def tp_dim(name: str) -> int | None:
+    """The TP split dimension of a parameter, by its (local or global) name."""
+    short = re.sub(r"^(decoder\.layers\.\d+\.|decoder\.)", "", name)
+    if short not in _TP_DIM:
+        raise KeyError(
+            f"parameter {name!r} is not part of the Llama layout this trainer knows ({', '.join(_TP_DIM)})"
+        )
+    return _TP_DIM[short]
+
+
+def tp_shard(full: torch.Tensor, name: str) -> torch.Tensor:
+    """This TP rank's part of a full (TP=1) tensor, laid out as megatron-core lays it out."""
+    dim = tp_dim(name)
+    if dim is None:
+        return full
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    size = parallel_state.get_tensor_model_parallel_world_size()
+    if name.endswith("linear_fc1.weight"):
+        # SwiGLU's fused fc1 holds [gate; up]; each TP rank stores [its gate rows; its up rows].
+        return torch.cat([half.chunk(size, dim)[rank] for half in full.chunk(2, dim)], dim)
+    # linear_qkv is grouped per query group, so whole groups form a contiguous slice too.
+    return full.chunk(size, dim)[rank]
+
+
+def _full_shape(name: str, param: torch.nn.Parameter) -> list[int]:
+    shape = list(param.shape)
+    dim = tp_dim(name)
+    if dim is not None:
+        shape[dim] *= parallel_state.get_tensor_model_parallel_world_size()
+    return shape
+
+
+@torch.no_grad()
+def initialize_parameters(chunk: GPTModel, cfg: TrainConfig) -> None:
+    """Llama initialization: N(0, std), output projections scaled by 1/sqrt(2 x layers), norms at one."""
+    std = cfg.model.init_method_std
+    for name, param in chunk.named_parameters():
+        key = global_name(chunk, name)
+        if name == "output_layer.weight" and cfg.model.share_embeddings_and_output_weights:
+            key = "embedding.word_embeddings.weight"  # the last stage's copy of a tied embedding
+        if tp_dim(name) is None:  # the norms
+            param.fill_(1.0)
+            continue
+        scale = (
+            std / math.sqrt(2 * cfg.model.num_layers)
+            if re.search(r"linear_(proj|fc2)\.weight$", name)
+            else std
+        )
+        generator = torch.Generator(device=param.device).manual_seed(_seed_for(cfg.seed, key))
+        full = torch.empty(_full_shape(name, param), device=param.device).normal_(
+            0.0, scale, generator=generator
+        )
+        param.copy_(tp_shard(full, name))
+
+
+def _seed_for(seed: int, key: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{key}".encode()).digest()[:8], "little") >> 1

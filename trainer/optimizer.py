@@ -1,0 +1,53 @@
+"""AdamW through megatron-core's optimizer stack, and the warmup + decay learning-rate schedule.
+
+megatron-core picks the implementation: the distributed optimizer shards fp32 master weights and Adam state over
+data-parallel ranks (ZeRO-1); with bf16 it keeps fp32 masters of the bf16 model weights; it clips by the global
+gradient norm. Norms and biases get no weight decay (megatron's default).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from trainer.config import TrainConfig
+
+
+def build_optimizer(cfg: TrainConfig, model: list[torch.nn.Module]) -> MegatronOptimizer:
+    o = cfg.optimizer
+    return get_megatron_optimizer(
+        MegatronOptimizerConfig(
+            optimizer="adam",
+            lr=o.lr,
+            min_lr=o.min_lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            clip_grad=o.clip_grad,
+            bf16=cfg.precision == "bf16",
+            params_dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32,
+            use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
+        ),
+        model,
+    )
+
+
+def build_scheduler(cfg: TrainConfig, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
+    """Linear warmup from 0 to optimizer.lr, then decay to optimizer.min_lr; stepped once per iteration."""
+    s, o = cfg.schedule, cfg.optimizer
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=o.lr,
+        min_lr=o.min_lr,
+        lr_warmup_steps=s.lr_warmup_iters,
+        lr_decay_steps=s.lr_decay_iters or s.train_iters,
+        lr_decay_style=s.lr_decay_style,
+        start_wd=o.weight_decay,
+        end_wd=o.weight_decay,
+        wd_incr_steps=s.train_iters,
+        wd_incr_style="constant",
+    )

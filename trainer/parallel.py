@@ -1,0 +1,116 @@
+"""Parallelism as a layer you can see: the (TP, PP, DP) layout, its process groups, and megatron's DDP.
+
+`ParallelDims` checks world = TP x PP x DP once; `initialize()` starts the process group (NCCL on GPUs, gloo on
+CPU) and megatron-core's parallel_state; `wrap_data_parallel()` puts each model chunk under megatron's
+DistributedDataParallel (gradient buckets, reduce-scatter for the distributed optimizer).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from trainer import megatron_compat
+from trainer.config import ParallelConfig, TrainConfig, validate_layout
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    tp: int
+    pp: int
+    dp: int
+    vp: int  # model chunks per pipeline rank; 1: plain 1F1B
+
+    @classmethod
+    def from_config(cls, parallel: ParallelConfig, world_size: int) -> ParallelDims:
+        tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
+        return cls(tp=tp, pp=pp, dp=world_size // (tp * pp), vp=parallel.virtual_pipeline_model_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def __str__(self) -> str:
+        interleave = f" (x{self.vp} virtual stages)" if self.vp > 1 else ""
+        return f"TP={self.tp} x PP={self.pp}{interleave} x DP={self.dp}"
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def initialize(cfg: TrainConfig) -> ParallelDims:
+    """Validate the layout against the launched world, then start the process groups; call once per process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = device_type()
+    validate_layout(cfg, world_size, device)
+    dims = ParallelDims.from_config(cfg.parallel, world_size)
+    timeout = timedelta(minutes=cfg.parallel.distributed_timeout_minutes)
+    if device == "cuda":
+        # Megatron overlaps TP communication with compute only with one hardware queue (image/efa.env sets it too).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    megatron_compat.apply()
+    torch.distributed.init_process_group(backend="nccl" if device == "cuda" else "gloo", timeout=timeout)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=dims.tp,
+        pipeline_model_parallel_size=dims.pp,
+        virtual_pipeline_model_parallel_size=dims.vp if dims.vp > 1 else None,
+        distributed_timeout_minutes=cfg.parallel.distributed_timeout_minutes,
+    )
+    # Dropout-free model, but megatron's RNG tracker must exist (TP regions fork it).
+    tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+    return dims
+
+
+def shutdown() -> None:
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def wrap_data_parallel(
+    chunks: list[torch.nn.Module], cfg: TrainConfig, config: TransformerConfig
+) -> list[DistributedDataParallel]:
+    """Cast to bf16 when asked (fp32 masters live in the optimizer) and wrap each chunk in megatron's DDP."""
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
+        use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
+    )
+    wrapped = []
+    for i, chunk in enumerate(chunks):
+        module = Float16Module(config, chunk) if config.bf16 else chunk
+        # Only the first chunk is bucketed, as in Megatron-LM: later chunks' grads are ready together.
+        wrapped.append(DistributedDataParallel(config, ddp_config, module, disable_bucketing=i > 0))
+    return wrapped
+
+
+def connect_schedule(
+    config: TransformerConfig,
+    chunks: list[DistributedDataParallel],
+    optimizer: MegatronOptimizer,
+    cfg: TrainConfig,
+) -> None:
+    """Tell the pipeline schedule how to reduce gradients (overlapped with backward when asked)."""
+    config.finalize_model_grads_func = finalize_model_grads  # DP reduction, tied-embedding and norm sync
+    config.grad_scale_func = optimizer.scale_loss
+
+    def per_chunk(hooks: list):
+        return hooks[0] if len(hooks) == 1 else hooks
+
+    if cfg.parallel.overlap_grad_reduce:
+        config.no_sync_func = per_chunk([chunk.no_sync for chunk in chunks])
+        config.grad_sync_func = per_chunk([chunk.start_grad_sync for chunk in chunks])

@@ -1,0 +1,41 @@
+"""Training on the machine at hand: when `python -m trainer train` runs outside torchrun, it starts torchrun.
+
+One process per GPU, or on CPU the config's TP x PP x DP (DP unset counts as 1), unless `--nproc` says
+otherwise; the config has been checked against that count already, so a bad layout fails once, before any
+process starts. Cluster runs come through `python -m trainer launch` (Batch variables -> torchrun) instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from trainer.config import TrainConfig
+
+
+def under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ
+
+
+def processes(cfg: TrainConfig, nproc: int | None) -> int:
+    if nproc:
+        return nproc
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1)
+
+
+def exec_torchrun(nproc: int, verb_args: list[str]) -> None:
+    """Replace this process with `torchrun --standalone` running `python -m trainer <verb_args>` N times."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault(
+            "OMP_NUM_THREADS", "1"
+        )  # the processes share the cores; more threads only contend
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["-m", "trainer", *verb_args]
+    print(
+        f"torchrun: {nproc} processes: python -m trainer {' '.join(verb_args)}", file=sys.stderr, flush=True
+    )
+    os.execv(sys.executable, command)
