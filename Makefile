@@ -7,8 +7,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt
 
-STACK  ?=
-FORMAT ?= table
+STACK   ?=
+FORMAT  ?= table
+OUTPUTS ?=
+# Stack commands read outputs from `pulumi stack output --json --stack $(STACK)`, or from OUTPUTS=file.json.
+STACK_ARGS = --stack "$(STACK)" $(if $(OUTPUTS),--outputs "$(OUTPUTS)")
 
 # --- environments -------------------------------------------------------------------------------
 
@@ -37,7 +40,12 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 
 .PHONY: train
 train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env> submits to that stack's cluster
+ifneq ($(STACK),)
+	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),trainer/configs/llama3-8b.yaml)" \
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") $(ARGS)
+else
 	@echo "make train: the trainer is not built yet (issue: trainer)." >&2; exit 2
+endif
 
 .PHONY: test
 test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)
@@ -57,6 +65,32 @@ lint: $(VENV)/.dev-installed ## ruff over Python sources, hadolint over image/Do
 format: $(VENV)/.dev-installed ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# --- cluster jobs (STACK=<env>) ------------------------------------------------------------------
+
+.PHONY: status
+status: $(VENV)/.train-installed ## STACK=<env> [JOB=id]: the stack's recent jobs, or one job in detail
+	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+
+.PHONY: logs
+logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1]: the main node's log (default: newest job)
+	$(PY) -m trainer job logs $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(FOLLOW),--follow)
+
+.PHONY: cancel
+cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id: stop a job (SIGTERM: the trainer checkpoints, then exits)
+	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+
+.PHONY: push
+push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository
+	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")
+
+.PHONY: data
+data: $(VENV)/.train-installed ## STACK=<env> SRC=path [NAME=name]: prepare text/JSONL and upload it to the datasets bucket
+	@test -n "$(SRC)" || { echo "make data: give SRC=<file or directory of text/JSONL>" >&2; exit 2; }
+	$(PY) -m trainer prepare "$(SRC)" --output "data/$(DATA_NAME)/$(DATA_NAME)"
+	$(PY) -m trainer upload $(STACK_ARGS) --prefix "data/$(DATA_NAME)/$(DATA_NAME)"
+
+DATA_NAME = $(or $(NAME),$(basename $(notdir $(abspath $(SRC)))))
 
 # --- image --------------------------------------------------------------------------------------
 
