@@ -7,8 +7,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt
 
-STACK  ?=
-FORMAT ?= table
+STACK   ?=
+FORMAT  ?= table
+OUTPUTS ?=
+# Stack commands read outputs from `pulumi stack output --json --stack $(STACK)`, or from OUTPUTS=file.json.
+STACK_ARGS = --stack "$(STACK)" $(if $(OUTPUTS),--outputs "$(OUTPUTS)")
 
 # --- environments -------------------------------------------------------------------------------
 
@@ -41,7 +44,10 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 
 # make train: CONFIG picks the recipe, NPROC the process count (default: one per GPU, or the config's
 # TP x PP x DP on CPU), FRESH=1 starts over instead of resuming, ARGS passes more (e.g. --set schedule.train_iters=50).
-CONFIG ?= trainer/configs/local.yaml
+# With STACK=<env>: NODES, IMAGE (tag), RUN (name: checkpoints under /fsx/checkpoints/<run>), see docs/cluster.md.
+LOCAL_CONFIG   := trainer/configs/local.yaml
+CLUSTER_CONFIG := trainer/configs/llama3-8b.yaml
+CONFIG ?=
 NPROC  ?=
 FRESH  ?=
 ARGS   ?=
@@ -49,10 +55,11 @@ ARGS   ?=
 .PHONY: train
 train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env> submits to that stack's cluster
 ifneq ($(STACK),)
-	@echo "make train STACK=$(STACK): submitting to a stack's cluster comes with the image/cluster issue." >&2; exit 2
+	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),$(CLUSTER_CONFIG))" \
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") $(ARGS)
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
-	$(PY) -m trainer train --config $(CONFIG) $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
+	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
 endif
 
 .PHONY: test
@@ -108,6 +115,32 @@ lint: $(VENV)/.dev-installed ## ruff over Python sources, hadolint over image/Do
 format: $(VENV)/.dev-installed ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# --- cluster jobs (STACK=<env>) ------------------------------------------------------------------
+
+.PHONY: status
+status: $(VENV)/.train-installed ## STACK=<env> [JOB=id]: the stack's recent jobs, or one job in detail
+	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+
+.PHONY: logs
+logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1]: the main node's log (default: newest job)
+	$(PY) -m trainer job logs $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(FOLLOW),--follow)
+
+.PHONY: cancel
+cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id: stop a job (SIGTERM: the trainer checkpoints, then exits)
+	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+
+.PHONY: push
+push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository
+	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")
+
+.PHONY: data
+data: $(VENV)/.train-installed ## STACK=<env> SRC=path [NAME=name]: prepare text/JSONL and upload it to the datasets bucket
+	@test -n "$(SRC)" || { echo "make data: give SRC=<file or directory of text/JSONL>" >&2; exit 2; }
+	$(PY) -m trainer prepare "$(SRC)" --output "data/$(DATA_NAME)/$(DATA_NAME)"
+	$(PY) -m trainer upload $(STACK_ARGS) --prefix "data/$(DATA_NAME)/$(DATA_NAME)"
+
+DATA_NAME = $(or $(NAME),$(basename $(notdir $(abspath $(SRC)))))
 
 # --- image --------------------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
     "launch": ("trainer.launch", "map Batch node variables to torchrun, run the preflight, then a verb"),
     "preflight": ("trainer.preflight", "check GPUs, EFA devices, checkpoint storage and an all-reduce"),
+    "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),
+    "job": ("trainer.jobs.monitor", "status, logs or cancel of a stack's training jobs"),
+    "push": ("trainer.jobs.registry", "push the trainer image to a stack's ECR repository"),
+    "upload": ("trainer.jobs.upload", "upload a prepared dataset to a stack's datasets bucket"),
 }
 
 

@@ -1,6 +1,7 @@
 """`make train` end to end: prepares the stdlib corpus (cached), launches 4 CPU processes, trains, checkpoints."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,11 +31,17 @@ def test_make_train_learns_and_leaves_a_checkpoint_then_resumes(tmp_path):
     assert again.returncode == 0 and "already trained to step 30 of 30" in again.stderr
 
 
-def test_make_train_with_a_stack_says_cluster_submission_is_not_here_yet():
+def test_make_train_with_a_stack_but_no_pulumi_cli_asks_for_an_outputs_file():
     result = subprocess.run(
-        ["make", "train", "STACK=dev"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        ["make", "train", "STACK=dev"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},  # no Pulumi CLI
     )
-    assert result.returncode == 2 and "comes with the image/cluster issue" in result.stderr
+    assert result.returncode != 0
+    assert "the Pulumi CLI is not installed" in result.stderr and "OUTPUTS=path.json" in result.stderr
 
 
 def test_train_refuses_a_bad_layout_before_starting_any_process():

@@ -1,0 +1,64 @@
+"""`make status|logs|cancel STACK=<env>` against a moto server."""
+
+from __future__ import annotations
+
+import time
+
+from moto.batch.models import batch_backends
+
+from .conftest import DATASET, IMAGE_TAG, REGION, TOKENIZER, Stack
+
+
+def submitted_job(stack: Stack) -> str:
+    args = f"ARGS=--set data.prefixes=[{DATASET}] --set data.tokenizer_path={TOKENIZER}"
+    result = stack.make(
+        "train", "CONFIG=trainer/configs/llama3-8b.yaml", f"IMAGE={IMAGE_TAG}", "RUN=watch-me", args
+    )
+    assert result.returncode == 0, result.stderr
+    return stack.jobs()[0]["jobId"]
+
+
+def test_status_lists_recent_jobs_and_details_one(stack):
+    job_id = submitted_job(stack)
+    listing = stack.make("status")
+    assert listing.returncode == 0, listing.stderr
+    assert job_id in listing.stdout and "watch-me" in listing.stdout
+    detail = stack.make("status", f"JOB={job_id}")
+    assert detail.returncode == 0, detail.stderr
+    assert f"job {job_id} (watch-me): SUCCEEDED" in detail.stdout
+    assert "log:      /trainstack/test/train / " in detail.stdout
+
+
+def test_logs_print_the_main_node_stream(stack):
+    job_id = submitted_job(stack)
+    (job,) = stack.client("batch").describe_jobs(jobs=[job_id])["jobs"]
+    stream = job["container"]["logStreamName"]
+    logs = stack.client("logs")
+    logs.create_log_stream(logGroupName="/trainstack/test/train", logStreamName=stream)
+    lines = [f"step {i} loss {10 - i}.0" for i in range(3)]
+    now_ms = int(time.time() * 1000)  # CloudWatch refuses events older than 14 days
+    events = [{"timestamp": now_ms + i, "message": m} for i, m in enumerate(lines)]
+    logs.put_log_events(logGroupName="/trainstack/test/train", logStreamName=stream, logEvents=events)
+    result = stack.make("logs", f"JOB={job_id}", "FOLLOW=1")  # the job has ended, so follow returns
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-3:] == lines
+
+
+def test_cancel_terminates_a_running_job(stack):
+    job_id = submitted_job(stack)
+    job = batch_backends["123456789012"][REGION]._jobs[job_id]
+    job.status, job.job_stopped = "RUNNING", False  # moto ends jobs at once; make this one still be running
+    result = stack.make("cancel", f"JOB={job_id}")
+    assert result.returncode == 0, result.stderr
+    (terminated,) = stack.requests("TerminateJob")
+    assert terminated["jobId"] == job_id
+    assert "termination requested (was RUNNING)" in result.stdout
+
+
+def test_cancel_refuses_an_ended_job_or_no_job(stack):
+    job_id = submitted_job(stack)
+    ended = stack.make("cancel", f"JOB={job_id}")
+    assert ended.returncode != 0 and "already ended (SUCCEEDED)" in ended.stderr
+    missing = stack.make("cancel")
+    assert missing.returncode != 0 and "cancel needs the job" in missing.stderr
+    assert stack.requests("TerminateJob") == []

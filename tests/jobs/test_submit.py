@@ -1,0 +1,155 @@
+"""`make train STACK=<env>` against a moto server: what is submitted, and what is refused before submitting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.__main__ import main as trainer_main
+
+from .conftest import DATASET, IMAGE_TAG, ROOT, TOKENIZER, Stack
+
+CONFIG = "trainer/configs/llama3-8b.yaml"
+DATA_ARGS = f"--set data.prefixes=[{DATASET}] --set data.tokenizer_path={TOKENIZER}"
+
+
+def train(stack: Stack, *variables: str, args: str = DATA_ARGS) -> object:
+    return stack.make("train", f"CONFIG={CONFIG}", f"IMAGE={IMAGE_TAG}", f"ARGS={args}", *variables)
+
+
+def test_submission_runs_the_trainer_on_the_requested_nodes(stack):
+    result = train(stack, "NODES=2", "RUN=llama-a")
+    assert result.returncode == 0, result.stderr
+    (submitted,) = stack.requests("SubmitJob")
+    assert submitted["jobName"] == "llama-a"
+    assert submitted["jobQueue"] == "gpu-queue"
+    overrides = submitted["nodeOverrides"]
+    assert overrides["numNodes"] == 2
+    (node_range,) = overrides["nodePropertyOverrides"]
+    assert node_range["targetNodes"] == "0:"
+    container = node_range["containerOverrides"]
+    assert container["command"] == [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        "logging.run_dir=/fsx/checkpoints/llama-a",
+        "--set",
+        f"data.prefixes=[{DATASET}]",
+        "--set",
+        f"data.tokenizer_path={TOKENIZER}",
+    ]
+    assert {"name": "TRAINSTACK_RUN", "value": "llama-a"} in container["environment"]
+    assert submitted["tags"] == {"trainstack:run": "llama-a", "trainstack:stack": "test"}
+    assert f"job id:     {stack.jobs()[0]['jobId']}" in result.stdout
+    assert "console:    https://us-east-1.console.aws.amazon.com/batch/home" in result.stdout
+
+
+def test_image_tag_gets_a_job_definition_revision_once(stack):
+    assert train(stack, "RUN=first").returncode == 0
+    assert train(stack, "RUN=second").returncode == 0
+    (registered,) = stack.requests("RegisterJobDefinition")
+    image = f"{stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
+    assert [r["container"]["image"] for r in registered["nodeProperties"]["nodeRangeProperties"]] == [image]
+    assert registered["retryStrategy"]["evaluateOnExit"][0]["onStatusReason"] == "Host EC2*"
+    first, second = stack.requests("SubmitJob")
+    assert first["jobDefinition"] == second["jobDefinition"] != stack.outputs["job_definition"]
+    assert first["jobDefinition"].endswith(":2")
+
+
+def test_run_name_defaults_to_the_config_name_so_resubmitting_resumes(stack):
+    assert train(stack).returncode == 0
+    (submitted,) = stack.requests("SubmitJob")
+    assert submitted["jobName"] == "llama3-8b"
+    assert (
+        "logging.run_dir=/fsx/checkpoints/llama3-8b"
+        in submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"]
+    )
+
+
+def submit_in_process(stack: Stack, capsys, *argv: str, args: str = DATA_ARGS) -> tuple[int, str]:
+    """The same `trainer submit` that `make train STACK=...` runs, without a process start per case."""
+    status = trainer_main(
+        [
+            "submit",
+            "--stack",
+            "test",
+            "--outputs",
+            str(stack.outputs_file),
+            "--config",
+            CONFIG,
+            "--image",
+            IMAGE_TAG,
+            *list(argv),
+            *args.split(),
+        ]
+    )
+    return status, capsys.readouterr().err
+
+
+REFUSALS = {
+    "too many nodes": (
+        ["--nodes", "9"],
+        DATA_ARGS,
+        "NODES=9: stack 'test' allows 1 to 4 nodes of p5.48xlarge",
+    ),
+    "tensor parallel across nodes": (
+        [],
+        DATA_ARGS + " --set parallel.tensor_model_parallel_size=16",
+        "tensor_model_parallel_size = 16 does not divide the 8 GPUs of a p5.48xlarge node",
+    ),
+    "image not pushed": (["--image", "feedfacecafe"], DATA_ARGS, "IMAGE=feedfacecafe: no such tag in"),
+    "dataset not uploaded": (
+        [],
+        f"--set data.prefixes=[/fsx/datasets/missing/x] --set data.tokenizer_path={TOKENIZER}",
+        "s3://trainstack-test-datasets/missing/x.bin not found",
+    ),
+    "dataset outside fsx": (
+        [],
+        f"--set data.prefixes=[data/local/x] --set data.tokenizer_path={TOKENIZER}",
+        "data.prefixes[0] = 'data/local/x': the cluster reads data from /fsx/datasets/",
+    ),
+    "unknown config key": (
+        [],
+        DATA_ARGS + " --set schedule.train_iter=5",
+        "did you mean 'schedule.train_iters'?",
+    ),
+    "bad run name": (["--run", "my/run"], DATA_ARGS, "RUN='my/run': use letters, digits"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=list(REFUSALS))
+def test_refused_submission_names_the_problem_and_submits_nothing(stack, capsys, case):
+    argv, args, message = REFUSALS[case]
+    status, stderr = submit_in_process(stack, capsys, *argv, args=args)
+    assert status == 2
+    assert message in stderr
+    assert stack.requests("SubmitJob") == [] and stack.jobs() == []
+
+
+def test_make_train_refuses_a_disabled_queue(stack):
+    stack.client("batch").update_job_queue(jobQueue="gpu-queue", state="DISABLED")
+    result = train(stack)
+    assert result.returncode != 0
+    assert "job queue 'gpu-queue' is DISABLED" in result.stderr
+    assert stack.jobs() == []
+
+
+def test_outputs_missing_keys_are_named(stack, capsys):
+    outputs = dict(stack.outputs)
+    del outputs["job_queue"], outputs["gpus_per_node"]
+    stack.outputs_file.write_text(json.dumps(outputs))
+    status, stderr = submit_in_process(stack, capsys)
+    assert status == 2
+    assert "stack 'test' lacks the outputs job_queue, gpus_per_node" in stderr
+    assert stack.jobs() == []
+
+
+def test_config_outside_the_image_is_refused(stack, capsys, tmp_path):
+    outside = tmp_path / "mine.yaml"
+    outside.write_text((ROOT / CONFIG).read_text())
+    status, stderr = submit_in_process(stack, capsys, "--config", str(outside))
+    assert status == 2
+    assert "the image carries trainer/ only" in stderr
+    assert stack.jobs() == []

@@ -1,0 +1,147 @@
+"""`python -m trainer status|logs|cancel --stack <env> [--job ID]`: follow and stop the stack's training jobs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from trainer.jobs.aws import batch_job_url, client, log_stream_url
+from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+
+STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+TERMINAL = ("SUCCEEDED", "FAILED")
+
+
+class JobError(RuntimeError):
+    """No such job, or nothing to show."""
+
+
+def _when(epoch_ms: int | None) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if epoch_ms else "-"
+
+
+def recent_jobs(outputs: StackOutputs, limit: int = 10) -> list[dict[str, Any]]:
+    batch = client("batch", outputs.region)
+    jobs = []
+    for status in STATUSES:  # list_jobs without a status returns RUNNING jobs only
+        pages = batch.get_paginator("list_jobs").paginate(jobQueue=outputs["job_queue"], jobStatus=status)
+        jobs += [job for page in pages for job in page["jobSummaryList"]]
+    return sorted(jobs, key=lambda job: job["createdAt"], reverse=True)[:limit]
+
+
+def describe(outputs: StackOutputs, job_id: str | None) -> dict[str, Any]:
+    """The job, or the newest one in the stack's queue."""
+    if job_id is None:
+        jobs = recent_jobs(outputs, limit=1)
+        if not jobs:
+            raise JobError(f"no jobs in queue {outputs['job_queue']!r}; submit one with make train STACK=...")
+        job_id = jobs[0]["jobId"]
+    found = client("batch", outputs.region).describe_jobs(jobs=[job_id])["jobs"]
+    if not found:
+        raise JobError(f"job {job_id!r} not found in {outputs.region}")
+    return found[0]
+
+
+def main_node_log_stream(outputs: StackOutputs, job: dict[str, Any]) -> str | None:
+    """A multi-node job logs per node (job id#node); the main node's stream is the run's log."""
+    main = job.get("nodeProperties", {}).get("mainNode", 0)
+    node = client("batch", outputs.region).describe_jobs(jobs=[f"{job['jobId']}#{main}"])["jobs"]
+    for candidate in (*node, job):
+        stream = candidate.get("container", {}).get("logStreamName")
+        if stream:
+            return stream
+    return None
+
+
+def print_status(outputs: StackOutputs, job_id: str | None) -> None:
+    if job_id is None:
+        jobs = recent_jobs(outputs)
+        if not jobs:
+            print(f"no jobs in queue {outputs['job_queue']!r}")
+        for job in jobs:
+            print(
+                f"{job['jobId']}  {job['status']:<9} {job['jobName']:<32} created {_when(job['createdAt'])}"
+            )
+        return
+    job = describe(outputs, job_id)
+    print(f"job {job['jobId']} ({job['jobName']}): {job['status']}")
+    if job.get("statusReason"):
+        print(f"  reason:   {job['statusReason']}")
+    print(f"  nodes:    {job.get('nodeProperties', {}).get('numNodes', 1)}")
+    print(f"  created:  {_when(job.get('createdAt'))}  started: {_when(job.get('startedAt'))}", end="")
+    print(f"  stopped: {_when(job.get('stoppedAt'))}")
+    print(f"  attempts: {len(job.get('attempts', []))}")
+    if stream := main_node_log_stream(outputs, job):
+        print(f"  log:      {outputs['log_group']} / {stream}")
+        print(f"            {log_stream_url(outputs.region, outputs['log_group'], stream)}")
+    print(f"  console:  {batch_job_url(outputs.region, job['jobId'])}")
+
+
+def print_logs(outputs: StackOutputs, job_id: str | None, follow: bool, poll_s: float = 5.0) -> None:
+    job = describe(outputs, job_id)
+    logs = client("logs", outputs.region)
+    stream, token = None, None
+    while True:
+        stream = stream or main_node_log_stream(outputs, job)
+        if stream:
+            kwargs = {"nextToken": token} if token else {}
+            page = logs.get_log_events(
+                logGroupName=outputs["log_group"], logStreamName=stream, startFromHead=True, **kwargs
+            )
+            for event in page["events"]:
+                print(event["message"])
+            fresh = page["nextForwardToken"] != token
+            token = page["nextForwardToken"]
+            if fresh and page["events"]:
+                continue  # drain what is already there before deciding to wait
+        if not follow or job["status"] in TERMINAL:
+            if not stream:
+                print(
+                    f"job {job['jobId']} is {job['status']}; its log stream appears when the main node starts"
+                )
+            return
+        time.sleep(poll_s)
+        job = describe(outputs, job["jobId"])
+
+
+def cancel(outputs: StackOutputs, job_id: str) -> str:
+    job = describe(outputs, job_id)
+    if job["status"] in TERMINAL:
+        raise JobError(f"job {job_id} already ended ({job['status']}); nothing to cancel")
+    # terminate_job stops RUNNING jobs too (cancel_job only dequeues); Batch sends SIGTERM, so the trainer
+    # saves a checkpoint at the next step boundary before it exits.
+    client("batch", outputs.region).terminate_job(jobId=job_id, reason="cancelled with `make cancel`")
+    return job["status"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("status", "logs", "cancel"))
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
+    parser.add_argument(
+        "--job", help="job id (default: the newest job in the stack's queue; cancel needs one)"
+    )
+    parser.add_argument("--follow", action="store_true", help="logs: keep printing until the job ends")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        outputs = load_outputs(args.stack, args.outputs)
+        if args.action == "status":
+            print_status(outputs, args.job)
+        elif args.action == "logs":
+            print_logs(outputs, args.job, args.follow)
+        else:
+            if not args.job:
+                raise JobError(
+                    "cancel needs the job: make cancel STACK=<env> JOB=<id> (make status lists them)"
+                )
+            was = cancel(outputs, args.job)
+            print(f"job {args.job}: termination requested (was {was}); Batch sends SIGTERM, then SIGKILL")
+    except (StackError, JobError) as error:
+        print(f"{args.action}: {error}", file=sys.stderr)
+        return 2
+    return 0

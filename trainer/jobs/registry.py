@@ -1,0 +1,83 @@
+"""`python -m trainer push --stack <env>`: push the locally built image to the stack's ECR repository under an
+immutable tag (the git commit `make image` tagged it with)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import shlex
+import subprocess
+import sys
+
+from botocore.exceptions import ClientError
+
+from trainer.jobs.aws import client
+from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs.submit import git_commit
+
+LOCAL_REPOSITORY = "trainstack"
+
+
+def image_in_registry(outputs: StackOutputs, tag: str) -> bool:
+    ecr = client("ecr", outputs.region)
+    try:
+        ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ImageNotFoundException":
+            return False
+        raise
+    return True
+
+
+def docker_login(outputs: StackOutputs) -> tuple[list[str], str]:
+    """The `docker login` command for the stack's registry and the password to feed it on stdin."""
+    token = client("ecr", outputs.region).get_authorization_token()["authorizationData"][0]
+    user, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
+    registry = outputs["ecr_repository_url"].split("/", 1)[0]
+    return ["docker", "login", "--username", user, "--password-stdin", registry], password
+
+
+def push_commands(outputs: StackOutputs, tag: str) -> list[list[str]]:
+    remote = f"{outputs['ecr_repository_url']}:{tag}"
+    return [["docker", "tag", f"{LOCAL_REPOSITORY}:{tag}", remote], ["docker", "push", remote]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
+    parser.add_argument("--tag", help="image tag (default: this git commit, as `make image` tags it)")
+    parser.add_argument("--dry-run", action="store_true", help="print the docker commands; push nothing")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        outputs = load_outputs(args.stack, args.outputs)
+    except StackError as error:
+        print(f"push: {error}", file=sys.stderr)
+        return 2
+    tag = args.tag or git_commit()
+    if not tag:
+        print("push: not a git checkout; give TAG=<tag>", file=sys.stderr)
+        return 2
+    if image_in_registry(outputs, tag):
+        print(f"{outputs['ecr_repository_url']}:{tag} is already in the registry (tags are immutable)")
+        return 0
+    login, password = docker_login(outputs)
+    commands = push_commands(outputs, tag)
+    if args.dry_run:
+        for command in (login, *commands):
+            print(shlex.join(command))
+        return 0
+    local = subprocess.run(
+        ["docker", "image", "inspect", f"{LOCAL_REPOSITORY}:{tag}"], capture_output=True, check=False
+    )
+    if local.returncode != 0:
+        print(
+            f"push: no local image {LOCAL_REPOSITORY}:{tag}; build it first with make image", file=sys.stderr
+        )
+        return 2
+    subprocess.run(login, input=password, text=True, check=True)
+    for command in commands:
+        subprocess.run(command, check=True)
+    print(f"pushed {outputs['ecr_repository_url']}:{tag}")
+    return 0

@@ -1,0 +1,272 @@
+"""`python -m trainer submit --stack <env>`: run the trainer as an AWS Batch multi-node parallel job.
+
+Everything is checked before anything is submitted: the config's parallel layout against the node count and the
+GPUs per node (tensor parallelism stays inside a node's NVLink domain), the image tag in the stack's ECR
+repository, the job queue enabled, and the datasets present in the bucket behind /fsx/datasets. Checkpoints go to
+/fsx/checkpoints/<run>, so submitting the same run again resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from botocore.exceptions import ClientError
+
+from trainer.config import ConfigError, TrainConfig, layout_problems, load_config
+from trainer.jobs.aws import batch_job_url, client, log_group_url
+from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+
+ROOT = Path(__file__).resolve().parents[2]
+FSX_DATASETS = "/fsx/datasets/"
+FSX_CHECKPOINTS = "/fsx/checkpoints"
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+
+
+class SubmitError(RuntimeError):
+    """A reason not to submit; one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("not submitted:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class Submission:
+    run: str
+    nodes: int
+    gpus_per_node: int
+    image: str
+    command: list[str]
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{FSX_CHECKPOINTS}/{self.run}"
+
+
+def git_commit() -> str | None:
+    result = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip() or None
+
+
+def plan(
+    config_path: Path,
+    overrides: list[str],
+    outputs: StackOutputs,
+    nodes: int | None,
+    tag: str,
+    run: str | None,
+) -> tuple[Submission, TrainConfig]:
+    """The job to submit, with every check that needs no AWS call."""
+    problems: list[str] = []
+    config_path = config_path.resolve()
+    if not config_path.is_relative_to(ROOT / "trainer"):
+        problems.append(
+            f"CONFIG={config_path}: the image carries trainer/ only; put the config under trainer/configs/ "
+            "and rebuild the image (make image && make push)"
+        )
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as error:
+        raise SubmitError(error.problems) from None
+    run = run or cfg.name
+    if not RUN_NAME.match(run):
+        problems.append(
+            f"RUN={run!r}: use letters, digits, '-' and '_' (at most 100, starting with a letter or digit)"
+        )
+    nodes = outputs.node_count if nodes is None else nodes
+    if not 1 <= nodes <= outputs.node_count:
+        problems.append(
+            f"NODES={nodes}: stack {outputs.stack!r} allows 1 to {outputs.node_count} nodes of "
+            f"{outputs['instance_type']} (its compute environment's maxvCpus); raise trainstack:nodeCount to go further"
+        )
+    gpus = outputs.gpus_per_node
+    tp = cfg.parallel.tensor_model_parallel_size
+    if gpus % tp:
+        problems.append(
+            f"parallel.tensor_model_parallel_size = {tp} does not divide the {gpus} GPUs of a "
+            f"{outputs['instance_type']} node: tensor parallelism must stay inside one node's NVLink domain"
+        )
+    problems += [f"{p} ({nodes} nodes x {gpus} GPUs)" for p in layout_problems(cfg, nodes * gpus, "cuda")]
+    if problems:
+        raise SubmitError(problems)
+    relative_config = str(config_path.relative_to(ROOT))
+    run_dir = f"{FSX_CHECKPOINTS}/{run}"
+    command = ["train", "--config", relative_config, "--set", f"logging.run_dir={run_dir}"]
+    for override in overrides:
+        command += ["--set", override]
+    submission = Submission(
+        run=run,
+        nodes=nodes,
+        gpus_per_node=gpus,
+        image=f"{outputs['ecr_repository_url']}:{tag}",
+        command=command,
+        environment={
+            "TRAINSTACK_RUN": run,
+            "TRAINSTACK_CONFIG": relative_config,
+            "TRAINSTACK_IMAGE_TAG": tag,
+        },
+    )
+    return submission, cfg
+
+
+def config_changed_since(tag: str, config_path: Path) -> bool:
+    """Whether the config differs from the one baked into the image (tags are commits; other tags: unknown)."""
+    result = subprocess.run(
+        ["git", "diff", "--quiet", tag, "--", str(config_path)], cwd=ROOT, capture_output=True, check=False
+    )
+    return result.returncode == 1
+
+
+def aws_problems(submission: Submission, cfg: TrainConfig, outputs: StackOutputs, tag: str) -> list[str]:
+    """Checks against the stack's AWS resources: queue state, image in ECR, datasets in S3."""
+    problems = []
+    batch = client("batch", outputs.region)
+    queues = batch.describe_job_queues(jobQueues=[outputs["job_queue"]])["jobQueues"]
+    if not queues:
+        problems.append(f"job queue {outputs['job_queue']!r} does not exist in {outputs.region}; run make up")
+    elif queues[0]["state"] != "ENABLED" or queues[0].get("status") not in (None, "VALID"):
+        problems.append(
+            f"job queue {outputs['job_queue']!r} is {queues[0]['state']} ({queues[0].get('status')}): "
+            f"enable it (aws batch update-job-queue --job-queue {outputs['job_queue']} --state ENABLED)"
+        )
+    ecr = client("ecr", outputs.region)
+    try:
+        ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ImageNotFoundException":
+            raise
+        problems.append(
+            f"IMAGE={tag}: no such tag in {outputs['ecr_repository_url']}; "
+            f"build and push it: make image && make push STACK={outputs.stack}"
+        )
+    s3 = client("s3", outputs.region)
+    bucket = outputs["datasets_bucket"]
+    wanted = [(f"data.prefixes[{i}]", p, (".bin", ".idx")) for i, p in enumerate(cfg.data.prefixes)]
+    wanted.append(("data.tokenizer_path", cfg.data.tokenizer_path, ("",)))
+    for key, path, suffixes in wanted:
+        if not path.startswith(FSX_DATASETS):
+            problems.append(
+                f"{key} = {path!r}: the cluster reads data from {FSX_DATASETS} (FSx linked to s3://{bucket}); "
+                f"upload with make data STACK={outputs.stack} SRC=... and use the path it prints"
+            )
+            continue
+        for suffix in suffixes:
+            object_key = path.removeprefix(FSX_DATASETS) + suffix
+            try:
+                s3.head_object(Bucket=bucket, Key=object_key)
+            except ClientError as error:
+                if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+                problems.append(
+                    f"{key} = {path!r}: s3://{bucket}/{object_key} not found; upload it with "
+                    f"make data STACK={outputs.stack} SRC=..."
+                )
+    return problems
+
+
+def job_definition_for(image: str, outputs: StackOutputs) -> str:
+    """The stack's job definition with `image` on every node: itself, an earlier revision that differs from it
+    only by that image, or a new revision. Batch cannot override a multi-node job's image at submission."""
+    batch = client("batch", outputs.region)
+    described = batch.describe_job_definitions(jobDefinitions=[outputs["job_definition"]])["jobDefinitions"]
+    if not described or "nodeProperties" not in described[0]:
+        raise SubmitError(
+            [f"job definition {outputs['job_definition']!r} is missing or not a multi-node definition"]
+        )
+    definition = described[0]
+    wanted = copy.deepcopy(definition["nodeProperties"])
+    for node_range in wanted["nodeRangeProperties"]:
+        node_range["container"]["image"] = image
+    pages = batch.get_paginator("describe_job_definitions").paginate(
+        jobDefinitionName=definition["jobDefinitionName"], status="ACTIVE"
+    )
+    for revision in (d for page in pages for d in page["jobDefinitions"]):
+        if revision.get("nodeProperties") == wanted:
+            return revision["jobDefinitionArn"]
+    carried = ("parameters", "retryStrategy", "timeout", "tags", "propagateTags", "platformCapabilities")
+    registered = batch.register_job_definition(
+        jobDefinitionName=definition["jobDefinitionName"],
+        type="multinode",
+        nodeProperties=wanted,
+        **{k: definition[k] for k in carried if definition.get(k) not in (None, {}, [])},
+    )
+    return registered["jobDefinitionArn"]
+
+
+def submit(submission: Submission, outputs: StackOutputs) -> str:
+    job_definition = job_definition_for(submission.image, outputs)
+    environment = [{"name": k, "value": v} for k, v in submission.environment.items()]
+    response = client("batch", outputs.region).submit_job(
+        jobName=submission.run,
+        jobQueue=outputs["job_queue"],
+        jobDefinition=job_definition,
+        nodeOverrides={
+            "numNodes": submission.nodes,
+            "nodePropertyOverrides": [
+                {
+                    "targetNodes": "0:",
+                    "containerOverrides": {"command": submission.command, "environment": environment},
+                }
+            ],
+        },
+        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack},
+        propagateTags=True,
+    )
+    return response["jobId"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True, help="the stack to run on (dev, staging, prod)")
+    parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
+    parser.add_argument("--config", type=Path, default=Path("trainer/configs/llama3-8b.yaml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--nodes", type=int, help="nodes for this job (default: the stack's node count)")
+    parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
+    parser.add_argument(
+        "--run", help="run name: checkpoints under /fsx/checkpoints/<run> (default: config name)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check everything and print the job; submit nothing"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        outputs = load_outputs(args.stack, args.outputs)
+        tag = args.image or git_commit()
+        if not tag:
+            raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
+        submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run)
+        if problems := aws_problems(submission, cfg, outputs, tag):
+            raise SubmitError(problems)
+        if config_changed_since(tag, args.config):
+            print(
+                f"note: {args.config} differs from the image's copy (commit {tag}); the job uses the image's"
+            )
+        if args.dry_run:
+            print(f"would submit {submission}")
+            return 0
+        job_id = submit(submission, outputs)
+    except (StackError, SubmitError) as error:
+        print(f"submit: {error}", file=sys.stderr)
+        return 2
+    region, group = outputs.region, outputs["log_group"]
+    print(
+        f"submitted run {submission.run!r}: {submission.nodes} x {outputs['instance_type']} ({submission.image})"
+    )
+    print(f"  job id:     {job_id}")
+    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run})")
+    print(f"  logs:       log group {group}, main node stream appears when it starts")
+    print(f"  console:    {batch_job_url(region, job_id)}")
+    print(f"  log group:  {log_group_url(region, group)}")
+    print(f"follow it:    make logs STACK={outputs.stack} JOB={job_id} FOLLOW=1")
+    return 0
