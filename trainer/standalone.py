@@ -13,6 +13,7 @@ import sys
 import torch
 
 from trainer.config import TrainConfig
+from trainer.launch import MASTER_PORT, Rendezvous, torchrun_command
 
 
 def under_torchrun() -> bool:
@@ -27,15 +28,14 @@ def processes(cfg: TrainConfig, nproc: int | None) -> int:
     return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1)
 
 
-def exec_torchrun(nproc: int, verb_args: list[str]) -> None:
+def exec_torchrun(nproc: int, verb_args: list[str], max_restarts: int = 0) -> None:
     """Replace this process with `torchrun --standalone` running `python -m trainer <verb_args>` N times."""
     if not torch.cuda.is_available():
-        os.environ.setdefault(
-            "OMP_NUM_THREADS", "1"
-        )  # the processes share the cores; more threads only contend
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    command += ["-m", "trainer", *verb_args]
+        # The processes share the cores; more threads only contend.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)
+    command = torchrun_command(single_node, nproc, MASTER_PORT, max_restarts, verb_args)
     print(
         f"torchrun: {nproc} processes: python -m trainer {' '.join(verb_args)}", file=sys.stderr, flush=True
     )
-    os.execv(sys.executable, command)
+    os.execv(command[0], command)
