@@ -120,13 +120,7 @@ def save(
     keep_last: int,
 ) -> Path:
     """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last."""
-    final = directory / checkpoint_name(progress.step)
-    staging = final.with_name(final.name + ".tmp")
-    if torch.distributed.get_rank() == 0:
-        for unfinished in directory.glob("iter_*.tmp"):  # left by a crash mid-save
-            shutil.rmtree(unfinished)
-        staging.mkdir(parents=True)
-    torch.distributed.barrier()
+    staging = stage(directory, progress.step)
     state = _state_dict(model, optimizer, scheduler, progress, dims, is_loading=False, with_rng=True)
     # Replicated tensors are written by the data-parallel replicas in turn rather than all by one.
     strategy = FullyParallelSaveStrategyWrapper(
@@ -134,7 +128,24 @@ def save(
         parallel_state.get_data_parallel_group(with_context_parallel=True),
     )
     dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
+    return publish(staging, keep_last)
+
+
+def stage(directory: Path, step: int) -> Path:
+    """The empty `iter_NNNNNNN.tmp` directory every rank writes step's checkpoint into (any engine's format)."""
+    staging = directory / (checkpoint_name(step) + ".tmp")
+    if torch.distributed.get_rank() == 0:
+        for unfinished in directory.glob("iter_*.tmp"):  # left by a crash mid-save
+            shutil.rmtree(unfinished)
+        staging.mkdir(parents=True)
     torch.distributed.barrier()
+    return staging
+
+
+def publish(staging: Path, keep_last: int) -> Path:
+    """Once every rank has written `staging`: rename it into place, point `latest` at it, prune the oldest."""
+    torch.distributed.barrier()
+    directory, final = staging.parent, staging.with_suffix("")
     if torch.distributed.get_rank() == 0:
         # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
         replaced = final.with_name(final.name + ".replaced.tmp")

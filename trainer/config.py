@@ -82,6 +82,18 @@ class ParallelConfig(_Section):
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
 
+class ZeroConfig(_Section):
+    """DeepSpeed ZeRO (engine: deepspeed): what is sharded over the data-parallel ranks, and what lives in host memory.
+
+    Stage 1 shards the fp32 master weights and Adam moments, 2 also the gradients, 3 also the weights."""
+
+    stage: Literal[1, 2, 3] = 2
+    offload_optimizer: Literal["none", "cpu"] = (
+        "none"  # master weights + Adam moments in host memory (stage 2/3)
+    )
+    offload_param: Literal["none", "cpu"] = "none"  # weights in host memory, fetched layer by layer (stage 3)
+
+
 class DataConfig(_Section):
     prefixes: list[str] = Field(min_length=1)  # prepared datasets: PREFIX.bin / PREFIX.idx
     weights: list[PositiveFloat] | None = None  # blend weights, one per prefix; None: by size
@@ -132,8 +144,13 @@ class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
     precision: Literal["bf16", "fp32"] = "bf16"
+    # megatron: tensor + pipeline + data parallel (megatron-core); deepspeed: ZeRO data parallel (TP = PP = 1).
+    engine: Literal["megatron", "deepspeed"] = "megatron"
     model: ModelConfig
     parallel: ParallelConfig = ParallelConfig()
+    zero: ZeroConfig = ZeroConfig()
+    # Raw DeepSpeed config keys merged over the ones derived from this tree (trainer/deepspeed_config.py).
+    deepspeed: dict[str, Any] = {}
     data: DataConfig
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
@@ -183,6 +200,54 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
         )
     if o.min_lr > o.lr:
         problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
+    return problems + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+
+
+def _megatron_problems(cfg: TrainConfig) -> list[str]:
+    """The DeepSpeed-only sections, set while the megatron engine would ignore them."""
+    return [
+        f"{section} is set but engine is megatron; set engine: deepspeed to use it ({why})"
+        for section, why in (
+            ("zero", "megatron shards optimizer state with parallel.use_distributed_optimizer"),
+            ("deepspeed", "raw DeepSpeed config keys"),
+        )
+        if section in cfg.model_fields_set
+    ]
+
+
+def _deepspeed_problems(cfg: TrainConfig) -> list[str]:
+    """What the DeepSpeed engine cannot do: it trains the model whole on every rank group (TP = PP = 1)."""
+    p, z = cfg.parallel, cfg.zero
+    problems = [
+        f"parallel.{key} = {value} needs engine: megatron; engine: deepspeed (ZeRO stage {z.stage}) runs data "
+        "parallelism only (TP = PP = 1): set it to 1, or use engine: megatron for tensor/pipeline parallelism"
+        for key, value in (
+            ("tensor_model_parallel_size", p.tensor_model_parallel_size),
+            ("pipeline_model_parallel_size", p.pipeline_model_parallel_size),
+            ("virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size),
+        )
+        if value != 1
+    ]
+    if p.sequence_parallel:
+        problems.append("parallel.sequence_parallel = true needs engine: megatron with TP > 1")
+    problems += [
+        f"parallel.{key} is megatron's ({why}); with engine: deepspeed remove it ({instead})"
+        for key, why, instead in (
+            ("use_distributed_optimizer", "its ZeRO-1", "zero.stage says what ZeRO shards"),
+            ("overlap_grad_reduce", "its DDP", "deepspeed.zero_optimization.overlap_comm does this"),
+        )
+        if key in p.model_fields_set
+    ]
+    if z.offload_optimizer != "none" and z.stage == 1:
+        problems.append(
+            f"zero.offload_optimizer = {z.offload_optimizer!r} needs zero.stage 2 or 3 (got 1): ZeRO-Offload "
+            "steps the optimizer on the host from sharded gradients"
+        )
+    if z.offload_param != "none" and z.stage != 3:
+        problems.append(
+            f"zero.offload_param = {z.offload_param!r} needs zero.stage 3 (got {z.stage}): only stage 3 "
+            "partitions the weights"
+        )
     return problems
 
 
@@ -327,6 +392,12 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         annotation = fields[part].annotation
         if depth == len(parts) - 1:
             node[part] = _typed_value(annotation, text)
+        elif getattr(annotation, "__origin__", None) is dict:  # free-form keys (deepspeed:), any depth
+            node = node.setdefault(part, {})
+            for key in parts[depth + 1 : -1]:
+                node = node.setdefault(key, {})
+            node[parts[-1]] = yaml.safe_load(text)
+            return
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             model = annotation
             node = node.setdefault(part, {})

@@ -14,6 +14,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
@@ -65,6 +66,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
+        if cfg.engine == "deepspeed":
+            from trainer.deepspeed_config import validate_deepspeed
+
+            validate_deepspeed(cfg, world_size)
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
@@ -86,7 +91,10 @@ def _verb_args(args: argparse.Namespace) -> list[str]:
 
 @dataclass
 class Run:
-    """What one training process holds: its model chunks, optimizer, LR schedule and data."""
+    """What one training process holds: its model chunks, optimizer, LR schedule and data.
+
+    The loop in train() calls only the four methods at the end; `engine: deepspeed` brings its own Run with the
+    same fields for data and the same methods (trainer/deepspeed_engine.py)."""
 
     cfg: TrainConfig
     dims: ParallelDims
@@ -97,11 +105,48 @@ class Run:
     valid_data: Dataset
     padded_vocab_size: int
 
+    def train_step(self, batches: list[Iterator]) -> tuple[float, float, float]:
+        return train_step(self, batches)
+
+    def evaluate(self) -> float:
+        return evaluate(self)
+
+    def save(self, progress: checkpoint.Progress) -> Path:
+        c = self.cfg.checkpoint
+        return checkpoint.save(
+            self.cfg.checkpoint_dir,
+            self.chunks,
+            self.optimizer,
+            self.scheduler,
+            progress,
+            self.dims,
+            c.keep_last,
+        )
+
+    def load(self, path: Path) -> checkpoint.Progress:
+        return checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
+    if cfg.engine == "deepspeed":
+        from trainer import deepspeed_engine  # imports DeepSpeed, which megatron runs do without
+
+        return deepspeed_engine.build(cfg, dims)
+    train_data, valid_data, padded_vocab_size = datasets(cfg)
+    # Model: Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
+    config = model.transformer_config(cfg, parallel.device_type())
+    chunks = parallel.wrap_data_parallel(model.build_model(cfg, config, padded_vocab_size), cfg, config)
+    optimizer = build_optimizer(cfg, chunks)
+    parallel.connect_schedule(config, chunks, optimizer, cfg)
+    scheduler = build_scheduler(cfg, optimizer)
+    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
+
+
+def datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, int]:
+    """Train and validation samples (megatron-core GPTDatasets over the prepared blend, in the seed's order) and
+    the vocabulary size padded for the embedding."""
     s = cfg.schedule
-    # Data: megatron-core GPTDatasets over the prepared blend; the sample order is fixed by the seed.
     vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
     train_data, valid_data, _ = build_gpt_datasets(
         prefixes=cfg.data.prefixes,
@@ -114,14 +159,7 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
         tokenizer_path=cfg.data.tokenizer_path,
         cache_dir=cfg.data.cache_dir or str(cfg.run_dir / "data-cache"),
     )
-    # Model: Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
-    config = model.transformer_config(cfg, parallel.device_type())
-    padded_vocab_size = cfg.model.padded_vocab_size(vocab_size)
-    chunks = parallel.wrap_data_parallel(model.build_model(cfg, config, padded_vocab_size), cfg, config)
-    optimizer = build_optimizer(cfg, chunks)
-    parallel.connect_schedule(config, chunks, optimizer, cfg)
-    scheduler = build_scheduler(cfg, optimizer)
-    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
+    return train_data, valid_data, cfg.model.padded_vocab_size(vocab_size)
 
 
 def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> None:
@@ -141,17 +179,17 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
         return
     logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
-        _log(logger, 0, val_loss=evaluate(run))  # the untrained model: where the loss starts
-    batches = _micro_batch_iterators(run.train_data, progress.consumed_samples, run)
+        _log(logger, 0, val_loss=run.evaluate())  # the untrained model: where the loss starts
+    batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     try:
         while progress.step < s.train_iters:
             started = time.perf_counter()
-            loss, grad_norm, lr = train_step(run, batches)
+            loss, grad_norm, lr = run.train_step(batches)
             step_time = time.perf_counter() - started
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
-            val_loss = evaluate(run) if step % s.eval_interval == 0 or last else None
+            val_loss = run.evaluate() if step % s.eval_interval == 0 or last else None
             if step % cfg.logging.log_interval == 0 or val_loss is not None:
                 memory = _max_over_ranks(peak_memory_gib())
                 _log(
@@ -165,15 +203,7 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
                     peak_memory=memory,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
-                saved = checkpoint.save(
-                    cfg.checkpoint_dir,
-                    run.chunks,
-                    run.optimizer,
-                    run.scheduler,
-                    progress,
-                    dims,
-                    cfg.checkpoint.keep_last,
-                )
+                saved = run.save(progress)
                 console.print(f"step {step}: saved {saved}")
     finally:
         if logger is not None:
@@ -195,7 +225,7 @@ def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float]:
 
 def evaluate(run: Run) -> float:
     """Mean loss per token over the validation samples (the same ones every time)."""
-    batches = _micro_batch_iterators(run.valid_data, 0, run)
+    batches = micro_batch_iterators(run.valid_data, 0, run)
     losses = [forward_backward(run, batches, forward_only=True) for _ in range(run.cfg.schedule.eval_iters)]
     return sum(losses) / len(losses)
 
@@ -245,7 +275,7 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
+def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
     """This DP rank's micro-batches from `consumed_samples` on, on the device; one identical stream per chunk."""
     s, device = run.cfg.schedule, parallel.device_type()
 
@@ -274,7 +304,7 @@ def _resume(run: Run, console: Console) -> checkpoint.Progress:
     latest = checkpoint.latest_checkpoint(run.cfg.checkpoint_dir)
     if latest is None:
         return checkpoint.Progress()
-    progress = checkpoint.load(latest, run.chunks, run.optimizer, run.scheduler, run.dims)
+    progress = run.load(latest)
     console.print(f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)")
     return progress
 

@@ -18,7 +18,7 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron.core.utils import unwrap_model  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from trainer import checkpoint, model, parallel  # noqa: E402
+from trainer import model, parallel  # noqa: E402
 from trainer import train as train_module  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 
@@ -95,7 +95,8 @@ def main() -> None:
     try:
         if args.mode == "train":
             steps = []
-            record_gradients(steps)
+            if cfg.engine == "megatron":  # DeepSpeed's runs are compared by their losses
+                record_gradients(steps)
             train_module.train(cfg, dims, console)
             if (
                 parallel_state.get_tensor_model_parallel_rank() == 0
@@ -106,8 +107,8 @@ def main() -> None:
                 )
         else:
             run = train_module.build(cfg, dims)
-            checkpoint.load(args.checkpoint, run.chunks, run.optimizer, run.scheduler, dims)
-            val_loss = train_module.evaluate(run)
+            run.load(args.checkpoint)
+            val_loss = run.evaluate()
             if torch.distributed.get_rank() == 0:
                 (args.out / "val_loss.json").write_text(json.dumps(val_loss))
     finally:
