@@ -8,7 +8,8 @@ Without CUDA (CPU over gloo):
 1. The CUDA RNG tracker (model_parallel_cuda_manual_seed, fork) reads and writes CUDA generator states: here the
    "CUDA" generator is the CPU one.
 2. Hard-coded `device="cuda"` factories (pipeline schedules, grad buffers, clip_grads) and `Tensor.cuda()`
-   (tied embeddings with PP > 1) land on the CPU, through a TorchFunctionMode.
+   (tied embeddings with PP > 1) land on the CPU, through a TorchFunctionMode. It stays on inside
+   `Tensor.backward()` (DeepSpeed's backward calls it), where activation recompute re-runs megatron's forward.
 3. `torch.cuda.current_device()` is used as a device for p2p receive buffers: it answers the CPU.
 4. `torch.cuda.synchronize()` after p2p communication: nothing to wait for.
 5. clip_grads and the mixed-precision / distributed optimizers check `tensor.type()` against `torch.cuda.*`
@@ -32,6 +33,7 @@ import torch
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer import distrib_optimizer as megatron_distrib_optimizer
 from megatron.core.tensor_parallel import random as megatron_random
+from torch.autograd import Variable
 from torch.overrides import TorchFunctionMode
 
 MEGATRON_CORE_VERSION = "0.16.1"  # the version these bridges were written and tested against
@@ -48,6 +50,24 @@ class _CudaToCpu(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return func(*args).replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.backward:
+            # A mode is off while it handles a call, and recompute re-runs megatron's forward inside backward:
+            # start the autograd engine directly (as megatron's schedules do), with the bridge on.
+            (tensor,) = args
+            gradient = kwargs.get("gradient")
+            create_graph = kwargs.get("create_graph", False)
+            retain_graph = kwargs.get("retain_graph")
+            with self:
+                Variable._execution_engine.run_backward(
+                    (tensor,),
+                    (torch.ones_like(tensor) if gradient is None else gradient,),
+                    create_graph if retain_graph is None else retain_graph,
+                    create_graph,
+                    tuple(kwargs.get("inputs") or ()),
+                    allow_unreachable=True,
+                    accumulate_grad=True,
+                )
+            return None
         device = kwargs.get("device")
         if (isinstance(device, str) and device.startswith("cuda")) or getattr(device, "type", None) == "cuda":
             kwargs["device"] = "cpu"
