@@ -350,9 +350,20 @@ def validate_layout(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
         raise ConfigError(problems)
 
 
+def engine_problems(cfg: TrainConfig, world_size: int) -> list[str]:
+    """For engine: deepspeed, its raw `deepspeed:` keys against the derived ones and DeepSpeed's config model."""
+    if cfg.engine != "deepspeed":
+        return []
+    from trainer.deepspeed_config import deepspeed_problems  # imports DeepSpeed and torch: only its runs pay
+
+    return deepspeed_problems(cfg, data_parallel_size=world_size)  # TP = PP = 1
+
+
 def validate_run(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> None:
-    """Everything checked before a training process starts work: layout and data files."""
-    problems = layout_problems(cfg, world_size, device) + data_problems(cfg)
+    """Everything checked before a training process starts work: layout, data files and engine settings."""
+    problems = (
+        layout_problems(cfg, world_size, device) + data_problems(cfg) + engine_problems(cfg, world_size)
+    )
     if problems:
         raise ConfigError(problems)
 

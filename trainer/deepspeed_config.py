@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 
 # Raw sections that the trainer provides itself, and the trainer key that sets each instead.
 _OWNED_SECTIONS = {
@@ -160,10 +160,3 @@ def deepspeed_problems(cfg: TrainConfig, data_parallel_size: int) -> list[str]:
         for key in cfg.deepspeed
         if key not in readable.looked_up
     ]
-
-
-def validate_deepspeed(cfg: TrainConfig, world_size: int) -> None:
-    """Raise a ConfigError unless `cfg.deepspeed` merges cleanly at this world size (all data parallel)."""
-    problems = deepspeed_problems(cfg, world_size)
-    if problems:
-        raise ConfigError(problems)

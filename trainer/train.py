@@ -66,10 +66,6 @@ def main(args: argparse.Namespace) -> int:
         else:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
-        if cfg.engine == "deepspeed":
-            from trainer.deepspeed_config import validate_deepspeed
-
-            validate_deepspeed(cfg, world_size)
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
