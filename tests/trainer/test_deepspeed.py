@@ -4,11 +4,16 @@ Each run is 2 gloo processes (DP=2) of the tiny fp32 model with the same seed an
 launch on a machine JIT-compiles DeepSpeed's communication op (about 70 s, then cached outside the repository).
 """
 
+import json
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from trainer.checkpoint import LATEST
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RELATIVE = 1e-5
 PARITY_STEPS = 3
@@ -81,3 +86,24 @@ def test_zero3_resumed_run_repeats_the_straight_run_exactly(launcher, zero3):
     assert sorted(resumed.losses()) == [4, 5, 6]
     assert resumed.losses() == {step: zero3.losses()[step] for step in (4, 5, 6)}
     assert resumed.records[-1]["val_loss"] == zero3.records[-1]["val_loss"]
+
+
+@pytest.mark.slow
+def test_make_train_local_zero3_on_two_processes_learns_and_leaves_a_deepspeed_checkpoint(tmp_path):
+    run_dir = tmp_path / "local-zero3"
+    args = f"--set logging.run_dir={run_dir} --set schedule.train_iters=30 --set schedule.eval_interval=15"
+    args += " --set schedule.lr_warmup_iters=10"
+    result = subprocess.run(
+        ["make", "train", "CONFIG=trainer/configs/local-zero3.yaml", "NPROC=2", f"ARGS={args}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "TP=1 x PP=1 x DP=2" in result.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(evaluations) == 3 and evaluations[-1] < 0.85 * evaluations[0]
+    assert (run_dir / "checkpoints" / LATEST).read_text() == "iter_0000030\n"
+    assert len(list((run_dir / "checkpoints" / "iter_0000030").glob("*_optim_states.pt"))) == 2
