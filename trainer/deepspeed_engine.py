@@ -6,10 +6,10 @@ wraps it whole (ZeRO-3 partitions its weights once built and gathers each module
 else is the trainer's own: data and sampler, AdamW with megatron's parameter groups and LR schedule, the loop,
 metrics, and the checkpoint directory's staging, `latest` pointer and pruning (trainer/checkpoint.py).
 
-Checkpoints are DeepSpeed's format (`iter_NNNNNNN/mp_rank_00_model_states.pt` + one ZeRO shard file per rank),
-so DeepSpeed's own tools (zero_to_fp32) read them. ZeRO shards resume only at the data-parallel size they were
-saved at; at another size (or from a converted checkpoint) the weights, step and LR schedule come back and the
-Adam moments start again from zero.
+Checkpoints are DeepSpeed's format (`iter_NNNNNNN/*model_states.pt` + one ZeRO shard file per rank), so DeepSpeed's
+own tools (zero_to_fp32) read them. ZeRO shards resume only at the data-parallel size and stage they were saved
+at; at another (or from a converted checkpoint) the fp32 weights, step and LR schedule come back and Adam's
+moments start again from zero.
 """
 
 from __future__ import annotations
@@ -78,12 +78,18 @@ class Run:
             losses.append(_mean_over_ranks(totals))
         return sum(losses) / len(losses)
 
+    @property
+    def layout(self) -> dict:
+        """What ZeRO's shards depend on: a checkpoint resumes whole only where this is the same."""
+        return {"dp": self.dims.dp, "zero_stage": self.cfg.zero.stage}
+
     def save(self, progress: checkpoint.Progress) -> Path:
         """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
         staging = checkpoint.stage(self.cfg.checkpoint_dir, progress.step)
         client_state = {
             "scheduler": self.scheduler.state_dict(),
             "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
+            "layout": self.layout,
         }
         self.engine.save_checkpoint(
             str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
@@ -91,22 +97,21 @@ class Run:
         return checkpoint.publish(staging, self.cfg.checkpoint.keep_last)
 
     def load(self, path: Path) -> checkpoint.Progress:
-        """Everything `save` wrote at the same data-parallel size; the weights alone at another."""
-        saved_dp = data_parallel_size_of(path)
-        if saved_dp == self.dims.dp:
-            _, client_state = self.engine.load_checkpoint(
-                str(path.parent), tag=path.name, load_lr_scheduler_states=False
-            )
+        """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,
+        exact), step and LR schedule, with Adam's moments starting again from zero."""
+        saved = trainer_state(path)
+        if saved["layout"] == self.layout:
+            self.engine.load_checkpoint(str(path.parent), tag=path.name, load_lr_scheduler_states=False)
         else:
-            client_state = _load_weights_only(self.engine, path)
+            set_full_weights(self.engine, full_state_dict(path))
             if torch.distributed.get_rank() == 0:
                 print(
-                    f"{path} holds ZeRO shards for {saved_dp} data-parallel ranks, this run has {self.dims.dp}: "
-                    "restored the weights, step and LR schedule; Adam moments start again from zero",
+                    f"{path} holds ZeRO shards of {saved['layout']}, this run is {self.layout}: restored the "
+                    "weights, step and LR schedule; Adam moments start again from zero",
                     flush=True,
                 )
-        self.scheduler.load_state_dict(client_state["scheduler"])
-        return checkpoint.Progress(**client_state["progress"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        return checkpoint.Progress(**saved["progress"])
 
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
@@ -167,11 +172,6 @@ def _mean_over_ranks(totals: torch.Tensor) -> float:
     return (totals[0] / totals[1]).item()
 
 
-def data_parallel_size_of(path: Path) -> int:
-    """The data-parallel size a DeepSpeed checkpoint was saved at: one ZeRO shard file per rank."""
-    return len(list(path.glob("*_optim_states.pt")))
-
-
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A DeepSpeed checkpoint's fp32 weights, unsharded, by megatron's global parameter names; no process group
     needed (DeepSpeed's zero_to_fp32, any stage, any data-parallel size)."""
@@ -180,28 +180,31 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def trainer_state(path: Path) -> dict:
-    """The trainer's own entries of a DeepSpeed checkpoint: progress and LR schedule."""
+    """The trainer's own entries of a DeepSpeed checkpoint: progress, LR schedule, layout."""
     files = sorted(path.glob("*model_states.pt"))  # ZeRO-3 writes one per rank, each with the client state
+    if not files:
+        raise FileNotFoundError(f"{path} is not a DeepSpeed checkpoint: no *model_states.pt in it")
     state = torch.load(files[0], map_location="cpu", weights_only=False)
-    return {"progress": state["progress"], "scheduler": state["scheduler"]}
+    return {key: state[key] for key in ("progress", "scheduler", "layout")}
 
 
-def _load_weights_only(engine: deepspeed.DeepSpeedEngine, path: Path) -> dict:
-    set_full_weights(engine, full_state_dict(path))
-    return trainer_state(path)
-
-
-def set_full_weights(engine: deepspeed.DeepSpeedEngine, state: dict[str, torch.Tensor]) -> None:
+def set_full_weights(engine: deepspeed.DeepSpeedEngine, weights: dict[str, torch.Tensor]) -> None:
     """Set every weight from unsharded fp32 tensors: the model's (bf16 or fp32) copy and ZeRO's fp32 masters."""
     params = dict(engine.module.named_parameters())
-    if state.keys() != params.keys():
-        raise ValueError(
-            f"the weights do not fit this model: missing {sorted(params.keys() - state.keys())}, "
-            f"unexpected {sorted(state.keys() - params.keys())}"
-        )
     # ZeRO-3 holds shards: gather them whole, write them, and DeepSpeed re-shards rank 0's values on exit.
     with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
-        for name, param in params.items():
-            param.data.copy_(state[name])
+        copy_full_weights(params, weights)
     for name, param in params.items():
-        safe_set_full_fp32_param(param, state[name].to(parallel.device_type()))
+        safe_set_full_fp32_param(param, weights[name].to(parallel.device_type()))
+
+
+@torch.no_grad()
+def copy_full_weights(params: dict[str, torch.nn.Parameter], weights: dict[str, torch.Tensor]) -> None:
+    """Copy full weights into a whole (TP = PP = 1) model's parameters of the same names."""
+    if weights.keys() != params.keys():
+        raise ValueError(
+            f"the weights do not fit the model: missing {sorted(params.keys() - weights.keys())}, "
+            f"unexpected {sorted(weights.keys() - params.keys())}"
+        )
+    for name, param in params.items():
+        param.copy_(weights[name])

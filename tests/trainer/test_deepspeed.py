@@ -1,12 +1,15 @@
-"""engine: deepspeed trains the megatron engine's model step for step at ZeRO stage 1, 2 and 3, and resumes exactly.
+"""engine: deepspeed trains the megatron engine's model step for step at ZeRO stage 1, 2 and 3, resumes exactly, and
+its checkpoints convert to the trainer's and back with the same validation loss.
 
 Each run is 2 gloo processes (DP=2) of the tiny fp32 model with the same seed and global batch. The first DeepSpeed
 launch on a machine JIT-compiles DeepSpeed's communication op (about 70 s, then cached outside the repository).
 """
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,56 @@ def test_make_train_local_zero3_on_two_processes_learns_and_leaves_a_deepspeed_c
     assert len(evaluations) == 3 and evaluations[-1] < 0.85 * evaluations[0]
     assert (run_dir / "checkpoints" / LATEST).read_text() == "iter_0000030\n"
     assert len(list((run_dir / "checkpoints" / "iter_0000030").glob("*_optim_states.pt"))) == 2
+
+
+def convert(tiny_config, direction: str, source: Path, out: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "convert",
+        "--config",
+        str(tiny_config),
+        direction,
+        str(source),
+    ]
+    result = subprocess.run(
+        [*command, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_deepspeed_checkpoint_converts_to_a_trainer_one_that_scores_the_same_at_tp2(
+    launcher, tiny_config, zero3, tmp_path
+):
+    convert(tiny_config, "--from-deepspeed", zero3.run_dir / "checkpoints", tmp_path / "megatron")
+    assert (tmp_path / "megatron" / LATEST).read_text() == "iter_0000006\n"
+    loaded = launcher.launch(
+        "from_zero3_at_tp2",
+        2,
+        "parallel.tensor_model_parallel_size=2",
+        mode="evaluate",
+        checkpoint=tmp_path / "megatron" / "iter_0000006",
+    )
+    assert loaded.val_loss == pytest.approx(zero3.records[-1]["val_loss"], rel=RELATIVE)
+
+
+def test_trainer_checkpoint_converts_to_a_deepspeed_one_that_scores_the_same_under_zero3(
+    launcher, tiny_config, megatron_dp2, tmp_path
+):
+    convert(tiny_config, "--to-deepspeed", megatron_dp2.run_dir / "checkpoints", tmp_path / "deepspeed")
+    # Written by one process: loaded by two, ZeRO-3 takes the full weights and re-shards them.
+    loaded = launcher.launch(
+        "to_zero3_at_dp2",
+        2,
+        "engine=deepspeed",
+        "zero.stage=3",
+        mode="evaluate",
+        checkpoint=tmp_path / "deepspeed" / "iter_0000003",
+    )
+    assert loaded.val_loss == pytest.approx(megatron_dp2.records[-1]["val_loss"], rel=RELATIVE)
