@@ -60,6 +60,10 @@ class ModelConfig(_Section):
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
 
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
     def padded_vocab_size(self, vocab_size: int) -> int:
         multiple = self.make_vocab_size_divisible_by
         return -(-vocab_size // multiple) * multiple
@@ -119,6 +123,12 @@ class CheckpointConfig(_Section):
     keep_last: PositiveInt = 2
     dir: str | None = None  # None: <run_dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint when there is one
+    # Start from another checkpoint (a checkpoint directory, or a directory with `latest`, e.g. from `convert`)
+    # until this run has saved its own, which take precedence.
+    load: str | None = None
+    finetune: bool = (
+        False  # from `load`: the weights only (step, samples, optimizer and LR schedule start afresh)
+    )
 
 
 class LoggingConfig(_Section):
@@ -183,6 +193,10 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
         )
     if o.min_lr > o.lr:
         problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
+    if cfg.checkpoint.finetune and not cfg.checkpoint.load:
+        problems.append(
+            "checkpoint.finetune = true needs checkpoint.load: the checkpoint whose weights to start from"
+        )
     return problems
 
 

@@ -25,7 +25,7 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, model, parallel, standalone
-from trainer.config import ConfigError, TrainConfig, load_config, validate_run
+from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fresh", action="store_true", help="start over: drop this run's checkpoints and metrics"
     )
     parser.add_argument(
+        "--finetune",
+        action="store_true",
+        help="take only the weights of checkpoint.load (same as --set checkpoint.finetune=true)",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
@@ -58,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(
         stderr=True, highlight=False, soft_wrap=True, quiet=int(os.environ.get("RANK", "0")) != 0
     )
+    if args.finetune:
+        args.overrides.append("checkpoint.finetune=true")
     try:
         cfg = load_config(args.config, args.overrides)
         if standalone.under_torchrun():
@@ -65,6 +72,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
+        problems = checkpoint.start_problems(cfg, resolved_model(cfg), fresh=args.fresh)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
@@ -96,13 +106,20 @@ class Run:
     train_data: Dataset
     valid_data: Dataset
     padded_vocab_size: int
+    model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
+
+
+def resolved_model(cfg: TrainConfig) -> ModelConfig:
+    """The model section with its vocabulary size set: the tokenizer's unless the config gives one."""
+    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    return cfg.model.model_copy(update={"vocab_size": vocab_size})
 
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     s = cfg.schedule
     # Data: megatron-core GPTDatasets over the prepared blend; the sample order is fixed by the seed.
-    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    model_config = resolved_model(cfg)
     train_data, valid_data, _ = build_gpt_datasets(
         prefixes=cfg.data.prefixes,
         weights=cfg.data.weights,
@@ -116,12 +133,13 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     )
     # Model: Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
     config = model.transformer_config(cfg, parallel.device_type())
-    padded_vocab_size = cfg.model.padded_vocab_size(vocab_size)
+    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
     chunks = parallel.wrap_data_parallel(model.build_model(cfg, config, padded_vocab_size), cfg, config)
     optimizer = build_optimizer(cfg, chunks)
     parallel.connect_schedule(config, chunks, optimizer, cfg)
     scheduler = build_scheduler(cfg, optimizer)
-    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
+    record = checkpoint.ModelRecord(model_config, cfg.data.seq_length)
+    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size, record)
 
 
 def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> None:
@@ -173,6 +191,7 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
                     progress,
                     dims,
                     cfg.checkpoint.keep_last,
+                    run.model_record,
                 )
                 console.print(f"step {step}: saved {saved}")
     finally:
@@ -270,12 +289,22 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
 
 
 def _resume(run: Run, console: Console) -> checkpoint.Progress:
-    """Load the newest complete checkpoint, if there is one; where training stands."""
-    latest = checkpoint.latest_checkpoint(run.cfg.checkpoint_dir)
-    if latest is None:
+    """Load the run's newest complete checkpoint, else checkpoint.load, if either; where training stands."""
+    start = checkpoint.starting_checkpoint(run.cfg)
+    if start is None:
         return checkpoint.Progress()
-    progress = checkpoint.load(latest, run.chunks, run.optimizer, run.scheduler, run.dims)
-    console.print(f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)")
+    progress = checkpoint.load(
+        start.path, run.chunks, run.optimizer, run.scheduler, run.dims, weights_only=start.weights_only
+    )
+    if not start.resumed and progress.step == 0:
+        console.print(
+            f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"
+        )
+    else:
+        what = "resumed from" if start.resumed else "continued from checkpoint.load"
+        console.print(
+            f"{what} {start.path} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
+        )
     return progress
 
 
