@@ -273,6 +273,7 @@ def model_mismatches(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
             "model.vocab_size": m.vocab_size,
             "padded vocabulary (model.make_vocab_size_divisible_by)": m.padded_vocab_size(m.vocab_size),
             "model.rotary_base": m.rotary_base,
+            "model.rope_scaling_factor": m.rope_scaling_factor,
             "model.norm_epsilon": m.norm_epsilon,
             "model.share_embeddings_and_output_weights": m.share_embeddings_and_output_weights,
         }

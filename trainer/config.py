@@ -52,6 +52,8 @@ class ModelConfig(_Section):
     # The embedding is padded to a multiple of this, independent of TP so that checkpoints reshard.
     make_vocab_size_divisible_by: PositiveInt = 128
     rotary_base: PositiveInt = 500_000
+    # Llama 3.1's rope scaling by this factor (low/high frequency factors 1 and 4, 8192 original positions).
+    rope_scaling_factor: PositiveFloat | None = None
     norm_epsilon: PositiveFloat = 1e-5
     init_method_std: PositiveFloat = 0.02
     share_embeddings_and_output_weights: bool = False

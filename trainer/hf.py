@@ -73,9 +73,8 @@ def model_config(hf_config: dict, source: str = CONFIG) -> ModelConfig:
         problems.append(
             "quantization_config is set: quantized checkpoints do not convert; use the full weights"
         )
-    theta, rope_problem = _rope_theta(hf_config)
-    if rope_problem:
-        problems.append(rope_problem)
+    theta, scaling_factor, rope_problems = _rope(hf_config)
+    problems += rope_problems
     missing = [
         key
         for key in (
@@ -103,6 +102,7 @@ def model_config(hf_config: dict, source: str = CONFIG) -> ModelConfig:
             kv_channels=head_dim,
             vocab_size=hf_config["vocab_size"],
             rotary_base=theta,
+            rope_scaling_factor=scaling_factor,
             norm_epsilon=hf_config.get("rms_norm_eps", 1e-6),
             init_method_std=hf_config.get("initializer_range", 0.02),
             share_embeddings_and_output_weights=hf_config.get("tie_word_embeddings", False),
@@ -111,19 +111,38 @@ def model_config(hf_config: dict, source: str = CONFIG) -> ModelConfig:
         raise HuggingFaceError(f"{source}: does not describe a valid model: {error}") from None
 
 
-def _rope_theta(hf_config: dict) -> tuple[int, str | None]:
-    """rope_theta from transformers 5's `rope_parameters` or the older top-level key; only unscaled rope."""
+# Llama 3.1's rope scaling as megatron-core implements it: only the factor may vary.
+_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _rope(hf_config: dict) -> tuple[int, float | None, list[str]]:
+    """rope_theta and the Llama 3.1 scaling factor (None: unscaled), from transformers 5's `rope_parameters` or
+    the older top-level `rope_theta` and `rope_scaling`; problems for what megatron-core's rope cannot do."""
     parameters = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if rope_type != "default":
-        return 0, (
-            f"rope type {rope_type!r} (rope_parameters / rope_scaling) is not supported; only 'default' (unscaled) "
-            "rotary embeddings convert"
-        )
     theta = parameters.get("rope_theta", hf_config.get("rope_theta", 10000.0))
+    problems = []
     if not isinstance(theta, int | float) or theta <= 0 or theta != int(theta):
-        return 0, f"rope_theta = {theta!r}: the trainer's model.rotary_base takes a positive whole number"
-    return int(theta), None
+        problems.append(
+            f"rope_theta = {theta!r}: the trainer's model.rotary_base takes a positive whole number"
+        )
+        theta = 0  # never used: the problem stops the conversion
+    if rope_type == "default":
+        return int(theta), None, problems
+    if rope_type != "llama3":
+        problems.append(
+            f"rope type {rope_type!r} (rope_parameters / rope_scaling) is not supported; 'default' and 'llama3' are"
+        )
+        return 0, None, problems
+    for key, wanted in _LLAMA3_ROPE.items():
+        if parameters.get(key) != wanted:
+            problems.append(
+                f"llama3 rope {key} = {parameters.get(key)!r}: megatron-core implements {wanted} only"
+            )
+    factor = parameters.get("factor")
+    if not isinstance(factor, int | float) or factor <= 0:
+        problems.append(f"llama3 rope factor = {factor!r}: give a positive number")
+    return int(theta), factor, problems
 
 
 def to_hf_config(model: ModelConfig, base: dict | None, dtype: torch.dtype, max_positions: int) -> dict:
@@ -147,11 +166,18 @@ def to_hf_config(model: ModelConfig, base: dict | None, dtype: torch.dtype, max_
         rms_norm_eps=model.norm_epsilon,
         initializer_range=model.init_method_std,
         tie_word_embeddings=model.share_embeddings_and_output_weights,
-        rope_parameters={"rope_type": "default", "rope_theta": float(model.rotary_base)},
+        rope_parameters=_rope_parameters(model),
         dtype=DTYPE_NAMES[dtype],
         **_MUST_EQUAL,
     )
     return dict(sorted(config.items()))
+
+
+def _rope_parameters(model: ModelConfig) -> dict:
+    theta = {"rope_theta": float(model.rotary_base)}
+    if model.rope_scaling_factor is None:
+        return {"rope_type": "default", **theta}
+    return {"rope_type": "llama3", **theta, "factor": model.rope_scaling_factor, **_LLAMA3_ROPE}
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,8 @@ def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: 
             share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
             position_embedding_type="rope",
             rotary_base=cfg.model.rotary_base,
+            rope_scaling=cfg.model.rope_scaling_factor is not None,
+            rope_scaling_factor=cfg.model.rope_scaling_factor or 1.0,  # 1.0: unused without rope_scaling
             vp_stage=stage,
         )
         initialize_parameters(chunk, cfg)

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from megatron.core import parallel_state
@@ -296,6 +296,9 @@ def _resume(run: Run, console: Console) -> checkpoint.Progress:
     progress = checkpoint.load(
         start.path, run.chunks, run.optimizer, run.scheduler, run.dims, weights_only=start.weights_only
     )
+    source = checkpoint.read_record(start.path)
+    if source is not None and source.hf_config:  # carried along, so that an export writes it back
+        run.model_record = replace(run.model_record, hf_config=source.hf_config)
     if not start.resumed and progress.step == 0:
         console.print(
             f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"

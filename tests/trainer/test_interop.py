@@ -24,6 +24,17 @@ SEQUENCES = [
 ]
 
 
+# Llama 3.1's scaling; at head dim 8 this base puts a wavelength in each regime: kept, smoothed, scaled.
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=2e5,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
+
+
 def trainer(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainer", *args]
 
@@ -35,7 +46,8 @@ def as_args(overrides: list[str]) -> list[str]:
 @pytest.fixture(scope="session")
 def hf_llamas(tmp_path_factory) -> dict[str, Path]:
     """Two random Llamas with grouped-query attention and a non-default rope base: untied in fp32, saved in
-    shards with an index; tied in bf16, one file. Norm weights are random too (ones would hide a swap)."""
+    shards with an index; tied in bf16, one file, with Llama 3.1's rope scaling. Norm weights are random too
+    (ones would hide a swap)."""
     base = tmp_path_factory.mktemp("hf")
     shape = dict(
         vocab_size=VOCAB,
@@ -44,13 +56,20 @@ def hf_llamas(tmp_path_factory) -> dict[str, Path]:
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
         rms_norm_eps=1e-6,
         initializer_range=0.1,
     )
     variants = {
-        "untied": (dict(rope_theta=50000.0, tie_word_embeddings=False), torch.float32, "30KB"),
-        "tied": (dict(rope_theta=20000.0, tie_word_embeddings=True), torch.bfloat16, "5GB"),
+        "untied": (
+            dict(rope_theta=5e4, max_position_embeddings=64, tie_word_embeddings=False),
+            torch.float32,
+            "30KB",
+        ),
+        "tied": (
+            dict(rope_parameters=LLAMA3_ROPE, max_position_embeddings=131072, tie_word_embeddings=True),
+            torch.bfloat16,
+            "5GB",
+        ),
     }
     for name, (features, dtype, shard_size) in variants.items():
         torch.manual_seed(0)
@@ -203,6 +222,7 @@ def finetuned(converted, launcher, tiny_corpus) -> Path:
 
 @pytest.mark.slow
 def test_finetune_starts_from_the_converted_weights(finetuned, converted, hf_llamas, tiny_corpus):
+    from trainer import checkpoint
     from trainer.data.datasets import build_gpt_datasets
     from trainer.data.sampler import sample_batches
 
@@ -233,27 +253,46 @@ def test_finetune_starts_from_the_converted_weights(finetuned, converted, hf_lla
     )
     assert [r["step"] for r in started if r["loss"] is not None] == [1, 2, 3, 4]
     assert (finetuned / "checkpoints" / "latest").read_text() == "iter_0000004\n"
+    # The source's config.json travels with the fine-tuned checkpoints, for `convert --to-hf` to write back.
+    record = checkpoint.read_record(finetuned / "checkpoints" / "iter_0000004")
+    assert record.hf_config == json.loads((hf_llamas["untied"] / "config.json").read_text())
 
 
 @pytest.mark.slow
-def test_finetune_takes_only_the_weights_and_the_runs_own_checkpoints_take_precedence(
-    finetuned, converted, launcher, tiny_corpus
-):
-    # --finetune from a full checkpoint (step 4, with optimizer): step, samples and LR schedule start over.
+def test_finetune_from_a_full_checkpoint_takes_only_its_weights(finetuned, converted, launcher, tiny_corpus):
+    # From step 4 of the fine-tune above (with optimizer state), at TP=1 x PP=1: step and LR schedule start over.
     run_dir = launcher.base / "refinetune" / "run"
     recipe = str(converted["untied"] / "train.yaml")
     load = (f"checkpoint.load={finetuned / 'checkpoints'}", "parallel.pipeline_model_parallel_size=1")
     settings = as_args(finetune_settings(tiny_corpus, run_dir, 2, *load))
-    first = launcher.run("refinetune", trainer("train", "--config", recipe, "--finetune", *settings))
-    assert f"started from the weights in {finetuned / 'checkpoints' / 'iter_0000004'}" in first
+    output = launcher.run("refinetune", trainer("train", "--config", recipe, "--finetune", *settings))
+    assert f"started from the weights in {finetuned / 'checkpoints' / 'iter_0000004'}" in output
     started = records(run_dir)
     assert started[0]["val_loss"] == pytest.approx(records(finetuned)[-1]["val_loss"], rel=1e-5)
-    assert next((r["step"], r["lr"]) for r in started if r["loss"] is not None) == (1, 0.0)  # warmup from 0
-    # Asked for more steps, the same run continues from its own step 2, not from checkpoint.load again.
-    settings = as_args(finetune_settings(tiny_corpus, run_dir, 3, *load))
-    again = launcher.run("refinetune-resumed", trainer("train", "--config", recipe, "--finetune", *settings))
-    assert f"resumed from {run_dir / 'checkpoints' / 'iter_0000002'}" in again
-    assert [r["step"] for r in records(run_dir) if r["loss"] is not None] == [1, 2, 3]
+    assert [(r["step"], r["lr"]) for r in started if r["loss"] is not None] == [
+        (1, 0.0),
+        (2, pytest.approx(1e-3)),
+    ]
+
+
+def test_the_runs_own_checkpoints_take_precedence_over_checkpoint_load(tiny_config, tmp_path):
+    from trainer.checkpoint import Start, starting_checkpoint
+
+    source, run_dir = tmp_path / "converted", tmp_path / "run"
+    (source / "iter_0000000").mkdir(parents=True)
+    (source / "latest").write_text("iter_0000000\n")
+    settings = [f"checkpoint.load={source}", "checkpoint.finetune=true", f"logging.run_dir={run_dir}"]
+    cfg = load_config(tiny_config, settings)
+    assert starting_checkpoint(cfg) == Start(source / "iter_0000000", weights_only=True, resumed=False)
+    (run_dir / "checkpoints" / "iter_0000002").mkdir(parents=True)  # the run has saved once: it resumes
+    assert starting_checkpoint(cfg) == Start(
+        run_dir / "checkpoints" / "iter_0000002", weights_only=False, resumed=True
+    )
+    # --fresh (which deletes them) and checkpoint.resume=false go back to checkpoint.load.
+    assert starting_checkpoint(cfg, fresh=True).path == source / "iter_0000000"
+    assert (
+        starting_checkpoint(load_config(tiny_config, [*settings, "checkpoint.resume=false"])).resumed is False
+    )
 
 
 def test_fused_weights_follow_megatrons_layout():
@@ -306,9 +345,10 @@ def no_launch(monkeypatch):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
+        (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}), "rope type 'yarn'"),
         (
-            dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}),
-            "rope type 'llama3'",
+            dict(rope_parameters=LLAMA3_ROPE | {"high_freq_factor": 2.0}),
+            "llama3 rope high_freq_factor = 2.0: megatron-core implements 4.0 only",
         ),
         (dict(attention_bias=True), "attention_bias = True is not supported"),
         (dict(hidden_act="gelu"), "hidden_act = 'gelu' is not supported"),
