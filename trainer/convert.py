@@ -71,10 +71,8 @@ def main(args: argparse.Namespace) -> int:
             _checkpoint_to_export(args.to_hf)
             parse_size(args.max_shard_size)
             nproc = 1
-    except (
-        ValueError,
-        ConfigError,
-    ) as error:  # every check above raises a ValueError subclass or ConfigError
+    # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
+    except (ValueError, ConfigError) as error:
         print(f"convert: {error}", file=sys.stderr)
         return 2
     if not standalone.under_torchrun():
@@ -132,7 +130,7 @@ def _from_hf(source: HuggingFaceCheckpoint, out: Path, tp: int, pp: int) -> None
         chunks = model.build_model(
             cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
         )
-        weights.load_into(chunks, source.full_weights(padded_vocab_size))
+        weights.load_into(chunks, source.full_weights())
         staging = out.with_name(out.name + ".tmp")
         if rank == 0:
             _staging(out)

@@ -185,17 +185,16 @@ class _Rule:
     """How one full weight is made of Hugging Face tensors (`fuse`) and split back (`split`)."""
 
     hf_names: tuple[str, ...]
+    hf_shapes: tuple[tuple[int, ...], ...]  # what config.json implies for each
     fuse: Callable[[list[torch.Tensor]], torch.Tensor]
     split: Callable[[torch.Tensor], list[torch.Tensor]]
 
 
-def _rules(model: ModelConfig, padded_vocab_size: int) -> dict[str, _Rule]:
+def _rules(model: ModelConfig) -> dict[str, _Rule]:
     """Every full weight of `model`, in the order megatron builds them, with its Hugging Face tensors."""
-    groups, heads_per_group, head_dim = (
-        model.query_groups,
-        model.num_attention_heads // model.query_groups,
-        model.head_dim,
-    )
+    h, f, d, vocab = model.hidden_size, model.ffn_hidden_size, model.head_dim, model.vocab_size
+    groups, heads = model.query_groups, model.num_attention_heads
+    padded_vocab_size = model.padded_vocab_size(vocab)
 
     def same(tensors):
         return tensors[0]
@@ -205,19 +204,19 @@ def _rules(model: ModelConfig, padded_vocab_size: int) -> dict[str, _Rule]:
 
     def pad_vocab(tensors):
         (tensor,) = tensors
-        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - tensor.shape[0], tensor.shape[1])])
+        return torch.cat([tensor, tensor.new_zeros(padded_vocab_size - vocab, h)])
 
     def strip_vocab(tensor):
-        return [tensor[: model.vocab_size]]
+        return [tensor[:vocab]]
 
     def fuse_qkv(tensors):
-        q, k, v = (t.reshape(groups, -1, t.shape[-1]) for t in tensors)  # [groups, rows of the group, hidden]
-        return torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
+        q, k, v = (t.reshape(groups, -1, h) for t in tensors)  # [groups, rows of each group, hidden]
+        return torch.cat([q, k, v], dim=1).reshape(-1, h)
 
     def split_qkv(tensor):
-        grouped = tensor.reshape(groups, (heads_per_group + 2) * head_dim, -1)
-        q, k, v = grouped.split([heads_per_group * head_dim, head_dim, head_dim], dim=1)
-        return [part.reshape(-1, tensor.shape[-1]) for part in (q, k, v)]
+        grouped = tensor.reshape(groups, (heads // groups + 2) * d, h)
+        q, k, v = grouped.split([heads // groups * d, d, d], dim=1)
+        return [part.reshape(-1, h) for part in (q, k, v)]
 
     def fuse_gate_up(tensors):
         return torch.cat(tensors)
@@ -225,53 +224,42 @@ def _rules(model: ModelConfig, padded_vocab_size: int) -> dict[str, _Rule]:
     def split_gate_up(tensor):
         return list(tensor.chunk(2))
 
+    def norm(hf_name):
+        return _Rule((hf_name,), ((h,),), same, unchanged)
+
     rules = {
-        "embedding.word_embeddings.weight": _Rule(("model.embed_tokens.weight",), pad_vocab, strip_vocab)
+        "embedding.word_embeddings.weight": _Rule(
+            ("model.embed_tokens.weight",), ((vocab, h),), pad_vocab, strip_vocab
+        )
     }
     for i in range(model.num_layers):
         ours, theirs = f"decoder.layers.{i}.", f"model.layers.{i}."
         rules |= {
-            ours + "input_layernorm.weight": _Rule((theirs + "input_layernorm.weight",), same, unchanged),
+            ours + "input_layernorm.weight": norm(theirs + "input_layernorm.weight"),
             ours + "self_attention.linear_qkv.weight": _Rule(
-                tuple(f"{theirs}self_attn.{p}_proj.weight" for p in "qkv"), fuse_qkv, split_qkv
+                tuple(f"{theirs}self_attn.{p}_proj.weight" for p in "qkv"),
+                ((heads * d, h), (groups * d, h), (groups * d, h)),
+                fuse_qkv,
+                split_qkv,
             ),
             ours + "self_attention.linear_proj.weight": _Rule(
-                (theirs + "self_attn.o_proj.weight",), same, unchanged
+                (theirs + "self_attn.o_proj.weight",), ((h, heads * d),), same, unchanged
             ),
-            ours + "pre_mlp_layernorm.weight": _Rule(
-                (theirs + "post_attention_layernorm.weight",), same, unchanged
-            ),
+            ours + "pre_mlp_layernorm.weight": norm(theirs + "post_attention_layernorm.weight"),
             ours + "mlp.linear_fc1.weight": _Rule(
-                (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"), fuse_gate_up, split_gate_up
+                (theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"),
+                ((f, h), (f, h)),
+                fuse_gate_up,
+                split_gate_up,
             ),
-            ours + "mlp.linear_fc2.weight": _Rule((theirs + "mlp.down_proj.weight",), same, unchanged),
+            ours + "mlp.linear_fc2.weight": _Rule(
+                (theirs + "mlp.down_proj.weight",), ((h, f),), same, unchanged
+            ),
         }
-    rules["decoder.final_layernorm.weight"] = _Rule(("model.norm.weight",), same, unchanged)
+    rules["decoder.final_layernorm.weight"] = norm("model.norm.weight")
     if not model.share_embeddings_and_output_weights:
-        rules["output_layer.weight"] = _Rule(("lm_head.weight",), pad_vocab, strip_vocab)
+        rules["output_layer.weight"] = _Rule(("lm_head.weight",), ((vocab, h),), pad_vocab, strip_vocab)
     return rules
-
-
-def _hf_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every Hugging Face tensor a Llama with this config has."""
-    h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
-    per_layer = {
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (model.num_attention_heads * d, h),
-        "self_attn.k_proj.weight": (model.query_groups * d, h),
-        "self_attn.v_proj.weight": (model.query_groups * d, h),
-        "self_attn.o_proj.weight": (h, model.num_attention_heads * d),
-        "mlp.gate_proj.weight": (f, h),
-        "mlp.up_proj.weight": (f, h),
-        "mlp.down_proj.weight": (h, f),
-    }
-    shapes = {"model.embed_tokens.weight": (model.vocab_size, h), "model.norm.weight": (h,)}
-    for i in range(model.num_layers):
-        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
-    if not model.share_embeddings_and_output_weights:
-        shapes["lm_head.weight"] = (model.vocab_size, h)
-    return shapes
 
 
 class HuggingFaceCheckpoint:
@@ -320,7 +308,11 @@ class HuggingFaceCheckpoint:
 
     def _check_tensors(self) -> torch.dtype:
         """Every expected tensor present with its shape, nothing unexpected, one floating dtype; returns it."""
-        expected = _hf_shapes(self.model)
+        expected = {
+            name: shape
+            for rule in _rules(self.model).values()
+            for name, shape in zip(rule.hf_names, rule.hf_shapes, strict=True)
+        }
         present = {name for name in self._files if not _IGNORED.fullmatch(name)}
         if self.model.share_embeddings_and_output_weights:
             present.discard("lm_head.weight")  # a tied model's copy; transformers ignores it too
@@ -355,9 +347,9 @@ class HuggingFaceCheckpoint:
             raise HuggingFaceError(f"{self.directory}: " + "; ".join(problems))
         return _DTYPES[dtypes.pop()]
 
-    def full_weights(self, padded_vocab_size: int) -> Callable[[str], torch.Tensor]:
+    def full_weights(self) -> Callable[[str], torch.Tensor]:
         """A reader of full weights by name, each fused from the Hugging Face tensors it is made of."""
-        rules = _rules(self.model, padded_vocab_size)
+        rules = _rules(self.model)
 
         def read(name: str) -> torch.Tensor:
             rule = rules[name]
@@ -379,7 +371,7 @@ def write(
     max_shard_bytes: int,
 ) -> None:
     """config.json and safetensors (sharded with an index beyond max_shard_bytes) into an existing directory."""
-    rules = _rules(model, model.padded_vocab_size(model.vocab_size))
+    rules = _rules(model)
     unknown = sorted(set(full_weights) - set(rules))
     if unknown or len(full_weights) != len(rules):
         raise HuggingFaceError(

@@ -75,10 +75,8 @@ def main(args: argparse.Namespace) -> int:
         problems = layout_problems(cfg, world_size, parallel.device_type())
         if problems:
             raise ScoreError(f"--tp {args.tp} --pp {args.pp}: " + "; ".join(problems))
-    except (
-        ValueError,
-        ConfigError,
-    ) as error:  # every check above raises a ValueError subclass or ConfigError
+    # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
+    except (ValueError, ConfigError) as error:
         print(f"score: {error}", file=sys.stderr)
         return 2
     if not standalone.under_torchrun():

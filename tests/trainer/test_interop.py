@@ -309,7 +309,7 @@ def test_fused_weights_follow_megatrons_layout():
         vocab_size=5,
         make_vocab_size_divisible_by=4,
     )
-    rules = _rules(m, padded_vocab_size=8)
+    rules = _rules(m)
     q, k, v = (
         torch.arange(rows * 4.0).view(rows, 4) + offset for rows, offset in ((4, 0), (2, 100), (2, 200))
     )
