@@ -7,7 +7,7 @@ The model is rebuilt from the checkpoint's own record of its config (no run conf
 weights. `--data` scores the first N windows of L+1 tokens of a prepared dataset's token stream, in file order
 (L: the checkpoint's training sequence length unless given); `--tokens` a JSON array of token-id lists, each its
 own sequence. Each sequence predicts its tokens after the first. The loss is cross entropy over the real
-vocabulary (the padding rows of the embedding are masked), so it equals another implementation's on the same
+vocabulary (the output layer's padding rows are masked), so it equals another implementation's on the same
 tokens. Outside torchrun it starts TP x PP processes; more processes (a cluster launch) add data parallelism.
 """
 
