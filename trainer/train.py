@@ -25,11 +25,12 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, model, parallel, standalone
+from trainer.arithmetic import model_flops_per_sequence
 from trainer.config import ConfigError, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.metrics import MetricsLogger, model_flops_per_sequence, peak_memory_gib, peak_tflops_per_device
+from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.optimizer import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims
 
