@@ -143,7 +143,7 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
     logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
         _log(logger, 0, val_loss=evaluate(run))  # the untrained model: where the loss starts
-    batches = _micro_batch_iterators(run.train_data, progress.consumed_samples, run)
+    batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     try:
         while progress.step < s.train_iters:
             started = time.perf_counter()
@@ -196,7 +196,7 @@ def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float]:
 
 def evaluate(run: Run) -> float:
     """Mean loss per token over the validation samples (the same ones every time)."""
-    batches = _micro_batch_iterators(run.valid_data, 0, run)
+    batches = micro_batch_iterators(run.valid_data, 0, run)
     losses = [forward_backward(run, batches, forward_only=True) for _ in range(run.cfg.schedule.eval_iters)]
     return sum(losses) / len(losses)
 
@@ -246,7 +246,7 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
+def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
     """This DP rank's micro-batches from `consumed_samples` on, on the device; one identical stream per chunk."""
     s, device = run.cfg.schedule, parallel.device_type()
 
