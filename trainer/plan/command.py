@@ -99,7 +99,9 @@ def main(args: argparse.Namespace) -> int:
         assumptions = Assumptions(matmul_efficiency=args.matmul_efficiency)
         plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
     except (ConfigError, PlanError) as error:
-        console.print(f"[bold red]plan:[/] {escape(str(error))}", style=None)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]plan:[/] {escape(str(error))}"
+        )
         return 2
     tokens = args.tokens or token_budget(plan.config)
     _print_plan(console, plan, tokens, args.price_per_hour, args.top)
@@ -136,7 +138,7 @@ def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
             raise PlanError(f"--stack {args.stack}: {error}") from None
         nodes = args.nodes or stack.node_count
         return instance_type(stack.instance_type), nodes
-    if not args.instance or not args.nodes:
+    if args.instance is None or args.nodes is None:
         raise PlanError("say where it runs: --instance TYPE --nodes N, or --stack ENV")
     if args.nodes < 1:
         raise PlanError(f"--nodes {args.nodes}: at least 1")
