@@ -6,7 +6,13 @@ from types import SimpleNamespace
 import pytest
 
 from trainer.arithmetic import parameter_counts
-from trainer.plan.memory import estimate_memory, estimate_stages, in_flight_chunks, model_states
+from trainer.plan.memory import (
+    estimate_memory,
+    estimate_stages,
+    in_flight_chunks,
+    model_states,
+    saved_per_layer,
+)
 
 from .conftest import with_layout
 
@@ -116,3 +122,22 @@ def test_llama3_70b_recipe_fits_an_h100_as_its_comment_says(llama3_70b):
     estimate = estimate_memory(llama3_70b, 256, VOCAB, "transformer_engine")
     assert estimate.parameters == pytest.approx(2.2e9, rel=0.05)  # "2.2 B parameters" per GPU
     assert estimate.total < 80 * GIB * 0.9
+
+
+def test_transformer_engine_layer_keeps_korthikantis_34_sbh_less_the_two_dropout_masks(llama3_8b):
+    # Korthikanti et al. 2022, eq. 1 / table 2: a GPT layer (multi-head attention, 4h GeLU MLP, dropout) keeps
+    # 34 s b h + 5 a s^2 b bytes in 16-bit. Flash attention drops the 5 a s^2 b (it keeps fp32 softmax
+    # statistics, 4 a s b, instead); no dropout drops the two s b h masks; RMSNorm keeps an fp32 1/rms per
+    # token (4 s b) per norm. A SwiGLU of 8h/3 has the 4h MLP's size, so the rest must match: 32 s b h.
+    h, heads = 3072, 24
+    gpt_shaped = llama3_8b.model.model_copy(
+        update={
+            "hidden_size": h,
+            "ffn_hidden_size": 8 * h // 3,
+            "num_attention_heads": heads,
+            "num_query_groups": heads,
+        }
+    )
+    cfg = with_layout(llama3_8b.model_copy(update={"model": gpt_shaped}), recompute="none")
+    per_token = sum(t.bytes_per_token for t in saved_per_layer(cfg, "transformer_engine"))
+    assert per_token == 32 * h + 2 * 4 + 4 * heads
