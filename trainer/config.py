@@ -308,9 +308,47 @@ def validate_run(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda
         raise ConfigError(problems)
 
 
+# The layout the planner chooses (`python -m trainer plan`, and `make train STACK=<env>`): `auto` as any of these
+# values, in the YAML or a --set, leaves it to the planner; `train` itself needs numbers.
+AUTO = "auto"
+LAYOUT_KEYS = (
+    "parallel.tensor_model_parallel_size",
+    "parallel.pipeline_model_parallel_size",
+    "parallel.virtual_pipeline_model_parallel_size",
+    "parallel.sequence_parallel",
+    "parallel.use_distributed_optimizer",
+    "parallel.recompute",
+    "schedule.micro_batch_size",
+)
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML config, apply `section.key=value` overrides, and validate the result."""
     path = Path(path)
+    raw = _read_raw(path, overrides)
+    if planned := _auto_keys(raw):
+        raise ConfigError(
+            [
+                f"{key} = {AUTO}: the planner chooses it when submitting (make train STACK=<env>), or run "
+                f"`python -m trainer plan --config {path} ... --out FILE` and train FILE; give a value to run here"
+                for key in planned
+            ],
+            str(path),
+        )
+    try:
+        return TrainConfig.model_validate(raw)
+    except ConfigError as e:
+        raise ConfigError(e.problems, str(path)) from None
+    except ValidationError as e:
+        raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+
+
+def auto_keys(path: str | Path, overrides: list[str] = ()) -> list[str]:
+    """The LAYOUT_KEYS that the config (with overrides) leaves to the planner."""
+    return _auto_keys(_read_raw(Path(path), overrides))
+
+
+def _read_raw(path: Path, overrides: list[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} not found"])
     raw = yaml.safe_load(path.read_text()) or {}
@@ -322,11 +360,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     try:
         for override in overrides:
             _apply_override(raw, override)
-        return TrainConfig.model_validate(raw)
     except ConfigError as e:
         raise ConfigError(e.problems, str(path)) from None
-    except ValidationError as e:
-        raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+    return raw
+
+
+def _auto_keys(raw: dict[str, Any]) -> list[str]:
+    def value(key: str) -> Any:
+        section, name = key.split(".")
+        node = raw.get(section)
+        return node.get(name) if isinstance(node, dict) else None
+
+    return [key for key in LAYOUT_KEYS if value(key) == AUTO]
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:

@@ -25,11 +25,12 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, model, parallel, standalone
+from trainer.arithmetic import model_flops_per_sequence
 from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.metrics import MetricsLogger, model_flops_per_sequence, peak_memory_gib, peak_tflops_per_device
+from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.optimizer import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims
 
@@ -160,7 +161,7 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
     logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
         _log(logger, 0, val_loss=evaluate(run))  # the untrained model: where the loss starts
-    batches = _micro_batch_iterators(run.train_data, progress.consumed_samples, run)
+    batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     try:
         while progress.step < s.train_iters:
             started = time.perf_counter()
@@ -214,7 +215,7 @@ def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float]:
 
 def evaluate(run: Run) -> float:
     """Mean loss per token over the validation samples (the same ones every time)."""
-    batches = _micro_batch_iterators(run.valid_data, 0, run)
+    batches = micro_batch_iterators(run.valid_data, 0, run)
     losses = [forward_backward(run, batches, forward_only=True) for _ in range(run.cfg.schedule.eval_iters)]
     return sum(losses) / len(losses)
 
@@ -264,7 +265,7 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
+def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
     """This DP rank's micro-batches from `consumed_samples` on, on the device; one identical stream per chunk."""
     s, device = run.cfg.schedule, parallel.device_type()
 
