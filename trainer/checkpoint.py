@@ -1,11 +1,16 @@
 """Distributed checkpoints (megatron-core dist_checkpointing): save, find the newest complete one, resume.
 
 Layout under the checkpoint directory:
-    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples
+    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples, and a
+                    record of the model (its config), so that it can be rebuilt without the run's config
     latest          the name of the newest complete checkpoint, rewritten last
 A checkpoint is written to `iter_NNNNNNN.tmp` and renamed when every rank has finished, so a crash never leaves
 a half-written `iter_*` directory. Tensors are stored by global name and offset, so a checkpoint saved at one
-(TP, PP, DP) loads at any other; RNG states only come back at the layout they were saved at.
+(TP, PP, DP) loads at any other; RNG states only come back at the layout they were saved at. A weights-only
+checkpoint (`python -m trainer convert` writes them) holds the model and its record alone.
+
+A DeepSpeed checkpoint (`engine: deepspeed`, trainer/deepspeed_checkpoint.py) resolves, records its model and
+gives its weights the same way here, at any layout; megatron's engine takes its weights only.
 """
 
 from __future__ import annotations
@@ -27,12 +32,18 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 
-from trainer import megatron_compat
+from trainer import deepspeed_checkpoint, megatron_compat, parallel, weights
+from trainer import model as llama
+from trainer.config import ModelConfig, TrainConfig
 from trainer.parallel import ParallelDims
 
 LATEST = "latest"
 # Optimizer state stored per parameter in model space (gathered over DP to save): loads at any layout.
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or holds another model than the one asked for."""
 
 
 @dataclass
@@ -41,6 +52,27 @@ class Progress:
 
     step: int = 0
     consumed_samples: int = 0
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What a checkpoint records about its model: enough to rebuild it without the run's config (score,
+    convert) and to refuse a config it does not fit."""
+
+    config: ModelConfig  # vocab_size set (the tokenizer's where the run's config left it unset)
+    seq_length: int  # the sequence length it was trained at; converted: the source's maximum
+    hf_config: dict | None = None  # the Hugging Face config.json it was converted from, if it was
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.config.model_dump(),
+            "seq_length": self.seq_length,
+            "hf_config": self.hf_config,
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> ModelRecord:
+        return cls(ModelConfig(**saved["config"]), saved["seq_length"], saved["hf_config"])
 
 
 def checkpoint_name(step: int) -> str:
@@ -65,26 +97,33 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _model_state(model: list[torch.nn.Module]) -> dict:
+    return {f"chunk{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))}
+
+
 def _state_dict(
     model: list[torch.nn.Module],
-    optimizer: MegatronOptimizer,
-    scheduler: OptimizerParamScheduler,
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
     progress: Progress,
     dims: ParallelDims,
+    record: ModelRecord | None,
     *,
     is_loading: bool,
     with_rng: bool,
 ) -> dict:
-    model_state = {f"chunk{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))}
+    model_state = _model_state(model)
     state = {
         "model": model_state,
-        "optimizer": optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
-        ),
-        "scheduler": scheduler.state_dict(),
         "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
         "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp},
+        "model_record": record.to_dict() if record else None,
     }
+    if optimizer is not None:  # None: a weights-only checkpoint
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
+        )
+        state["scheduler"] = scheduler.state_dict()
     if with_rng:
         rank = torch.distributed.get_rank()
         state["rng"] = ShardedObject("rng_state", _rng_state(), (dims.world_size,), (rank,), replica_id=0)
@@ -113,15 +152,19 @@ def _set_rng_state(state: dict) -> None:
 def save(
     directory: Path,
     model: list[torch.nn.Module],
-    optimizer: MegatronOptimizer,
-    scheduler: OptimizerParamScheduler,
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
     progress: Progress,
     dims: ParallelDims,
     keep_last: int,
+    record: ModelRecord,
 ) -> Path:
-    """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last."""
+    """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last.
+    Without optimizer and scheduler it saves the weights only."""
     staging = stage(directory, progress.step)
-    state = _state_dict(model, optimizer, scheduler, progress, dims, is_loading=False, with_rng=True)
+    state = _state_dict(
+        model, optimizer, scheduler, progress, dims, record, is_loading=False, with_rng=optimizer is not None
+    )
     # Replicated tensors are written by the data-parallel replicas in turn rather than all by one.
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
@@ -173,13 +216,23 @@ def load(
     optimizer: MegatronOptimizer,
     scheduler: OptimizerParamScheduler,
     dims: ParallelDims,
+    *,
+    weights_only: bool = False,
 ) -> Progress:
-    """Restore everything `save` wrote into already-built model, optimizer and scheduler; returns the progress."""
-    saved_layout = dist_checkpointing.load_common_state_dict(str(checkpoint))["layout"]
-    same_layout = saved_layout == {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
+    """Restore everything `save` wrote into already-built model, optimizer and scheduler; returns the progress.
+    With weights_only, or from a weights-only or DeepSpeed checkpoint, the model alone: training starts at step 0."""
+    deepspeed = deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint)
+    common = {} if deepspeed else dist_checkpointing.load_common_state_dict(str(checkpoint))
+    if weights_only or "scheduler" not in common:
+        load_weights(checkpoint, model)
+        optimizer.reload_model_params()  # its fp32 master weights were copied from the initialization
+        return Progress()
+    same_layout = common["layout"] == {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
     megatron_compat.prepare_torch_adam_for_load(optimizer)
     progress = Progress()
-    request = _state_dict(model, optimizer, scheduler, progress, dims, is_loading=True, with_rng=same_layout)
+    request = _state_dict(
+        model, optimizer, scheduler, progress, dims, None, is_loading=True, with_rng=same_layout
+    )
     state = dist_checkpointing.load(request, str(checkpoint))
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(state["model"][f"chunk{i}"])
@@ -188,3 +241,130 @@ def load(
     if same_layout:
         _set_rng_state(state["rng"])
     return Progress(**state["progress"])
+
+
+def load_weights(checkpoint: Path, model: list[torch.nn.Module]) -> None:
+    """The model's weights alone, at this rank's layout, whatever the layout (or engine) they were saved at."""
+    if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
+        weights.load_into(model, deepspeed_checkpoint.full_weights(checkpoint).__getitem__)
+        return
+    state = dist_checkpointing.load({"model": _model_state(model)}, str(checkpoint))
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(state["model"][f"chunk{i}"])
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory itself, or the one a directory of checkpoints names in `latest`."""
+    path = Path(path)
+    if (path / "metadata.json").is_file() or deepspeed_checkpoint.is_deepspeed_checkpoint(path):
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        state = (
+            "does not exist"
+            if not path.exists()
+            else "holds no checkpoint (no metadata.json or *model_states.pt, no iter_NNNNNNN/)"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} {state}; give a checkpoint directory or a directory of them with `latest` "
+            "(a run's checkpoints/, or what `python -m trainer convert` wrote)"
+        )
+    return found
+
+
+def read_record(checkpoint: Path) -> ModelRecord | None:
+    """The model record a checkpoint holds (None: saved before checkpoints carried one)."""
+    if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
+        saved = deepspeed_checkpoint.client_state(checkpoint).get("model_record")
+    else:
+        saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    return ModelRecord.from_dict(saved) if saved else None
+
+
+def full_weights(checkpoint: Path, record: ModelRecord) -> dict[str, torch.Tensor]:
+    """Every full weight of a checkpoint (trainer/weights.py's naming), in one process of a TP = PP = 1 layout:
+    the model is rebuilt whole from its record to read a megatron checkpoint."""
+    if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
+        return deepspeed_checkpoint.full_weights(checkpoint)
+    cfg = weights.model_only_config(record.config, seq_length=record.seq_length)
+    padded_vocab_size = record.config.padded_vocab_size(record.config.vocab_size)
+    chunks = llama.build_model(cfg, llama.transformer_config(cfg, parallel.device_type()), padded_vocab_size)
+    load_weights(checkpoint, chunks)
+    return weights.gather(chunks)
+
+
+def model_mismatches(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
+    """How a model config differs from the one a checkpoint holds, in what decides its weights and outputs."""
+
+    def weights_defining(m: ModelConfig) -> dict:
+        return {
+            "model.num_layers": m.num_layers,
+            "model.hidden_size": m.hidden_size,
+            "model.ffn_hidden_size": m.ffn_hidden_size,
+            "model.num_attention_heads": m.num_attention_heads,
+            "model.num_query_groups": m.query_groups,
+            "model.kv_channels": m.head_dim,
+            "model.vocab_size": m.vocab_size,
+            "padded vocabulary (model.make_vocab_size_divisible_by)": m.padded_vocab_size(m.vocab_size),
+            "model.rotary_base": m.rotary_base,
+            "model.rope_scaling_factor": m.rope_scaling_factor,
+            "model.norm_epsilon": m.norm_epsilon,
+            "model.share_embeddings_and_output_weights": m.share_embeddings_and_output_weights,
+        }
+
+    theirs, ours = weights_defining(saved), weights_defining(wanted)
+    return [
+        f"{key} = {ours[key]} in the config, {theirs[key]} in the checkpoint"
+        for key in ours
+        if ours[key] != theirs[key]
+    ]
+
+
+@dataclass(frozen=True)
+class Start:
+    """The checkpoint a run starts from, and whether it takes the weights only."""
+
+    path: Path
+    weights_only: bool
+    resumed: bool  # the run's own checkpoint, rather than checkpoint.load
+
+
+def starting_checkpoint(cfg: TrainConfig, *, fresh: bool = False) -> Start | None:
+    """The run's own newest checkpoint takes precedence, so a restarted run (a fine-tune too) continues where it
+    stopped; until it has one, checkpoint.load (its weights only with checkpoint.finetune); else None."""
+    own = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume and not fresh else None
+    if own is not None:
+        return Start(own, weights_only=False, resumed=True)
+    if cfg.checkpoint.load:
+        try:
+            source = resolve(cfg.checkpoint.load)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint.load = {cfg.checkpoint.load!r}: {error}") from None
+        return Start(source, weights_only=cfg.checkpoint.finetune, resumed=False)
+    return None
+
+
+def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False) -> list[str]:
+    """What stops a run from starting from its checkpoint: one missing, holding another model, or the run's own
+    saved by the other engine (whose optimizer state this engine cannot resume)."""
+    try:
+        start = starting_checkpoint(cfg, fresh=fresh)
+    except CheckpointError as error:
+        return [str(error)]
+    if start is None:
+        return []
+    saved_by = "deepspeed" if deepspeed_checkpoint.is_deepspeed_checkpoint(start.path) else "megatron"
+    if start.resumed and saved_by != cfg.engine:
+        return [
+            f"resuming from {start.path}: saved by engine: {saved_by}, and this run has engine: {cfg.engine}; set "
+            f"engine: {saved_by} to resume it, or start another run with checkpoint.load: {start.path} to take its "
+            "weights (or convert it: python -m trainer convert)"
+        ]
+    record = read_record(start.path)
+    if record is None:
+        return []
+    where = "resuming from" if start.resumed else "checkpoint.load:"
+    return [
+        f"{where} {start.path} holds another model: {mismatch}"
+        for mismatch in model_mismatches(record.config, model)
+    ]

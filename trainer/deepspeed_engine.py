@@ -6,10 +6,11 @@ wraps it whole (ZeRO-3 partitions its weights once built and gathers each module
 else is the trainer's own: data and sampler, AdamW with megatron's parameter groups and LR schedule, the loop,
 metrics, and the checkpoint directory's staging, `latest` pointer and pruning (trainer/checkpoint.py).
 
-Checkpoints are DeepSpeed's format (`iter_NNNNNNN/*model_states.pt` + one ZeRO shard file per rank), so DeepSpeed's
-own tools (zero_to_fp32) read them. ZeRO shards resume only at the data-parallel size and stage they were saved
-at; at another (or from a converted checkpoint) the fp32 weights, step and LR schedule come back and Adam's
-moments start again from zero.
+Checkpoints are DeepSpeed's format (`iter_NNNNNNN/*model_states.pt` + one ZeRO shard file per rank, with the
+trainer's model record: trainer/deepspeed_checkpoint.py), so DeepSpeed's own tools (zero_to_fp32) read them.
+ZeRO shards resume only at the data-parallel size and stage they were saved at; at another, the fp32 weights,
+step and LR schedule come back and Adam's moments start again from zero. From a trainer (megatron) checkpoint,
+a converted or a weights-only one, or with checkpoint.finetune, the weights alone.
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from pathlib import Path
 import deepspeed
 import torch
 from deepspeed.utils import safe_set_full_fp32_param
-from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, model, parallel
-from trainer.config import TrainConfig
+from trainer import checkpoint, deepspeed_checkpoint, model, parallel, weights
+from trainer.config import ModelConfig, TrainConfig
 from trainer.deepspeed_config import derived_config, merged_config
 from trainer.optimizer import build_scheduler
 from trainer.parallel import ParallelDims
-from trainer.train import datasets, micro_batch_iterators
+from trainer.train import datasets, micro_batch_iterators, resolved_model
 
 # DeepSpeed logs its whole config and every ZeRO bucket at INFO; the trainer's console says what matters.
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -48,6 +48,7 @@ class Run:
     train_data: Dataset
     valid_data: Dataset
     padded_vocab_size: int
+    model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -85,25 +86,31 @@ class Run:
 
     def save(self, progress: checkpoint.Progress) -> Path:
         """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
-        staging = checkpoint.stage(self.cfg.checkpoint_dir, progress.step)
         client_state = {
+            "model_record": self.model_record.to_dict(),
             "scheduler": self.scheduler.state_dict(),
             "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
             "layout": self.layout,
         }
-        self.engine.save_checkpoint(
-            str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
-        )
-        return checkpoint.publish(staging, self.cfg.checkpoint.keep_last)
+        c = self.cfg.checkpoint
+        return save(self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state)
 
-    def load(self, path: Path) -> checkpoint.Progress:
+    def load(self, path: Path, *, weights_only: bool = False) -> checkpoint.Progress:
         """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,
-        exact), step and LR schedule, with Adam's moments starting again from zero."""
-        saved = trainer_state(path)
+        exact), step and LR schedule, with Adam's moments starting again from zero. From a trainer (megatron),
+        converted or weights-only checkpoint, or with weights_only, the weights alone: training starts at step 0."""
+        saved = (
+            deepspeed_checkpoint.client_state(path)
+            if deepspeed_checkpoint.is_deepspeed_checkpoint(path)
+            else {}
+        )
+        if "scheduler" not in saved or weights_only:
+            set_full_weights(self.engine, checkpoint.full_weights(path, self.model_record))
+            return checkpoint.Progress()
         if saved["layout"] == self.layout:
             self.engine.load_checkpoint(str(path.parent), tag=path.name, load_lr_scheduler_states=False)
         else:
-            set_full_weights(self.engine, full_state_dict(path))
+            set_full_weights(self.engine, deepspeed_checkpoint.full_weights(path))
             if torch.distributed.get_rank() == 0:
                 print(
                     f"{path} holds ZeRO shards of {saved['layout']}, this run is {self.layout}: restored the "
@@ -116,20 +123,58 @@ class Run:
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     """Data, model, AdamW, DeepSpeed engine and LR schedule for this rank, initialized from the seed."""
-    train_data, valid_data, padded_vocab_size = datasets(cfg)
-    config = model.transformer_config(cfg, parallel.device_type())
-    (chunk,) = model.build_model(cfg, config, padded_vocab_size)
+    train_data, valid_data = datasets(cfg)
+    model_config = resolved_model(cfg)
+    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
+    engine = _engine(cfg, _whole_model(cfg, model_config), dims.dp)
+    scheduler = build_scheduler(cfg, engine.optimizer)
+    record = checkpoint.ModelRecord(model_config, cfg.data.seq_length)
+    return Run(cfg, dims, engine, scheduler, train_data, valid_data, padded_vocab_size, record)
+
+
+def _whole_model(cfg: TrainConfig, model_config: ModelConfig) -> torch.nn.Module:
+    """megatron-core's GPTModel at TP = PP = 1, initialized from the seed as the megatron engine does."""
+    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
+    (chunk,) = model.build_model(
+        cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
+    )
+    return chunk
+
+
+def _engine(cfg: TrainConfig, chunk: torch.nn.Module, data_parallel_size: int) -> deepspeed.DeepSpeedEngine:
+    """DeepSpeed around the whole model with the trainer's AdamW, configured from the trainer's config."""
     optimizer, torch_optimizer_offload = _adamw(cfg, chunk)
     engine, *_ = deepspeed.initialize(
         model=chunk,
         optimizer=optimizer,
         config=merged_config(
-            derived_config(cfg, dims.dp, torch_optimizer_offload=torch_optimizer_offload), cfg.deepspeed
+            derived_config(cfg, data_parallel_size, torch_optimizer_offload=torch_optimizer_offload),
+            cfg.deepspeed,
         ),
         dist_init_required=False,
     )
-    scheduler = build_scheduler(cfg, engine.optimizer)
-    return Run(cfg, dims, engine, scheduler, train_data, valid_data, padded_vocab_size)
+    return engine
+
+
+def save(
+    engine: deepspeed.DeepSpeedEngine, directory: Path, step: int, keep_last: int, client_state: dict
+) -> Path:
+    """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
+    staging = checkpoint.stage(directory, step)
+    engine.save_checkpoint(
+        str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
+    )
+    return checkpoint.publish(staging, keep_last)
+
+
+def save_weights(
+    cfg: TrainConfig, full_weights: dict[str, torch.Tensor], record: checkpoint.ModelRecord, directory: Path
+) -> Path:
+    """A weights-only DeepSpeed checkpoint (`convert --to-deepspeed`): the model built from its record, set to
+    the full weights, under ZeRO at cfg's stage in this one process, saved with its record alone."""
+    chunk = _whole_model(cfg, record.config)
+    weights.load_into([chunk], full_weights.__getitem__)  # before DeepSpeed takes its fp32 masters from it
+    return save(_engine(cfg, chunk, 1), directory, 0, 1, {"model_record": record.to_dict()})
 
 
 def _adamw(cfg: TrainConfig, chunk: torch.nn.Module) -> tuple[torch.optim.Optimizer, bool]:
@@ -172,39 +217,13 @@ def _mean_over_ranks(totals: torch.Tensor) -> float:
     return (totals[0] / totals[1]).item()
 
 
-def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A DeepSpeed checkpoint's fp32 weights, unsharded, by megatron's global parameter names; no process group
-    needed (DeepSpeed's zero_to_fp32, any stage, any data-parallel size)."""
-    state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-    return {name: tensor.contiguous() for name, tensor in state.items()}
-
-
-def trainer_state(path: Path) -> dict:
-    """The trainer's own entries of a DeepSpeed checkpoint: progress, LR schedule, layout."""
-    files = sorted(path.glob("*model_states.pt"))  # ZeRO-3 writes one per rank, each with the client state
-    if not files:
-        raise FileNotFoundError(f"{path} is not a DeepSpeed checkpoint: no *model_states.pt in it")
-    state = torch.load(files[0], map_location="cpu", weights_only=False)
-    return {key: state[key] for key in ("progress", "scheduler", "layout")}
-
-
-def set_full_weights(engine: deepspeed.DeepSpeedEngine, weights: dict[str, torch.Tensor]) -> None:
+def set_full_weights(engine: deepspeed.DeepSpeedEngine, full_weights: dict[str, torch.Tensor]) -> None:
     """Set every weight from unsharded fp32 tensors: the model's (bf16 or fp32) copy and ZeRO's fp32 masters."""
-    params = dict(engine.module.named_parameters())
+    params = engine.module.parameters()
     # ZeRO-3 holds shards: gather them whole, write them, and DeepSpeed re-shards rank 0's values on exit.
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
-        copy_full_weights(params, weights)
-    for name, param in params.items():
-        safe_set_full_fp32_param(param, weights[name].to(parallel.device_type()))
-
-
-@torch.no_grad()
-def copy_full_weights(params: dict[str, torch.nn.Parameter], weights: dict[str, torch.Tensor]) -> None:
-    """Copy full weights into a whole (TP = PP = 1) model's parameters of the same names."""
-    if weights.keys() != params.keys():
-        raise ValueError(
-            f"the weights do not fit the model: missing {sorted(params.keys() - weights.keys())}, "
-            f"unexpected {sorted(weights.keys() - params.keys())}"
-        )
-    for name, param in params.items():
-        param.copy_(weights[name])
+    with deepspeed.zero.GatheredParameters(list(params), modifier_rank=0):
+        weights.load_into([engine.module], full_weights.__getitem__)
+    tied = engine.module.share_embeddings_and_output_weights
+    for name, param in engine.module.named_parameters():
+        full = full_weights[model.full_weight_name(engine.module, name, tied)]
+        safe_set_full_fp32_param(param, full.to(parallel.device_type()))

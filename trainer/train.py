@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,11 +26,12 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, model, parallel, standalone
-from trainer.config import ConfigError, TrainConfig, load_config, validate_run
+from trainer.arithmetic import model_flops_per_sequence
+from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.metrics import MetricsLogger, model_flops_per_sequence, peak_memory_gib, peak_tflops_per_device
+from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.optimizer import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims
 
@@ -49,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fresh", action="store_true", help="start over: drop this run's checkpoints and metrics"
     )
     parser.add_argument(
+        "--finetune",
+        action="store_true",
+        help="take only the weights of checkpoint.load (same as --set checkpoint.finetune=true)",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
@@ -59,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(
         stderr=True, highlight=False, soft_wrap=True, quiet=int(os.environ.get("RANK", "0")) != 0
     )
+    if args.finetune:
+        args.overrides.append("checkpoint.finetune=true")
     try:
         cfg = load_config(args.config, args.overrides)
         if standalone.under_torchrun():
@@ -66,6 +74,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
+        problems = checkpoint.start_problems(cfg, resolved_model(cfg), fresh=args.fresh)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
@@ -100,6 +111,7 @@ class Run:
     train_data: Dataset
     valid_data: Dataset
     padded_vocab_size: int
+    model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
 
     def train_step(self, batches: list[Iterator]) -> tuple[float, float, float]:
         return train_step(self, batches)
@@ -117,10 +129,19 @@ class Run:
             progress,
             self.dims,
             c.keep_last,
+            self.model_record,
         )
 
-    def load(self, path: Path) -> checkpoint.Progress:
-        return checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+    def load(self, path: Path, *, weights_only: bool = False) -> checkpoint.Progress:
+        return checkpoint.load(
+            path, self.chunks, self.optimizer, self.scheduler, self.dims, weights_only=weights_only
+        )
+
+
+def resolved_model(cfg: TrainConfig) -> ModelConfig:
+    """The model section with its vocabulary size set: the tokenizer's unless the config gives one."""
+    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    return cfg.model.model_copy(update={"vocab_size": vocab_size})
 
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
@@ -129,21 +150,22 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
         from trainer import deepspeed_engine  # imports DeepSpeed, which megatron runs do without
 
         return deepspeed_engine.build(cfg, dims)
-    train_data, valid_data, padded_vocab_size = datasets(cfg)
+    train_data, valid_data = datasets(cfg)
     # Model: Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
+    model_config = resolved_model(cfg)
     config = model.transformer_config(cfg, parallel.device_type())
+    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
     chunks = parallel.wrap_data_parallel(model.build_model(cfg, config, padded_vocab_size), cfg, config)
     optimizer = build_optimizer(cfg, chunks)
     parallel.connect_schedule(config, chunks, optimizer, cfg)
     scheduler = build_scheduler(cfg, optimizer)
-    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
+    record = checkpoint.ModelRecord(model_config, cfg.data.seq_length)
+    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size, record)
 
 
-def datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, int]:
-    """Train and validation samples (megatron-core GPTDatasets over the prepared blend, in the seed's order) and
-    the vocabulary size padded for the embedding."""
+def datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """Train and validation samples: megatron-core GPTDatasets over the prepared blend, in the seed's order."""
     s = cfg.schedule
-    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
     train_data, valid_data, _ = build_gpt_datasets(
         prefixes=cfg.data.prefixes,
         weights=cfg.data.weights,
@@ -155,7 +177,7 @@ def datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, int]:
         tokenizer_path=cfg.data.tokenizer_path,
         cache_dir=cfg.data.cache_dir or str(cfg.run_dir / "data-cache"),
     )
-    return train_data, valid_data, cfg.model.padded_vocab_size(vocab_size)
+    return train_data, valid_data
 
 
 def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> None:
@@ -296,12 +318,23 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
 
 
 def _resume(run: Run, console: Console) -> checkpoint.Progress:
-    """Load the newest complete checkpoint, if there is one; where training stands."""
-    latest = checkpoint.latest_checkpoint(run.cfg.checkpoint_dir)
-    if latest is None:
+    """Load the run's newest complete checkpoint, else checkpoint.load, if either; where training stands."""
+    start = checkpoint.starting_checkpoint(run.cfg)
+    if start is None:
         return checkpoint.Progress()
-    progress = run.load(latest)
-    console.print(f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)")
+    progress = run.load(start.path, weights_only=start.weights_only)
+    source = checkpoint.read_record(start.path)
+    if source is not None and source.hf_config:  # carried along, so that an export writes it back
+        run.model_record = replace(run.model_record, hf_config=source.hf_config)
+    if not start.resumed and progress.step == 0:
+        console.print(
+            f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"
+        )
+    else:
+        what = "resumed from" if start.resumed else "continued from checkpoint.load"
+        console.print(
+            f"{what} {start.path} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
+        )
     return progress
 
 

@@ -6,7 +6,6 @@ launch on a machine JIT-compiles DeepSpeed's communication op (about 70 s, then 
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,10 +49,12 @@ def assert_same_losses(run, reference, steps):
         assert losses[step] == pytest.approx(expected[step], rel=RELATIVE), f"loss at step {step}"
 
 
+@pytest.mark.slow
 def test_zero3_at_dp2_trains_like_megatron_at_dp2(zero3, megatron_dp2):
     assert_same_losses(zero3, megatron_dp2, range(1, PARITY_STEPS + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [
@@ -68,6 +69,7 @@ def test_zero_stage_at_dp2_trains_like_megatron_at_dp2(launcher, megatron_dp2, n
     assert run.records[-1]["val_loss"] == pytest.approx(megatron_dp2.records[-1]["val_loss"], rel=RELATIVE)
 
 
+@pytest.mark.slow
 def test_zero3_saves_deepspeed_checkpoints_under_the_trainer_discipline(zero3):
     checkpoints = zero3.run_dir / "checkpoints"
     assert (checkpoints / LATEST).read_text() == "iter_0000006\n"
@@ -81,6 +83,7 @@ def test_zero3_saves_deepspeed_checkpoints_under_the_trainer_discipline(zero3):
     ]
 
 
+@pytest.mark.slow
 def test_zero3_resumed_run_repeats_the_straight_run_exactly(launcher, zero3):
     checkpoints = launcher.run_dir("zero3_resumed") / "checkpoints"
     shutil.copytree(zero3.run_dir / "checkpoints" / "iter_0000003", checkpoints / "iter_0000003")
@@ -112,54 +115,125 @@ def test_make_train_local_zero3_on_two_processes_learns_and_leaves_a_deepspeed_c
     assert len(list((run_dir / "checkpoints" / "iter_0000030").glob("*_optim_states.pt"))) == 2
 
 
-def convert(tiny_config, direction: str, source: Path, out: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "trainer",
+def trainer(launcher, name: str, *args: str) -> str:
+    """`python -m trainer ARGS` to success (it starts torchrun itself); its output."""
+    return launcher.run(name, [sys.executable, "-m", "trainer", *args])
+
+
+def score(launcher, tiny_corpus, name: str, checkpoint: Path, *layout: str) -> float:
+    """`score`'s loss of a checkpoint over the first 6 windows of the tiny corpus."""
+    args = ["--checkpoint", str(checkpoint), "--data", tiny_corpus, "--samples", "6", "--json", *layout]
+    return json.loads(trainer(launcher, name, "score", *args).strip().splitlines()[-1])["loss"]
+
+
+@pytest.mark.slow
+def test_deepspeed_checkpoint_converts_to_a_trainer_one_at_tp2_that_scores_the_same_at_pp2(
+    launcher, tiny_corpus, zero3
+):
+    source = zero3.run_dir / "checkpoints"
+    converted = launcher.base / "from-zero3"
+    trainer(
+        launcher,
+        "convert-from-zero3",
         "convert",
-        "--config",
-        str(tiny_config),
-        direction,
+        "--from-deepspeed",
         str(source),
-    ]
-    result = subprocess.run(
-        [*command, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        "--out",
+        str(converted),
+        "--tp",
+        "2",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in converted.iterdir()) == ["iter_0000000", "latest"]
+    before = score(launcher, tiny_corpus, "score-zero3", source)  # scored straight from DeepSpeed's format
+    after = score(launcher, tiny_corpus, "score-from-zero3", converted, "--pp", "2")
+    assert after == pytest.approx(before, rel=RELATIVE)
 
 
-def test_deepspeed_checkpoint_converts_to_a_trainer_one_that_scores_the_same_at_tp2(
-    launcher, tiny_config, zero3, tmp_path
+@pytest.mark.slow
+def test_trainer_checkpoint_converts_to_a_deepspeed_one_that_scores_the_same_and_trains_on_under_zero3(
+    launcher, tiny_corpus, megatron_dp2
 ):
-    convert(tiny_config, "--from-deepspeed", zero3.run_dir / "checkpoints", tmp_path / "megatron")
-    assert (tmp_path / "megatron" / LATEST).read_text() == "iter_0000006\n"
-    loaded = launcher.launch(
-        "from_zero3_at_tp2",
-        2,
-        "parallel.tensor_model_parallel_size=2",
-        mode="evaluate",
-        checkpoint=tmp_path / "megatron" / "iter_0000006",
+    source = megatron_dp2.run_dir / "checkpoints"
+    converted = launcher.base / "to-deepspeed"
+    trainer(
+        launcher, "convert-to-deepspeed", "convert", "--to-deepspeed", str(source), "--out", str(converted)
     )
-    assert loaded.val_loss == pytest.approx(zero3.records[-1]["val_loss"], rel=RELATIVE)
-
-
-def test_trainer_checkpoint_converts_to_a_deepspeed_one_that_scores_the_same_under_zero3(
-    launcher, tiny_config, megatron_dp2, tmp_path
-):
-    convert(tiny_config, "--to-deepspeed", megatron_dp2.run_dir / "checkpoints", tmp_path / "deepspeed")
-    # Written by one process: loaded by two, ZeRO-3 takes the full weights and re-shards them.
+    assert (converted / LATEST).read_text() == "iter_0000000\n"
+    assert any((converted / "iter_0000000").glob("*_optim_states.pt"))  # DeepSpeed's own tools read it
+    before = score(launcher, tiny_corpus, "score-megatron-dp2", source)
+    after = score(launcher, tiny_corpus, "score-to-deepspeed", converted)
+    assert after == pytest.approx(before, rel=RELATIVE)
+    # Written by one process, loaded by two: ZeRO-3 takes the full weights and shards them.
     loaded = launcher.launch(
         "to_zero3_at_dp2",
         2,
         "engine=deepspeed",
         "zero.stage=3",
         mode="evaluate",
-        checkpoint=tmp_path / "deepspeed" / "iter_0000003",
+        checkpoint=converted / "iter_0000000",
     )
     assert loaded.val_loss == pytest.approx(megatron_dp2.records[-1]["val_loss"], rel=RELATIVE)
+
+
+def fake_checkpoint(directory: Path, file: str) -> Path:
+    """A checkpoint directory that a format check recognizes by its files (their contents are never read)."""
+    directory.mkdir(parents=True)
+    (directory / file).write_text("")
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("flag", "file", "message"),
+    [
+        (
+            "--from-deepspeed",
+            "metadata.json",
+            "is a trainer (megatron) checkpoint; give it to --to-deepspeed",
+        ),
+        (
+            "--to-deepspeed",
+            "zero_pp_rank_0_mp_rank_00_model_states.pt",
+            "is a DeepSpeed checkpoint; give it to --from-deepspeed",
+        ),
+    ],
+)
+def test_convert_refuses_a_checkpoint_of_the_other_engine_before_starting(
+    flag, file, message, tmp_path, capsys
+):
+    from trainer.__main__ import main
+
+    source = fake_checkpoint(tmp_path / "iter_0000003", file)
+    assert main(["convert", flag, str(source), "--out", str(tmp_path / "out")]) == 2
+    assert f"convert: {flag} {source}: {source} {message}" in capsys.readouterr().err
+
+
+def test_convert_to_deepspeed_refuses_a_layout(tmp_path, capsys):
+    from trainer.__main__ import main
+
+    source = fake_checkpoint(tmp_path / "iter_0000003", "metadata.json")
+    assert main(["convert", "--to-deepspeed", str(source), "--out", str(tmp_path / "out"), "--tp", "2"]) == 2
+    assert (
+        "--tp/--pp apply to --from-hf and --from-deepspeed; --to-deepspeed reads any checkpoint in one process"
+        in (capsys.readouterr().err)
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "saved_by", "file"),
+    [
+        ("megatron", "deepspeed", "zero_pp_rank_0_mp_rank_00_model_states.pt"),
+        ("deepspeed", "megatron", "metadata.json"),
+    ],
+)
+def test_a_run_refuses_to_resume_the_other_engines_checkpoint(engine, saved_by, file, tiny_config, tmp_path):
+    from trainer.checkpoint import start_problems
+    from trainer.config import load_config
+
+    cfg = load_config(tiny_config, [f"engine={engine}", f"logging.run_dir={tmp_path}"])
+    fake_checkpoint(cfg.checkpoint_dir / "iter_0000003", file)
+    (cfg.checkpoint_dir / LATEST).write_text("iter_0000003\n")
+    (problem,) = start_problems(cfg, cfg.model)
+    assert problem.startswith(
+        f"resuming from {cfg.checkpoint_dir / 'iter_0000003'}: saved by engine: {saved_by}, and this run has engine: "
+        f"{engine}; set engine: {saved_by} to resume it"
+    )
