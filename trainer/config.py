@@ -252,7 +252,7 @@ def _deepspeed_problems(cfg: TrainConfig) -> list[str]:
             ("use_distributed_optimizer", "its ZeRO-1", "zero.stage says what ZeRO shards"),
             ("overlap_grad_reduce", "its DDP", "deepspeed.zero_optimization.overlap_comm does this"),
         )
-        if key in p.model_fields_set
+        if key in p.model_fields_set and getattr(p, key)
     ]
     if z.offload_optimizer != "none" and z.stage == 1:
         problems.append(

@@ -56,8 +56,11 @@ def write_config(candidate: Candidate, path: Path, source: str) -> None:
     """The whole config with the chosen layout, written to a temporary name and renamed into place."""
     values = candidate.cfg.model_dump(mode="json", exclude_unset=True)
     for key, value in candidate.layout.items():
-        section, name = key.split(".")
-        values.setdefault(section, {})[name] = value
+        *sections, name = key.split(".")  # `engine` is top-level
+        node = values
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
     header = f"# Planned by `python -m trainer plan` from {source}: {candidate.describe()}.\n"
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     temporary.write_text(header + yaml.safe_dump(values, sort_keys=False))
@@ -156,7 +159,7 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
     free = ", ".join(key.split(".")[1] for key in plan.free_keys)
     console.print(f"searched {len(plan.candidates)} layouts over: {free}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = ("#", "TP", "PP", "VP", "DP", "micro", "recompute", "dist opt", "GiB/GPU", "bubble", "step s")
+    columns = ("#", "TP", "PP", "VP", "DP", "micro", "recompute", "sharding", "GiB/GPU", "bubble", "step s")
     columns += ("tokens/s", "MFU", "days", "cost $" if price else "node-hours")
     for column in columns:
         table.add_column(column, justify="left" if column == "recompute" else "right")
@@ -173,7 +176,7 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
             str(c.data_parallel_size),
             str(s.micro_batch_size),
             p.recompute,
-            "yes" if p.use_distributed_optimizer else "no",
+            c.sharding,
             memory,
             f"{c.step.bubble_fraction:.1%}",
             f"{c.step.total_s:.2f}",

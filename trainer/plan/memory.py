@@ -6,8 +6,16 @@ Model states, per parameter held by the GPU (trainer/parallel.py, trainer/optimi
 - gradients in megatron DDP's fp32 buffer (`grad_reduce_in_fp32=True`), whole on every data-parallel rank;
 - optimizer states: Adam's two fp32 moments, plus fp32 master weights when the weights are bf16 (fp32 weights
   are their own masters); the distributed optimizer shards all of it over the data-parallel ranks (ZeRO-1).
-`model_states()` is the one place that maps an engine's configuration to those bytes; another engine (DeepSpeed
-ZeRO stages 2 and 3 shard gradients and weights too, or offload them) adds a `StateBytes` rule there.
+`model_states()` is the one place that maps an engine's configuration to those bytes. `engine: deepspeed` follows
+the ZeRO paper's accounting (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", section 5): weights and gradients in the compute precision (2 bytes in bf16), and 12 bytes of
+optimizer state (fp32 masters, which ZeRO keeps even for fp32 weights, and Adam's two moments); stage 1 shards
+the optimizer states over the N data-parallel ranks (2 + 2 + 12/N), stage 2 the gradients too (2 + 14/N), stage
+3 the weights too (16/N). `zero.offload_optimizer: cpu` (ZeRO-Offload, Ren et al. 2021) moves the optimizer
+states and the gradients (reduced, then kept as the fp32 partition the host's Adam steps from, 4/N) to host
+memory, `zero.offload_param: cpu` the weight shards: the GPU keeps none of them, only the reduce buckets of
+stage 2 and 3 (DeepSpeed's default reduce_bucket_size, 5e8 elements in the compute precision). ZeRO-3 gathers each layer's weights whole while it runs: the largest layer (or the embedding),
+twice (the one running and the one prefetched), is a working set on every GPU.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
 per layer, the tensors autograd saves for backward, adapted to this Llama (RMSNorm, SwiGLU, grouped-query
@@ -36,23 +44,44 @@ from trainer.config import TrainConfig
 
 Kernels = Literal["transformer_engine", "local"]
 FP32 = 4
+REDUCE_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default zero_optimization.reduce_bucket_size
 
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes on one GPU per parameter that the GPU's model chunks hold."""
+    """Bytes on one GPU per parameter that the GPU's model chunks hold, and in host memory (ZeRO-Offload)."""
 
     weights: float
     gradients: float
     optimizer: float
+    host: float = 0.0
 
 
 def model_states(cfg: TrainConfig, data_parallel_size: int) -> StateBytes:
-    """Megatron DDP with fp32 gradient buffers, and megatron's (optionally distributed) mixed-precision Adam."""
+    """Megatron: DDP with fp32 gradient buffers, and its (optionally distributed) mixed-precision Adam.
+    DeepSpeed: ZeRO's sharding by stage, and its offload to host memory."""
     weight_bytes = 2 if cfg.precision == "bf16" else FP32
+    if cfg.engine == "deepspeed":
+        return zero_states(cfg, data_parallel_size, weight_bytes)
     masters = FP32 if cfg.precision == "bf16" else 0
     shards = data_parallel_size if cfg.parallel.use_distributed_optimizer else 1
     return StateBytes(weights=weight_bytes, gradients=FP32, optimizer=(masters + 2 * FP32) / shards)
+
+
+def zero_states(cfg: TrainConfig, data_parallel_size: int, weight_bytes: int) -> StateBytes:
+    """ZeRO stage 1/2/3 over N data-parallel ranks: what each GPU keeps, and what offload moves to the host."""
+    z, n = cfg.zero, data_parallel_size
+    weights = weight_bytes / (n if z.stage == 3 else 1)
+    gradients = weight_bytes / (n if z.stage >= 2 else 1)
+    optimizer = 3 * FP32 / n  # fp32 masters + Adam's two moments
+    host = 0.0
+    if z.offload_optimizer == "cpu":
+        host += optimizer + FP32 / n  # with the fp32 gradient partition the host's Adam steps from
+        optimizer = gradients = 0.0
+    if z.offload_param == "cpu":
+        host += weights
+        weights = 0.0
+    return StateBytes(weights=weights, gradients=gradients, optimizer=optimizer, host=host)
 
 
 @dataclass(frozen=True)
@@ -127,6 +156,9 @@ class MemoryEstimate:
     activations: float  # saved for backward by every micro-batch in flight
     logits: float  # at the loss: one micro-batch's bf16 logits and fp32 softmax
     transient: float  # in backward: gradients being formed (and full recompute's rebuilt layer); in the step: temporaries
+    host: float = (
+        0.0  # in host memory for this GPU: ZeRO-Offload's optimizer states and weights (not in total)
+    )
 
     @property
     def states(self) -> float:
@@ -193,9 +225,15 @@ def estimate_stages(
     local = kernels == "local"
     workspace = 0.0
     backward_working_set = 0.0
+    weight_bytes = 2 if cfg.precision == "bf16" else FP32
+    if cfg.engine == "deepspeed" and cfg.zero.stage >= 2:
+        workspace += min(REDUCE_BUCKET_ELEMENTS, counts.total) * weight_bytes  # gradients reduced in buckets
+    if cfg.engine == "deepspeed" and cfg.zero.stage == 3:
+        # The gathered weights of the running and the prefetched module: at most a layer or the embedding each.
+        workspace += 2 * max(counts.layer, counts.embedding) * weight_bytes
     if local:
         # Attention scores are formed in megatron's global memory buffer, kept for the next step.
-        workspace = s.micro_batch_size * heads * seq**2 * e
+        workspace += s.micro_batch_size * heads * seq**2 * e
         # Softmax backward forms an fp32 gradient the size of the scores.
         backward_working_set = FP32 * s.micro_batch_size * heads * seq**2
         if p.recompute != "full":
@@ -220,7 +258,10 @@ def estimate_stages(
             final_norm = per_token(saved_per_layer(cfg, kernels)[: 4 if local else 3]) * tokens
             logits = (FP32 + (e if e != FP32 else 0)) * padded_vocab_size / tp * tokens
             moments["loss"] = (activations + final_norm, logits, 0.0)
-        if local:
+        if local and cfg.engine == "deepspeed" and cfg.zero.offload_optimizer == "none":
+            # torch's AdamW steps ZeRO's flat fp32 partition: two fp32 temporaries of its size.
+            moments["optimizer step"] = (0.0, 0.0, 2 * FP32 * params / dp)
+        elif local and cfg.engine == "megatron":
             # torch's single-tensor AdamW: sqrt and divide make two fp32 temporaries of the largest parameter.
             shards = dp if p.use_distributed_optimizer else 1
             moments["optimizer step"] = (0.0, 0.0, 2 * FP32 * _largest_parameter(cfg, rank, counts) / shards)
@@ -237,6 +278,7 @@ def estimate_stages(
                 activations=saved,
                 logits=logits,
                 transient=transient,
+                host=params * state.host,
             )
         )
     return estimates

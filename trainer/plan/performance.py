@@ -19,6 +19,13 @@ Using Megatron-LM", sections 2-3), with every assumption in `Assumptions` and pr
   drives its GPU's share of the node's EFA bandwidth (bus bandwidth = k x network / GPUs per node; two p5 nodes,
   k = 8: 400 GB/s, and nccl-tests measure about 390 GB/s at 512 MB). With `overlap_grad_reduce` the
   reduce-scatter hides behind the last micro-batch's backward; the all-gather is not overlapped;
+- DeepSpeed ZeRO (`engine: deepspeed`, TP = PP = 1; Rajbhandari et al. 2020, section 7): gradients and weights
+  travel in the compute precision, none of it overlapped. Stage 1 reduce-scatters the gradients and all-gathers
+  the updated weights once a step (megatron's distributed optimizer's volume); stage 2 reduce-scatters every
+  micro-batch's gradients, as it keeps only its shard; stage 3 also all-gathers the weights in every micro-batch's
+  forward and again in its backward (1.5x data parallelism's volume at one micro-batch). ZeRO-Offload copies the
+  gradient shard (fp32) to the host and the updated weight shard back over PCIe and steps Adam on the host's
+  cores; offloaded weights cross PCIe in every forward and backward;
 - left out: the optimizer step (memory-bound, milliseconds), data loading, kernel launch gaps, stragglers.
 """
 
@@ -39,6 +46,10 @@ class Assumptions:
     nvlink_efficiency: float = 0.7  # of the catalog's per-GPU NVLink bandwidth that NCCL rings reach
     network_efficiency: float = 0.7  # of the per-GPU share of the instance's EFA bandwidth
     memory_usable_fraction: float = 0.9  # of GPU memory for tensors; the CUDA context, NCCL and fragmentation
+    pcie_gbytes_per_s: float = 25.0  # host <-> GPU copies of ZeRO-Offload (PCIe Gen4 x16 in practice)
+    host_adam_gparams_per_s: float = (
+        1.0  # DeepSpeed's CPU Adam, billions of parameters a second per GPU's cores
+    )
 
     def lines(self) -> list[str]:
         return [
@@ -49,7 +60,10 @@ class Assumptions:
             "GPU's share of the instance's bandwidth",
             "the gradient reduce-scatter hides behind the last micro-batch's backward only with "
             "parallel.overlap_grad_reduce; the weight all-gather is never hidden",
-            f"fits: the memory estimate is at most {self.memory_usable_fraction:.0%} of the GPU's memory",
+            f"DeepSpeed ZeRO-Offload: PCIe at {self.pcie_gbytes_per_s:g} GB/s per GPU, the host's Adam at "
+            f"{self.host_adam_gparams_per_s:g} B parameters/s per GPU",
+            f"fits: the memory estimate is at most {self.memory_usable_fraction:.0%} of the GPU's memory (and "
+            "ZeRO-Offload's host memory of its share of the node's)",
             "not counted: the optimizer step, data loading, kernel launch gaps, stragglers",
         ]
 
@@ -133,7 +147,12 @@ def estimate_step_time(
     # Data parallelism: a DP group has min(DP, GPUs per node / TP) ranks in each node.
     ranks_per_node = min(dp, instance.gpus // tp)
     dp_bandwidth = nvlink if ranks_per_node == dp else min(nvlink, ranks_per_node * network)
-    if p.use_distributed_optimizer:
+    if cfg.engine == "deepspeed":
+        reduce, gather = (
+            zero_seconds(cfg, parameters_per_gpu, dp, dp_bandwidth, micro_batches, assumptions),
+            0.0,
+        )
+    elif p.use_distributed_optimizer:
         reduce = ring_seconds(FP32 * parameters_per_gpu, dp, dp_bandwidth)
         gather = ring_seconds(activation_bytes * parameters_per_gpu, dp, dp_bandwidth)
     else:
@@ -155,6 +174,29 @@ def estimate_step_time(
         tokens_per_s=s.global_batch_size * seq / total,
         mfu=model_flops / (total * world * instance.peak_bf16_tflops_per_gpu * 1e12),
     )
+
+
+def zero_seconds(
+    cfg: TrainConfig,
+    parameters: int,
+    data_parallel_size: int,
+    bandwidth: float,
+    micro_batches: int,
+    assumptions: Assumptions,
+) -> float:
+    """ZeRO's data-parallel traffic and offload copies in one step (see the module's docstring)."""
+    z, dp = cfg.zero, data_parallel_size
+    weights = (2 if cfg.precision == "bf16" else FP32) * parameters
+    collective = ring_seconds(weights, dp, bandwidth)
+    passes = {1: 2, 2: micro_batches + 1, 3: 3 * micro_batches}[z.stage]
+    seconds = passes * collective
+    pcie = assumptions.pcie_gbytes_per_s * 1e9
+    if z.offload_optimizer == "cpu":
+        seconds += (FP32 * parameters + weights) / dp / pcie
+        seconds += parameters / dp / (assumptions.host_adam_gparams_per_s * 1e9)
+    if z.offload_param == "cpu":
+        seconds += 2 * micro_batches * weights / dp / pcie
+    return seconds
 
 
 def bubble_fraction(pipeline_stages: int, virtual_stages: int, micro_batches: int) -> float:
