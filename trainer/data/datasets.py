@@ -78,11 +78,15 @@ def open_indexed_dataset(prefix: str) -> IndexedDataset:
     except (AssertionError, ValueError, struct.error) as error:
         raise DataError(f"dataset {prefix!r}: {files.idx} cannot be read ({error}); {redo}") from None
     index = dataset.index
-    described = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
-    if len(index) == 0 or described != bin_bytes:
+    described = (
+        int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+        if len(index)
+        else 0
+    )
+    if described != bin_bytes:
         raise DataError(
-            f"dataset {prefix!r}: {files.bin} holds {bin_bytes} bytes but {files.idx} describes "
-            f"{described if len(index) else 0}: truncated, or the two files are of different datasets; {redo}"
+            f"dataset {prefix!r}: {files.bin} holds {bin_bytes} bytes but {files.idx} describes {described}: "
+            f"truncated, or the two files are of different datasets; {redo}"
         )
     return dataset
 
