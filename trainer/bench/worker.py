@@ -117,7 +117,9 @@ def _time_checkpoint(run: train.Run, cfg, dims: parallel.ParallelDims) -> dict:
     progress = checkpoint.Progress(step=TRACED_STEPS, consumed_samples=0)
     torch.distributed.barrier()
     started = time.perf_counter()
-    saved = checkpoint.save(cfg.checkpoint_dir, run.chunks, run.optimizer, run.scheduler, progress, dims, 1)
+    saved = checkpoint.save(
+        cfg.checkpoint_dir, run.chunks, run.optimizer, run.scheduler, progress, dims, 1, run.model_record
+    )
     save_seconds = time.perf_counter() - started
     torch.distributed.barrier()
     started = time.perf_counter()
