@@ -274,10 +274,16 @@ def resolve(path: str | Path) -> Path:
 
 def read_record(checkpoint: Path) -> ModelRecord | None:
     """The model record a checkpoint holds (None: saved before checkpoints carried one)."""
-    if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
-        saved = deepspeed_checkpoint.client_state(checkpoint).get("model_record")
-    else:
-        saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    try:
+        if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
+            saved = deepspeed_checkpoint.client_state(checkpoint).get("model_record")
+        else:
+            saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    except Exception as error:  # megatron-core and torch.load raise whatever their JSON and pickle readers do
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint)!r} cannot be read ({type(error).__name__}: {error}): truncated, or "
+            "not a trainer checkpoint; give another, or re-create it"
+        ) from None
     return ModelRecord.from_dict(saved) if saved else None
 
 
@@ -360,10 +366,13 @@ def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False)
             f"engine: {saved_by} to resume it, or start another run with checkpoint.load: {start.path} to take its "
             "weights (or convert it: python -m trainer convert)"
         ]
-    record = read_record(start.path)
+    where = "resuming from" if start.resumed else "checkpoint.load:"
+    try:
+        record = read_record(start.path)
+    except CheckpointError as error:
+        return [f"{where} {error}"]
     if record is None:
         return []
-    where = "resuming from" if start.resumed else "checkpoint.load:"
     return [
         f"{where} {start.path} holds another model: {mismatch}"
         for mismatch in model_mismatches(record.config, model)

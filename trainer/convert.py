@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from trainer import checkpoint, deepspeed_checkpoint, hf, model, parallel, standalone, weights
+from trainer.arguments import positive_int
 from trainer.config import ConfigError, ModelConfig, layout_problems
 from trainer.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
 
@@ -54,10 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="the directory to create (must not exist)")
     parser.add_argument(
-        "--tp", type=int, default=1, help="--from-hf/--from-deepspeed: tensor-parallel size to convert at"
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="--from-hf/--from-deepspeed: tensor-parallel size to convert at",
     )
     parser.add_argument(
-        "--pp", type=int, default=1, help="--from-hf/--from-deepspeed: pipeline-parallel size to convert at"
+        "--pp",
+        type=positive_int,
+        default=1,
+        help="--from-hf/--from-deepspeed: pipeline-parallel size to convert at",
     )
     parser.add_argument(
         "--dtype",
