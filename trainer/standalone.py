@@ -13,7 +13,7 @@ import sys
 import torch
 
 from trainer.config import TrainConfig
-from trainer.launch import MASTER_PORT, Rendezvous, torchrun_command
+from trainer.launch import MASTER_PORT, Rendezvous, supervise, torchrun_command
 
 
 def under_torchrun() -> bool:
@@ -28,8 +28,9 @@ def processes(cfg: TrainConfig, nproc: int | None) -> int:
     return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1)
 
 
-def exec_torchrun(nproc: int, verb_args: list[str], max_restarts: int = 0) -> None:
-    """Replace this process with `torchrun --standalone` running `python -m trainer <verb_args>` N times."""
+def run_torchrun(nproc: int, verb_args: list[str], max_restarts: int, stop_grace_seconds: float) -> int:
+    """Run `torchrun --standalone` with `python -m trainer <verb_args>` N times, under `launch.supervise`
+    (SIGTERM: the ranks save and exit 0); its exit status."""
     if not torch.cuda.is_available():
         # The processes share the cores; more threads only contend.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -38,4 +39,4 @@ def exec_torchrun(nproc: int, verb_args: list[str], max_restarts: int = 0) -> No
     print(
         f"torchrun: {nproc} processes: python -m trainer {' '.join(verb_args)}", file=sys.stderr, flush=True
     )
-    os.execv(command[0], command)
+    return supervise(command, stop_grace_seconds)
