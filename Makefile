@@ -62,6 +62,15 @@ else
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
 endif
 
+.PHONY: bench
+bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json
+	$(PY) -m trainer prepare --stdlib --output data/stdlib
+	$(PY) -m trainer bench $(ARGS)
+
+.PHONY: bench-gpu
+bench-gpu: $(VENV)/.train-installed ## GPU benchmark (needs CUDA): ~1B Llama, MFU, all-reduce sweep -> runs/bench/bench-gpu.json
+	$(PY) -m trainer bench --gpu $(ARGS)
+
 .PHONY: test
 test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)
 	$(PY) -m pytest

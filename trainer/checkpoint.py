@@ -1,19 +1,20 @@
 """Distributed checkpoints (megatron-core dist_checkpointing): save, find the newest complete one, resume.
 
 Layout under the checkpoint directory:
-    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples, and
+    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples, a
+                    record of the model (its config), so that it can be rebuilt without the run's config, and
                     manifest.json (every file's size; small files' SHA-256), written last
     latest          the name of the newest complete checkpoint, rewritten last
 A checkpoint is written to `iter_NNNNNNN.tmp` and renamed when every rank has finished, so a crash never leaves
 a half-written `iter_*` directory; old ones are renamed away before they are deleted. A directory that does not
 match its manifest (a copy cut short, a truncated file, garbage) is skipped with a warning, never loaded. Tensors
 are stored by global name and offset, so a checkpoint saved at one (TP, PP, DP) loads at any other; RNG states
-only come back at the layout they were saved at.
+only come back at the layout they were saved at. A weights-only checkpoint (`python -m trainer convert` writes
+them) holds the model and its record alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,7 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer import megatron_compat
+from trainer.config import ModelConfig, TrainConfig
 from trainer.parallel import ParallelDims
 
 LATEST = "latest"
@@ -47,17 +50,42 @@ _HASHED_MAX_BYTES = 16 * 2**20
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or holds another model than the one asked for."""
+
+
 class CheckpointSaveError(RuntimeError):
     """A save that did not complete on every rank; nothing was published and the previous checkpoint stands."""
 
 
-@dataclasses.dataclass
+@dataclass
 class Progress:
     """Where training stands: what a resumed run continues from."""
 
     step: int = 0
     consumed_samples: int = 0
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What a checkpoint records about its model: enough to rebuild it without the run's config (score,
+    convert) and to refuse a config it does not fit."""
+
+    config: ModelConfig  # vocab_size set (the tokenizer's where the run's config left it unset)
+    seq_length: int  # the sequence length it was trained at; converted: the source's maximum
+    hf_config: dict | None = None  # the Hugging Face config.json it was converted from, if it was
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.config.model_dump(),
+            "seq_length": self.seq_length,
+            "hf_config": self.hf_config,
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> ModelRecord:
+        return cls(ModelConfig(**saved["config"]), saved["seq_length"], saved["hf_config"])
 
 
 def checkpoint_name(step: int) -> str:
@@ -78,7 +106,7 @@ def _file_record(path: Path) -> dict:
     return {"bytes": size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def _write_manifest(checkpoint: Path, step: int) -> None:
+def write_manifest(checkpoint: Path, step: int) -> None:
     files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): _file_record(p) for p in files}}
     _write_atomically(checkpoint / MANIFEST, json.dumps(manifest, indent=1) + "\n")
@@ -125,26 +153,33 @@ def latest_checkpoint(directory: Path, warn: Callable[[str], None] = _warn_on_ra
     return None
 
 
+def _model_state(model: list[torch.nn.Module]) -> dict:
+    return {f"chunk{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))}
+
+
 def _state_dict(
     model: list[torch.nn.Module],
-    optimizer: MegatronOptimizer,
-    scheduler: OptimizerParamScheduler,
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
     progress: Progress,
     dims: ParallelDims,
+    record: ModelRecord | None,
     *,
     is_loading: bool,
     with_rng: bool,
 ) -> dict:
-    model_state = {f"chunk{i}": chunk.sharded_state_dict() for i, chunk in enumerate(unwrap_model(model))}
+    model_state = _model_state(model)
     state = {
         "model": model_state,
-        "optimizer": optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
-        ),
-        "scheduler": scheduler.state_dict(),
-        "progress": dataclasses.asdict(progress),
+        "progress": asdict(progress),
         "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp},
+        "model_record": record.to_dict() if record else None,
     }
+    if optimizer is not None:  # None: a weights-only checkpoint
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
+        )
+        state["scheduler"] = scheduler.state_dict()
     if with_rng:
         rank = torch.distributed.get_rank()
         state["rng"] = ShardedObject("rng_state", _rng_state(), (dims.world_size,), (rank,), replica_id=0)
@@ -173,13 +208,15 @@ def _set_rng_state(state: dict) -> None:
 def save(
     directory: Path,
     model: list[torch.nn.Module],
-    optimizer: MegatronOptimizer,
-    scheduler: OptimizerParamScheduler,
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
     progress: Progress,
     dims: ParallelDims,
     keep_last: int,
+    record: ModelRecord,
 ) -> Path:
-    """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last."""
+    """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last.
+    Without optimizer and scheduler it saves the weights only."""
     final = directory / checkpoint_name(progress.step)
     staging = final.with_name(final.name + ".tmp")
     if torch.distributed.get_rank() == 0:
@@ -187,7 +224,9 @@ def save(
             shutil.rmtree(unfinished)
         staging.mkdir(parents=True)
     torch.distributed.barrier()
-    state = _state_dict(model, optimizer, scheduler, progress, dims, is_loading=False, with_rng=True)
+    state = _state_dict(
+        model, optimizer, scheduler, progress, dims, record, is_loading=False, with_rng=optimizer is not None
+    )
     # Replicated tensors are written by the data-parallel replicas in turn rather than all by one.
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
@@ -212,7 +251,7 @@ def save(
 def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
     """Seal the staging directory with its manifest, rename it into place, point `latest` at it, prune."""
     directory = final.parent
-    _write_manifest(staging, step)
+    write_manifest(staging, step)
     # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
     replaced = final.with_name(final.name + ".replaced.tmp")
     if final.exists():
@@ -267,13 +306,22 @@ def load(
     optimizer: MegatronOptimizer,
     scheduler: OptimizerParamScheduler,
     dims: ParallelDims,
+    *,
+    weights_only: bool = False,
 ) -> Progress:
-    """Restore everything `save` wrote into already-built model, optimizer and scheduler; returns the progress."""
-    saved_layout = dist_checkpointing.load_common_state_dict(str(checkpoint))["layout"]
-    same_layout = saved_layout == {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
+    """Restore everything `save` wrote into already-built model, optimizer and scheduler; returns the progress.
+    With weights_only, or from a weights-only checkpoint, the model alone: training starts at step 0."""
+    common = dist_checkpointing.load_common_state_dict(str(checkpoint))
+    if weights_only or "scheduler" not in common:
+        load_weights(checkpoint, model)
+        optimizer.reload_model_params()  # its fp32 master weights were copied from the initialization
+        return Progress()
+    same_layout = common["layout"] == {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
     megatron_compat.prepare_torch_adam_for_load(optimizer)
     progress = Progress()
-    request = _state_dict(model, optimizer, scheduler, progress, dims, is_loading=True, with_rng=same_layout)
+    request = _state_dict(
+        model, optimizer, scheduler, progress, dims, None, is_loading=True, with_rng=same_layout
+    )
     state = dist_checkpointing.load(request, str(checkpoint))
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(state["model"][f"chunk{i}"])
@@ -282,3 +330,105 @@ def load(
     if same_layout:
         _set_rng_state(state["rng"])
     return Progress(**state["progress"])
+
+
+def load_weights(checkpoint: Path, model: list[torch.nn.Module]) -> None:
+    """The model's weights alone, at this rank's layout, whatever the layout they were saved at."""
+    state = dist_checkpointing.load({"model": _model_state(model)}, str(checkpoint))
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(state["model"][f"chunk{i}"])
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory itself, or the one a directory of checkpoints names in `latest`."""
+    path = Path(path)
+    if (path / "metadata.json").is_file():
+        problem = damage(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {str(path)!r} is damaged, not loaded: {problem}")
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        state = (
+            "does not exist"
+            if not path.exists()
+            else "holds no checkpoint (no metadata.json, no iter_NNNNNNN/)"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} {state}; give a checkpoint directory or a directory of them with `latest` "
+            "(a run's checkpoints/, or what `python -m trainer convert` wrote)"
+        )
+    return found
+
+
+def read_record(checkpoint: Path) -> ModelRecord | None:
+    """The model record a checkpoint holds (None: saved before checkpoints carried one)."""
+    saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    return ModelRecord.from_dict(saved) if saved else None
+
+
+def model_mismatches(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
+    """How a model config differs from the one a checkpoint holds, in what decides its weights and outputs."""
+
+    def weights_defining(m: ModelConfig) -> dict:
+        return {
+            "model.num_layers": m.num_layers,
+            "model.hidden_size": m.hidden_size,
+            "model.ffn_hidden_size": m.ffn_hidden_size,
+            "model.num_attention_heads": m.num_attention_heads,
+            "model.num_query_groups": m.query_groups,
+            "model.kv_channels": m.head_dim,
+            "model.vocab_size": m.vocab_size,
+            "padded vocabulary (model.make_vocab_size_divisible_by)": m.padded_vocab_size(m.vocab_size),
+            "model.rotary_base": m.rotary_base,
+            "model.rope_scaling_factor": m.rope_scaling_factor,
+            "model.norm_epsilon": m.norm_epsilon,
+            "model.share_embeddings_and_output_weights": m.share_embeddings_and_output_weights,
+        }
+
+    theirs, ours = weights_defining(saved), weights_defining(wanted)
+    return [
+        f"{key} = {ours[key]} in the config, {theirs[key]} in the checkpoint"
+        for key in ours
+        if ours[key] != theirs[key]
+    ]
+
+
+@dataclass(frozen=True)
+class Start:
+    """The checkpoint a run starts from, and whether it takes the weights only."""
+
+    path: Path
+    weights_only: bool
+    resumed: bool  # the run's own checkpoint, rather than checkpoint.load
+
+
+def starting_checkpoint(cfg: TrainConfig, *, fresh: bool = False) -> Start | None:
+    """The run's own newest checkpoint takes precedence, so a restarted run (a fine-tune too) continues where it
+    stopped; until it has one, checkpoint.load (its weights only with checkpoint.finetune); else None."""
+    own = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume and not fresh else None
+    if own is not None:
+        return Start(own, weights_only=False, resumed=True)
+    if cfg.checkpoint.load:
+        try:
+            source = resolve(cfg.checkpoint.load)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint.load = {cfg.checkpoint.load!r}: {error}") from None
+        return Start(source, weights_only=cfg.checkpoint.finetune, resumed=False)
+    return None
+
+
+def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False) -> list[str]:
+    """What stops a run from starting from its checkpoint: one missing, or holding another model."""
+    try:
+        start = starting_checkpoint(cfg, fresh=fresh)
+    except CheckpointError as error:
+        return [str(error)]
+    record = read_record(start.path) if start else None
+    if record is None:
+        return []
+    where = "resuming from" if start.resumed else "checkpoint.load:"
+    return [
+        f"{where} {start.path} holds another model: {mismatch}"
+        for mismatch in model_mismatches(record.config, model)
+    ]

@@ -52,6 +52,8 @@ class ModelConfig(_Section):
     # The embedding is padded to a multiple of this, independent of TP so that checkpoints reshard.
     make_vocab_size_divisible_by: PositiveInt = 128
     rotary_base: PositiveInt = 500_000
+    # Llama 3.1's rope scaling by this factor (low/high frequency factors 1 and 4, 8192 original positions).
+    rope_scaling_factor: PositiveFloat | None = None
     norm_epsilon: PositiveFloat = 1e-5
     init_method_std: PositiveFloat = 0.02
     share_embeddings_and_output_weights: bool = False
@@ -59,6 +61,10 @@ class ModelConfig(_Section):
     @property
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, vocab_size: int) -> int:
         multiple = self.make_vocab_size_divisible_by
@@ -122,6 +128,12 @@ class CheckpointConfig(_Section):
     keep_last: PositiveInt = 2
     dir: str | None = None  # None: <run_dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint when there is one
+    # Start from another checkpoint (a checkpoint directory, or a directory with `latest`, e.g. from `convert`)
+    # until this run has saved its own, which take precedence.
+    load: str | None = None
+    finetune: bool = (
+        False  # from `load`: the weights only (step, samples, optimizer and LR schedule start afresh)
+    )
 
 
 class LoggingConfig(_Section):
@@ -186,6 +198,10 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
         )
     if o.min_lr > o.lr:
         problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
+    if cfg.checkpoint.finetune and not cfg.checkpoint.load:
+        problems.append(
+            "checkpoint.finetune = true needs checkpoint.load: the checkpoint whose weights to start from"
+        )
     return problems
 
 
@@ -295,9 +311,47 @@ def validate_run(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda
         raise ConfigError(problems)
 
 
+# The layout the planner chooses (`python -m trainer plan`, and `make train STACK=<env>`): `auto` as any of these
+# values, in the YAML or a --set, leaves it to the planner; `train` itself needs numbers.
+AUTO = "auto"
+LAYOUT_KEYS = (
+    "parallel.tensor_model_parallel_size",
+    "parallel.pipeline_model_parallel_size",
+    "parallel.virtual_pipeline_model_parallel_size",
+    "parallel.sequence_parallel",
+    "parallel.use_distributed_optimizer",
+    "parallel.recompute",
+    "schedule.micro_batch_size",
+)
+
+
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Read a YAML config, apply `section.key=value` overrides, and validate the result."""
     path = Path(path)
+    raw = _read_raw(path, overrides)
+    if planned := _auto_keys(raw):
+        raise ConfigError(
+            [
+                f"{key} = {AUTO}: the planner chooses it when submitting (make train STACK=<env>), or run "
+                f"`python -m trainer plan --config {path} ... --out FILE` and train FILE; give a value to run here"
+                for key in planned
+            ],
+            str(path),
+        )
+    try:
+        return TrainConfig.model_validate(raw)
+    except ConfigError as e:
+        raise ConfigError(e.problems, str(path)) from None
+    except ValidationError as e:
+        raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+
+
+def auto_keys(path: str | Path, overrides: list[str] = ()) -> list[str]:
+    """The LAYOUT_KEYS that the config (with overrides) leaves to the planner."""
+    return _auto_keys(_read_raw(Path(path), overrides))
+
+
+def _read_raw(path: Path, overrides: list[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} not found"])
     raw = yaml.safe_load(path.read_text()) or {}
@@ -309,11 +363,18 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     try:
         for override in overrides:
             _apply_override(raw, override)
-        return TrainConfig.model_validate(raw)
     except ConfigError as e:
         raise ConfigError(e.problems, str(path)) from None
-    except ValidationError as e:
-        raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+    return raw
+
+
+def _auto_keys(raw: dict[str, Any]) -> list[str]:
+    def value(key: str) -> Any:
+        section, name = key.split(".")
+        node = raw.get(section)
+        return node.get(name) if isinstance(node, dict) else None
+
+    return [key for key in LAYOUT_KEYS if value(key) == AUTO]
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:

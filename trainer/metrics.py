@@ -1,7 +1,8 @@
-"""Training metrics: model FLOPs and MFU, and where each logged step goes (console, metrics.jsonl, TensorBoard).
+"""Training metrics: MFU, and where each logged step goes (console, metrics.jsonl, TensorBoard).
 
-MFU counts model FLOPs (Megatron's formula, causal attention halved, recompute not counted) against the
-device's dense bf16 peak from the instance catalog. On CPU there is no meaningful peak, so `mfu` is null.
+MFU counts model FLOPs (trainer/arithmetic.py: Megatron's formula, causal attention halved, recompute not
+counted) against the device's dense bf16 peak from the instance catalog. On CPU there is no meaningful peak, so
+`mfu` is null.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainer.catalog import PEAK_BF16_TFLOPS_BY_GPU
-from trainer.config import ModelConfig
 
 JSONL_KEYS = (
     "step",
@@ -29,19 +29,6 @@ JSONL_KEYS = (
     "step_time_s",
     "skipped_steps",
 )
-
-
-def model_flops_per_sequence(model: ModelConfig, seq_length: int, padded_vocab_size: int) -> float:
-    """Forward + backward FLOPs of one sequence (Megatron-LM's num_floating_point_operations, dense GPT).
-
-    12 = 3 (forward, weight grad, data grad) x 2 (two GEMMs per block of each kind) x 2 (multiply-add)."""
-    h, layers, heads = model.hidden_size, model.num_layers, model.num_attention_heads
-    kv_channels = model.kv_channels or h // heads
-    query_projection_ratio = kv_channels * heads / h
-    attention = (1 + model.query_groups / heads + seq_length / h / 2) * query_projection_ratio
-    mlp = model.ffn_hidden_size / h * 3 / 2  # SwiGLU: three matrices instead of two
-    logits = padded_vocab_size / (2 * layers * h)
-    return 12 * seq_length * layers * h * h * (attention + mlp + logits)
 
 
 def peak_tflops_per_device(configured: float | None) -> float | None:

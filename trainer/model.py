@@ -105,6 +105,8 @@ def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: 
             share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
             position_embedding_type="rope",
             rotary_base=cfg.model.rotary_base,
+            rope_scaling=cfg.model.rope_scaling_factor is not None,
+            rope_scaling_factor=cfg.model.rope_scaling_factor or 1.0,  # 1.0: unused without rope_scaling
             vp_stage=stage,
         )
         initialize_parameters(chunk, cfg)
@@ -119,6 +121,23 @@ def global_name(chunk: GPTModel, name: str) -> str:
         return name
     layer = chunk.decoder.layers[int(match.group(1))]
     return f"decoder.layers.{layer.layer_number - 1}.{match.group(2)}"
+
+
+# TransformerEngine's spec fuses each norm into the next linear; the local spec's names are the full weights'.
+_LOCAL_SPEC_NAME = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def full_weight_name(chunk: GPTModel, name: str, tied: bool) -> str:
+    """The full (TP=1, one-stage, local-spec) weight a parameter holds a shard of; see trainer/weights.py."""
+    if name == "output_layer.weight" and tied:
+        return "embedding.word_embeddings.weight"  # the last stage's copy of a tied embedding
+    full = global_name(chunk, name)
+    for fused, local in _LOCAL_SPEC_NAME.items():
+        full = re.sub(rf"\.{re.escape(fused)}$", f".{local}", full)
+    return full
 
 
 # The dimension along which megatron-core splits each Llama weight over TP ranks; None: replicated.
@@ -175,9 +194,7 @@ def initialize_parameters(chunk: GPTModel, cfg: TrainConfig) -> None:
     """Llama initialization: N(0, std), output projections scaled by 1/sqrt(2 x layers), norms at one."""
     std = cfg.model.init_method_std
     for name, param in chunk.named_parameters():
-        key = global_name(chunk, name)
-        if name == "output_layer.weight" and cfg.model.share_embeddings_and_output_weights:
-            key = "embedding.word_embeddings.weight"  # the last stage's copy of a tied embedding
+        key = full_weight_name(chunk, name, cfg.model.share_embeddings_and_output_weights)
         if tp_dim(name) is None:  # the norms
             param.fill_(1.0)
             continue

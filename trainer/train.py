@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,11 +28,12 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, faults, launch, model, parallel, standalone
-from trainer.config import ConfigError, TrainConfig, load_config, validate_run
+from trainer.arithmetic import model_flops_per_sequence
+from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.metrics import MetricsLogger, model_flops_per_sequence, peak_memory_gib, peak_tflops_per_device
+from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.optimizer import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims
 
@@ -51,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fresh", action="store_true", help="start over: drop this run's checkpoints and metrics"
     )
     parser.add_argument(
+        "--finetune",
+        action="store_true",
+        help="take only the weights of checkpoint.load (same as --set checkpoint.finetune=true)",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
@@ -63,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=rank != 0)
     # First, so that a SIGTERM during start-up is kept for the first step boundary too.
     stop = faults.StopRequest() if standalone.under_torchrun() else None
+    if args.finetune:
+        args.overrides.append("checkpoint.finetune=true")
     try:
         cfg = load_config(args.config, args.overrides)
         if standalone.under_torchrun():
@@ -70,6 +78,9 @@ def main(args: argparse.Namespace) -> int:
         else:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
+        problems = checkpoint.start_problems(cfg, resolved_model(cfg), fresh=args.fresh)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
@@ -112,13 +123,20 @@ class Run:
     train_data: Dataset
     valid_data: Dataset
     padded_vocab_size: int
+    model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
+
+
+def resolved_model(cfg: TrainConfig) -> ModelConfig:
+    """The model section with its vocabulary size set: the tokenizer's unless the config gives one."""
+    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    return cfg.model.model_copy(update={"vocab_size": vocab_size})
 
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     s = cfg.schedule
     # Data: megatron-core GPTDatasets over the prepared blend; the sample order is fixed by the seed.
-    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    model_config = resolved_model(cfg)
     train_data, valid_data, _ = build_gpt_datasets(
         prefixes=cfg.data.prefixes,
         weights=cfg.data.weights,
@@ -132,12 +150,13 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     )
     # Model: Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
     config = model.transformer_config(cfg, parallel.device_type())
-    padded_vocab_size = cfg.model.padded_vocab_size(vocab_size)
+    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
     chunks = parallel.wrap_data_parallel(model.build_model(cfg, config, padded_vocab_size), cfg, config)
     optimizer = build_optimizer(cfg, chunks)
     parallel.connect_schedule(config, chunks, optimizer, cfg)
     scheduler = build_scheduler(cfg, optimizer)
-    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size)
+    record = checkpoint.ModelRecord(model_config, cfg.data.seq_length)
+    return Run(cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, padded_vocab_size, record)
 
 
 def train(
@@ -166,7 +185,7 @@ def train(
     logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
         _log(logger, 0, val_loss=evaluate(run))  # the untrained model: where the loss starts
-    batches = _micro_batch_iterators(run.train_data, progress.consumed_samples, run)
+    batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     saved_step = progress.step
     try:
@@ -225,6 +244,7 @@ def _save(run: Run, progress: checkpoint.Progress, console: Console) -> None:
         progress,
         run.dims,
         cfg.checkpoint.keep_last,
+        run.model_record,
     )
     console.print(f"step {progress.step}: saved {saved}")
 
@@ -254,7 +274,7 @@ def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float, 
 
 def evaluate(run: Run) -> float:
     """Mean loss per token over the validation samples (the same ones every time)."""
-    batches = _micro_batch_iterators(run.valid_data, 0, run)
+    batches = micro_batch_iterators(run.valid_data, 0, run)
     losses = [forward_backward(run, batches, forward_only=True) for _ in range(run.cfg.schedule.eval_iters)]
     return sum(losses) / len(losses)
 
@@ -304,7 +324,7 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
+def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
     """This DP rank's micro-batches from `consumed_samples` on, on the device; one identical stream per chunk."""
     s, device = run.cfg.schedule, parallel.device_type()
 
@@ -329,17 +349,28 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
 
 
 def _resume(run: Run, console: Console) -> checkpoint.Progress:
-    """Load the newest intact checkpoint, if there is one; where training stands. Rank 0 checks the candidates
-    (and warns about damaged ones) and tells the others, so that every rank loads the same one."""
-    found = [
-        checkpoint.latest_checkpoint(run.cfg.checkpoint_dir) if torch.distributed.get_rank() == 0 else None
-    ]
+    """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
+    picks it (warning about damaged ones) and tells the others, so that every rank loads the same one."""
+    found = [checkpoint.starting_checkpoint(run.cfg) if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(found, src=0)
-    latest = found[0]
-    if latest is None:
+    start = found[0]
+    if start is None:
         return checkpoint.Progress()
-    progress = checkpoint.load(latest, run.chunks, run.optimizer, run.scheduler, run.dims)
-    console.print(f"resumed from {latest} (step {progress.step}, {progress.consumed_samples:,} samples seen)")
+    progress = checkpoint.load(
+        start.path, run.chunks, run.optimizer, run.scheduler, run.dims, weights_only=start.weights_only
+    )
+    source = checkpoint.read_record(start.path)
+    if source is not None and source.hf_config:  # carried along, so that an export writes it back
+        run.model_record = replace(run.model_record, hf_config=source.hf_config)
+    if not start.resumed and progress.step == 0:
+        console.print(
+            f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"
+        )
+    else:
+        what = "resumed from" if start.resumed else "continued from checkpoint.load"
+        console.print(
+            f"{what} {start.path} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
+        )
     return progress
 
 

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from trainer.__main__ import main as trainer_main
+from trainer.catalog import instance_type
+from trainer.plan.command import plan_for
+from trainer.plan.performance import Assumptions
 
 from .conftest import DATASET, IMAGE_TAG, ROOT, TOKENIZER, Stack
 
@@ -152,4 +155,26 @@ def test_config_outside_the_image_is_refused(stack, capsys, tmp_path):
     status, stderr = submit_in_process(stack, capsys, "--config", str(outside))
     assert status == 2
     assert "the image carries trainer/ only" in stderr
+    assert stack.jobs() == []
+
+
+def test_auto_layout_is_planned_for_the_stack_and_passed_to_the_job(stack):
+    auto = ["parallel.tensor_model_parallel_size=auto", "parallel.recompute=auto"]
+    result = train(stack, "RUN=planned", args=" ".join([DATA_ARGS, *(f"--set {key}" for key in auto)]))
+    assert result.returncode == 0, result.stderr
+    (submitted,) = stack.requests("SubmitJob")
+    command = submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"]
+    assert "auto" not in " ".join(command)
+    overrides = [*DATA_ARGS.replace("--set ", "").split(), *auto]
+    chosen = plan_for(ROOT / CONFIG, overrides, instance_type("p5.48xlarge"), 4, Assumptions()).chosen
+    tp, recompute = chosen.overrides(["parallel.tensor_model_parallel_size", "parallel.recompute"])
+    assert command[-4:] == ["--set", tp, "--set", recompute]
+    assert f"layout:     {chosen.describe()}" in result.stdout
+
+
+def test_auto_layout_that_fits_no_layout_is_refused(stack, capsys):
+    args = DATA_ARGS + " --set model.num_layers=320 --set parallel.recompute=auto"
+    status, stderr = submit_in_process(stack, capsys, "--nodes", "1", args=args)
+    assert status == 2
+    assert "parallel.recompute = auto: no layout fits 1 x p5.48xlarge" in stderr
     assert stack.jobs() == []

@@ -39,6 +39,16 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
     return path
 
 
+def sealed_checkpoint(path: Path) -> Path:
+    """A directory as a finished save leaves it: a data file, then the manifest that lists it."""
+    from trainer.checkpoint import write_manifest
+
+    path.mkdir(parents=True)
+    (path / "common.pt").write_bytes(b"weights")
+    write_manifest(path, int(path.name.removeprefix("iter_")))
+    return path
+
+
 @dataclass
 class Result:
     """What one launch left behind."""
@@ -88,7 +98,14 @@ class Launcher:
         command += [str(WORKER), mode, str(self.config), str(out), *([str(checkpoint)] if checkpoint else [])]
         for override in (f"logging.run_dir={self.run_dir(name)}", *overrides):
             command += ["--set", override]
+        self.run(name, command)
+        self.results[name] = Result(self.run_dir(name), out)
+        return self.results[name]
+
+    def run(self, name: str, command: list[str]) -> str:
+        """Run a command (a torchrun launch, or a verb that starts one) to success; returns its output."""
         log = self.base / name / "log.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("w") as output:
             # Its own session, so that a timeout takes down torchrun's workers too.
             process = subprocess.Popen(
@@ -105,8 +122,7 @@ class Launcher:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         assert process.returncode == 0, f"{name} failed ({process.returncode}):\n" + log.read_text()[-6000:]
-        self.results[name] = Result(self.run_dir(name), out)
-        return self.results[name]
+        return log.read_text()
 
 
 @pytest.fixture(scope="session")

@@ -18,9 +18,12 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from trainer.config import ConfigError, TrainConfig, layout_problems, load_config
+from trainer.catalog import instance_type
+from trainer.config import ConfigError, TrainConfig, auto_keys, layout_problems, load_config
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.plan.command import plan_for
+from trainer.plan.performance import Assumptions
 
 ROOT = Path(__file__).resolve().parents[2]
 FSX_DATASETS = "/fsx/datasets/"
@@ -44,6 +47,7 @@ class Submission:
     image: str
     command: list[str]
     environment: dict[str, str] = field(default_factory=dict)
+    planned_layout: str | None = None  # what the planner chose for the config's `auto` keys
 
     @property
     def run_dir(self) -> str:
@@ -73,20 +77,24 @@ def plan(
             f"CONFIG={config_path}: the image carries trainer/ only; put the config under trainer/configs/ "
             "and rebuild the image (make image && make push)"
         )
+    nodes = outputs.node_count if nodes is None else nodes
+    nodes_valid = 1 <= nodes <= outputs.node_count
+    if not nodes_valid:
+        problems.append(
+            f"NODES={nodes}: stack {outputs.stack!r} allows 1 to {outputs.node_count} nodes of "
+            f"{outputs['instance_type']} (its compute environment's maxvCpus); raise trainstack:nodeCount to go further"
+        )
+    planned_layout = None
     try:
+        if nodes_valid:
+            overrides, planned_layout = _plan_auto_layout(config_path, overrides, outputs, nodes)
         cfg = load_config(config_path, overrides)
     except ConfigError as error:
-        raise SubmitError(error.problems) from None
+        raise SubmitError(problems + error.problems) from None
     run = run or cfg.name
     if not RUN_NAME.match(run):
         problems.append(
             f"RUN={run!r}: use letters, digits, '-' and '_' (at most 100, starting with a letter or digit)"
-        )
-    nodes = outputs.node_count if nodes is None else nodes
-    if not 1 <= nodes <= outputs.node_count:
-        problems.append(
-            f"NODES={nodes}: stack {outputs.stack!r} allows 1 to {outputs.node_count} nodes of "
-            f"{outputs['instance_type']} (its compute environment's maxvCpus); raise trainstack:nodeCount to go further"
         )
     gpus = outputs.gpus_per_node
     tp = cfg.parallel.tensor_model_parallel_size
@@ -114,8 +122,34 @@ def plan(
             "TRAINSTACK_CONFIG": relative_config,
             "TRAINSTACK_IMAGE_TAG": tag,
         },
+        planned_layout=planned_layout,
     )
     return submission, cfg
+
+
+def _plan_auto_layout(
+    config_path: Path, overrides: list[str], outputs: StackOutputs, nodes: int
+) -> tuple[list[str], str | None]:
+    """Overrides with the planner's choice for the keys the config leaves `auto` (docs/plan.md)."""
+    planned = auto_keys(config_path, overrides)
+    if not planned:
+        return overrides, None
+    instance = instance_type(outputs["instance_type"])
+    chosen = plan_for(config_path, overrides, instance, nodes, Assumptions()).chosen
+    if chosen is None:
+        raise SubmitError(
+            [
+                f"{', '.join(planned)} = auto: no layout fits {nodes} x {instance.name}; see "
+                f"python -m trainer plan --config {config_path} --instance {instance.name} "
+                f"--nodes {nodes}"
+            ]
+        )
+    kept = [override for override in overrides if override.partition("=")[0] not in planned]
+    summary = (
+        f"{chosen.describe()}: {chosen.memory.total / 2**30:.1f} GiB per GPU, "
+        f"{chosen.step.tokens_per_s:,.0f} tokens/s estimated"
+    )
+    return kept + chosen.overrides(planned), summary
 
 
 def config_changed_since(tag: str, config_path: Path) -> bool:
@@ -263,6 +297,8 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"submitted run {submission.run!r}: {submission.nodes} x {outputs['instance_type']} ({submission.image})"
     )
+    if submission.planned_layout:
+        print(f"  layout:     {submission.planned_layout} (planned: docs/plan.md)")
     print(f"  job id:     {job_id}")
     print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run})")
     print(f"  logs:       log group {group}, main node stream appears when it starts")

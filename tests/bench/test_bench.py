@@ -1,0 +1,113 @@
+"""`make bench` and `make bench-gpu` on a tiny input, so their code cannot rot: the CPU suite end to end
+(data preparation against its baseline, training at TP1xPP2 against one process, pipeline idle time, checkpoint
+throughput, memory against the planner), and the GPU suite's code on CPU through gloo."""
+
+import email
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.bench.command import print_report, run_suite, write_report
+from trainer.bench.gpu import run_gpu_suite
+
+pytestmark = pytest.mark.slow  # multi-process runs (make test still runs them)
+
+
+@pytest.fixture(scope="module")
+def pipelined_config(tiny_config, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench-config") / "tiny-pp2.yaml"
+    path.write_text(tiny_config.read_text() + "parallel:\n  pipeline_model_parallel_size: 2\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cpu_report(pipelined_config, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    report = run_suite(
+        pipelined_config,
+        out,
+        steps=3,
+        memory_layouts=(),
+        checkpoint_overrides=(),
+        disk_bytes=16 << 20,
+        data_inputs=[str(Path(email.__file__).parent)],
+    )
+    return report, write_report(report, out / "bench.json")
+
+
+def results(report: dict) -> dict[str, dict]:
+    return {r["name"].split(" (")[0]: r for r in report["results"]}
+
+
+def test_every_result_stands_against_a_baseline_from_the_same_run(cpu_report):
+    report, path = cpu_report
+    assert json.loads(path.read_text()) == report
+    named = results(report)
+    assert set(named) >= {
+        "data preparation",
+        "training tp1-pp2",
+        "pipeline idle tp1-pp2",
+        "checkpoint save",
+        "checkpoint load",
+    }
+    for result in report["results"]:
+        assert result["value"] > 0 and result["baseline_value"] > 0
+        assert result["ratio"] == pytest.approx(result["value"] / result["baseline_value"])
+    assert report["machine"]["cpus_usable"] >= 1 and "load_average_1m_at_end" in report["machine"]
+
+
+def test_prepare_and_its_baseline_write_the_same_dataset(cpu_report):
+    data = cpu_report[0]["details"]["data"]
+    assert data["identical_output"] and data["tokens"] > 10_000
+
+
+def test_pipeline_idle_is_measured_per_stage_against_the_1f1b_bubble(cpu_report):
+    idle = cpu_report[0]["details"]["pipeline_idle"]
+    assert idle["bubble"] == pytest.approx(1 / 5)  # p = 2, m = 8 / 2 = 4
+    assert len(idle["measured_by_stage"]) == 2
+    assert all(0 < share < 1 for share in idle["measured_by_stage"])
+
+
+def test_checkpoint_throughput_counts_the_bytes_written(cpu_report):
+    checkpoint = cpu_report[0]["details"]["checkpoint"]
+    assert checkpoint["bytes"] > 100_000 and checkpoint["save_gbytes_per_s"] > 0
+
+
+def test_memory_model_predicts_each_measured_peak_within_15_percent(cpu_report):
+    rows = cpu_report[0]["details"]["memory"]
+    assert [(row["layout"], row["pipeline_rank"]) for row in rows] == [
+        ("tp1-pp1", 0),
+        ("tp1-pp2", 0),
+        ("tp1-pp2", 1),
+    ]
+    for row in rows:
+        assert abs(row["error"]) < 0.15, row
+        assert row["predicted"]["weights"] == pytest.approx(
+            row["measured"]["weights"], rel=0.01
+        )  # bucket padding
+
+
+def test_report_prints_as_a_table(cpu_report):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    print_report(console, cpu_report[0])
+    text = console.export_text()
+    assert "data preparation" in text and "pipeline idle tp1-pp2" in text
+
+
+def test_gpu_suite_code_runs_on_cpu_and_writes_its_report(tiny_config, tmp_path):
+    report = run_gpu_suite(tiny_config, tmp_path, steps=2, allreduce_processes=2, allreduce_max_bytes=4 << 20)
+    named = results(report)
+    assert (
+        named["training tokens/s"]["value"] > 0 and named["training tokens/s"]["ratio"] is None
+    )  # no CPU peak
+    sweep = report["details"]["allreduce"]
+    assert sweep["world_size"] == 2 and sweep["backend"] == "gloo"
+    assert [row["bytes"] for row in sweep["sizes"]] == [1 << 20, 4 << 20]
+    assert all(
+        row["busbw_gbytes_per_s"] == pytest.approx(row["algbw_gbytes_per_s"]) for row in sweep["sizes"]
+    )  # 2(n-1)/n = 1
+    written = write_report(report, tmp_path / "bench-gpu.json")
+    assert json.loads(written.read_text())["results"] == report["results"]

@@ -1,0 +1,87 @@
+"""Data preparation: `prepare` (trainer/data/prepare.py) against the straightforward way to do the same job, a
+single-process loop of Hugging Face tokenizer `encode` calls into megatron-core's IndexedDatasetBuilder. Both use
+the same tokenizer and inputs and must write byte-identical .bin and .idx files; tokens/s counts the whole job
+(reading, checking, encoding, writing), with megatron-core imported and the inputs in the page cache beforehand."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from trainer.data.prepare import default_workers, prepare_dataset
+from trainer.data.sources import find_input_files, stdlib_sources
+from trainer.data.tokenizer import eod_id
+
+
+def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -> int:
+    """One process, one document at a time: read the file, encode it, append EOD, add it to the builder."""
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # slow import: only here
+
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    tokenizer.encode_special_tokens = (
+        True  # special-token text inside a document is plain text, as in prepare
+    )
+    eod = eod_id(tokenizer, tokenizer_path)
+    dtype = DType.optimal_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    tokens = 0
+    for path in paths:
+        text = Path(path).read_bytes().decode("utf-8")
+        if not text:
+            continue
+        ids = [*tokenizer.encode(text, add_special_tokens=False).ids, eod]
+        builder.add_document(np.array(ids, dtype=dtype), [len(ids)])
+        tokens += len(ids)
+    builder.finalize(f"{prefix}.idx")
+    return tokens
+
+
+def bench_data(
+    out: Path,
+    tokenizer_path: str,
+    inputs: Sequence[str] = (),
+    *,
+    stdlib: bool = False,
+    globs: Sequence[str] = ("*.py",),
+    workers: int | None = None,
+) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = list(dict.fromkeys([*find_input_files(inputs, globs), *(stdlib_sources() if stdlib else [])]))
+    workers = workers or default_workers()
+    # Neither side pays for what both share: megatron-core's import and reading the files from disk the first time.
+    from megatron.core.datasets import indexed_dataset  # noqa: F401
+
+    for path in paths:
+        path.read_bytes()
+    started = time.perf_counter()
+    ours = prepare_dataset(
+        inputs,
+        str(out / "ours"),
+        stdlib=stdlib,
+        tokenizer=tokenizer_path,
+        globs=globs,
+        workers=workers,
+        force=True,
+    )
+    ours_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    tokens = baseline_prepare(paths, tokenizer_path, out / "baseline")
+    baseline_seconds = time.perf_counter() - started
+    identical = all(
+        (out / f"ours{suffix}").read_bytes() == (out / f"baseline{suffix}").read_bytes()
+        for suffix in (".bin", ".idx")
+    )
+    return {
+        "documents": ours.manifest.documents,
+        "tokens": ours.manifest.tokens,
+        "workers": workers,
+        "ours_seconds": ours_seconds,
+        "baseline_seconds": baseline_seconds,
+        "ours_tokens_per_s": ours.manifest.tokens / ours_seconds,
+        "baseline_tokens_per_s": tokens / baseline_seconds,
+        "identical_output": identical,
+    }

@@ -1,0 +1,153 @@
+"""One process of a measured training run, started by torchrun: the production build and step, instrumented.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
+        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint]
+
+Each rank writes OUT/rank<R>.json with
+- memory: bytes of the weights, the gradient buffers and everything else allocated before the second step
+  (optimizer states), and the peak of that second step, from an allocation trace of the build and the first two
+  steps (trainer/bench/allocations.py); Adam's states exist from the first step on, so the second is the steady
+  state;
+- steps: the wall time of each further step and the seconds this rank spent inside pipeline send/receive calls,
+  which is where a stage waits for its neighbours (the pipeline's idle time, transfers included);
+- checkpoint (with --checkpoint): seconds to save and to load the run's checkpoint, and its bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+from rich.console import Console
+
+from trainer import checkpoint, parallel, train
+from trainer.bench.allocations import AllocationTrace
+from trainer.config import load_config
+from trainer.model import HAVE_TRANSFORMER_ENGINE
+
+TRACED_STEPS = 2
+
+
+class PipelineWaits:
+    """Wall time spent in megatron-core's pipeline send/receive (every schedule goes through _communicate)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        communicate = P2PCommunicator._communicate
+
+        def timed(communicator, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return communicate(communicator, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        P2PCommunicator._communicate = timed
+
+
+def kernels() -> str:
+    """The planner's name for the layer implementation this process runs (trainer/model.py picks it)."""
+    return "transformer_engine" if parallel.device_type() == "cuda" and HAVE_TRANSFORMER_ENGINE else "local"
+
+
+def _storage_bytes(tensors) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def measure_memory(run: train.Run, trace: AllocationTrace) -> dict:
+    weights = _storage_bytes(p for chunk in run.chunks for p in chunk.parameters())
+    gradients = _storage_bytes(b.grad_data for chunk in run.chunks for b in chunk.buffers)
+    steady = trace.phases("step")[-1]
+    static = trace.allocated_at(steady.start_ns)
+    return {
+        "weights": weights,
+        "gradients": gradients,
+        "optimizer_states": static - weights - gradients,
+        "static": static,
+        "peak": trace.peak_during(steady),
+        "peak_in_optimizer_step": trace.peak_during(trace.phases("optimizer")[-1]),
+    }
+
+
+def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool) -> dict:
+    device = parallel.device_type()
+    waits = PipelineWaits()
+    with AllocationTrace(device) as trace:
+        with trace.phase("build"):
+            run = train.build(cfg, dims)
+        step_optimizer = run.optimizer.step
+
+        def traced_optimizer_step():
+            with trace.phase("optimizer"):
+                return step_optimizer()
+
+        run.optimizer.step = traced_optimizer_step
+        batches = train.micro_batch_iterators(run.train_data, 0, run)
+        for _ in range(TRACED_STEPS):
+            with trace.phase("step"):
+                train.train_step(run, batches)
+    run.optimizer.step = step_optimizer
+    result = {
+        "rank": torch.distributed.get_rank(),
+        "pipeline_rank": parallel_state.get_pipeline_model_parallel_rank(),
+        "kernels": kernels(),
+        "memory": measure_memory(run, trace),
+        "steps": [],
+    }
+    for _ in range(steps):
+        torch.distributed.barrier()
+        waits.seconds = 0.0
+        started = time.perf_counter()
+        train.train_step(run, batches)
+        result["steps"].append(
+            {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
+        )
+    if save_checkpoint:
+        result["checkpoint"] = _time_checkpoint(run, cfg, dims)
+    return result
+
+
+def _time_checkpoint(run: train.Run, cfg, dims: parallel.ParallelDims) -> dict:
+    progress = checkpoint.Progress(step=TRACED_STEPS, consumed_samples=0)
+    torch.distributed.barrier()
+    started = time.perf_counter()
+    saved = checkpoint.save(
+        cfg.checkpoint_dir, run.chunks, run.optimizer, run.scheduler, progress, dims, 1, run.model_record
+    )
+    save_seconds = time.perf_counter() - started
+    torch.distributed.barrier()
+    started = time.perf_counter()
+    checkpoint.load(saved, run.chunks, run.optimizer, run.scheduler, dims)
+    torch.distributed.barrier()
+    load_seconds = time.perf_counter() - started
+    size = sum(path.stat().st_size for path in saved.rglob("*") if path.is_file())
+    return {"bytes": size, "save_seconds": save_seconds, "load_seconds": load_seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.bench.worker")
+    parser.add_argument("config")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--steps", type=int, default=0, help="timed steps after the two traced ones")
+    parser.add_argument("--checkpoint", action="store_true", help="time a checkpoint save and load")
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    dims = parallel.initialize(cfg)
+    Console(stderr=True, quiet=torch.distributed.get_rank() != 0).print(f"bench worker: {cfg.name} at {dims}")
+    try:
+        result = measure(cfg, dims, args.steps, args.checkpoint)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
+    finally:
+        parallel.shutdown()
+
+
+if __name__ == "__main__":
+    main()

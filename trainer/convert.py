@@ -1,0 +1,206 @@
+"""`python -m trainer convert`: Hugging Face Llama <-> trainer checkpoint, through full weights (trainer/weights.py).
+
+    convert --from-hf DIR --out CKPT [--tp N --pp M]   config.json + safetensors -> CKPT/iter_0000000 (weights
+                                                        only), CKPT/latest, CKPT/train.yaml, CKPT/tokenizer.json
+    convert --to-hf CKPT --out DIR [--dtype D]          a trainer checkpoint (any, from any layout) -> DIR
+
+Everything is checked before a process starts: the config's features, every tensor's name and shape, the output
+not existing. From Hugging Face, torchrun starts TP x PP processes; each reads only its own stage's tensors and
+keeps its shard, so a model that fits the training layout converts at it. The checkpoint loads at any layout.
+To Hugging Face, one process rebuilds the model at TP=1, PP=1 (the whole model in its memory). Either writes into
+OUT.tmp and renames it to OUT when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from trainer import checkpoint, hf, model, parallel, standalone, weights
+from trainer.config import ConfigError, ModelConfig, layout_problems
+from trainer.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
+
+TRAIN_CONFIG = "train.yaml"
+TOKENIZER = "tokenizer.json"
+# The converted model's starting recipe caps the sequence length here (Llama 3.1 allows 131072 positions).
+RECIPE_MAX_SEQ_LENGTH = 4096
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", type=Path, metavar="DIR", help="a Hugging Face Llama directory")
+    source.add_argument(
+        "--to-hf", type=Path, metavar="CKPT", help="a trainer checkpoint, or a directory of them"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the directory to create (must not exist)")
+    parser.add_argument("--tp", type=int, default=1, help="--from-hf: tensor-parallel size to convert at")
+    parser.add_argument("--pp", type=int, default=1, help="--from-hf: pipeline-parallel size to convert at")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPE_NAMES.values()),
+        help="--to-hf: tensor dtype (default: the source's for converted models, else float32, lossless)",
+    )
+    parser.add_argument(
+        "--max-shard-size", default="5GB", help="--to-hf: safetensors shard size (default 5GB)"
+    )
+
+
+class ConvertError(ValueError):
+    """A conversion that cannot start."""
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.out.exists():
+            raise ConvertError(f"--out {args.out} exists; convert never overwrites: give a new directory")
+        if args.from_hf:
+            source = HuggingFaceCheckpoint(args.from_hf)
+            _check_layout(source.model, args.tp, args.pp)
+            nproc = args.tp * args.pp
+        else:
+            if args.tp != 1 or args.pp != 1:
+                raise ConvertError(
+                    "--tp/--pp apply to --from-hf; --to-hf reads any checkpoint in one process"
+                )
+            _checkpoint_to_export(args.to_hf)
+            parse_size(args.max_shard_size)
+            nproc = 1
+    # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
+    except (ValueError, ConfigError) as error:
+        print(f"convert: {error}", file=sys.stderr)
+        return 2
+    if not standalone.under_torchrun():
+        standalone.exec_torchrun(nproc, _verb_args(args))
+    if args.from_hf:
+        _from_hf(source, args.out, args.tp, args.pp)
+    else:
+        _to_hf(args.to_hf, args.out, args.dtype, parse_size(args.max_shard_size))
+    return 0
+
+
+def _verb_args(args: argparse.Namespace) -> list[str]:
+    """This command line again, for each process torchrun starts."""
+    source = ["--from-hf", str(args.from_hf)] if args.from_hf else ["--to-hf", str(args.to_hf)]
+    verb = ["convert", *source, "--out", str(args.out), "--tp", str(args.tp), "--pp", str(args.pp)]
+    return [*verb, *(["--dtype", args.dtype] if args.dtype else []), "--max-shard-size", args.max_shard_size]
+
+
+def _check_layout(model: ModelConfig, tp: int, pp: int) -> None:
+    cfg = weights.model_only_config(model, tensor_parallel=tp, pipeline_parallel=pp, seq_length=1)
+    problems = layout_problems(cfg, tp * pp, parallel.device_type())
+    if problems:
+        raise ConvertError(f"--tp {tp} --pp {pp} does not fit the model: " + "; ".join(problems))
+
+
+def _checkpoint_to_export(path: Path) -> tuple[Path, checkpoint.ModelRecord]:
+    found = checkpoint.resolve(path)
+    record = checkpoint.read_record(found)
+    if record is None:
+        raise ConvertError(
+            f"--to-hf: {found} records no model config (saved before checkpoints carried one); resave it"
+        )
+    return found, record
+
+
+def _staging(out: Path) -> Path:
+    """OUT.tmp, emptied: the output grows there and becomes OUT by one rename."""
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _from_hf(source: HuggingFaceCheckpoint, out: Path, tp: int, pp: int) -> None:
+    record = checkpoint.ModelRecord(
+        source.model,
+        seq_length=source.hf_config.get("max_position_embeddings", RECIPE_MAX_SEQ_LENGTH),
+        hf_config={**source.hf_config, "dtype": DTYPE_NAMES[source.dtype]},
+    )
+    cfg = weights.model_only_config(source.model, tensor_parallel=tp, pipeline_parallel=pp, seq_length=1)
+    dims = parallel.initialize(cfg)
+    try:
+        rank = torch.distributed.get_rank()
+        padded_vocab_size = source.model.padded_vocab_size(source.model.vocab_size)
+        chunks = model.build_model(
+            cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
+        )
+        weights.load_into(chunks, source.full_weights())
+        staging = out.with_name(out.name + ".tmp")
+        if rank == 0:
+            _staging(out)
+        torch.distributed.barrier()
+        checkpoint.save(staging, chunks, None, None, checkpoint.Progress(), dims, 1, record)
+        if rank == 0:
+            tokenizer = source.directory / TOKENIZER
+            if tokenizer.is_file():
+                shutil.copyfile(tokenizer, staging / TOKENIZER)
+            recipe = finetune_recipe(source, out, tp, pp, tokenizer.is_file())
+            (staging / TRAIN_CONFIG).write_text(recipe)
+            os.replace(staging, out)
+            print(
+                f"convert: {source.directory} -> {out} (train with: --config {out / TRAIN_CONFIG})",
+                file=sys.stderr,
+            )
+        torch.distributed.barrier()
+    finally:
+        parallel.shutdown()
+
+
+def finetune_recipe(source: HuggingFaceCheckpoint, out: Path, tp: int, pp: int, has_tokenizer: bool) -> str:
+    """A trainer config that fine-tunes the converted model: its model section is config.json's."""
+    max_positions = source.hf_config.get("max_position_embeddings", RECIPE_MAX_SEQ_LENGTH)
+    tokenizer = str(out / TOKENIZER) if has_tokenizer else "CHANGE-ME/tokenizer.json"
+    recipe = {
+        "name": f"{source.directory.name}-finetune",
+        "precision": "bf16",
+        "model": source.model.model_dump(exclude_none=True),
+        "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
+        "data": {
+            "prefixes": ["CHANGE-ME"],
+            "tokenizer_path": tokenizer,
+            "seq_length": min(max_positions, RECIPE_MAX_SEQ_LENGTH),
+        },
+        "optimizer": {"lr": 1.0e-5, "min_lr": 1.0e-6, "weight_decay": 0.1, "clip_grad": 1.0},
+        "schedule": {
+            "train_iters": 1000,
+            "micro_batch_size": 1,
+            "global_batch_size": 64,
+            "lr_warmup_iters": 50,
+            "eval_interval": 100,
+        },
+        "checkpoint": {"load": str(out), "finetune": True, "save_interval": 200},
+    }
+    header = (
+        f"# Fine-tunes {source.directory} (converted to {out}): the model section is its config.json's.\n"
+        f"# Prepare data with its tokenizer and set data.prefixes, e.g.\n"
+        f"#   python -m trainer prepare INPUT... --tokenizer {tokenizer} --output data/mine\n"
+        f"#   python -m trainer train --config {out / TRAIN_CONFIG} --set data.prefixes=[data/mine]\n"
+    )
+    return header + yaml.safe_dump(recipe, sort_keys=False)
+
+
+def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int) -> None:
+    found, record = _checkpoint_to_export(source)
+    dtype_name = dtype_name or (record.hf_config or {}).get("dtype", "float32")
+    dtype = {name: dtype for dtype, name in DTYPE_NAMES.items()}[dtype_name]
+    cfg = weights.model_only_config(record.config, seq_length=record.seq_length)
+    parallel.initialize(cfg)
+    try:
+        padded_vocab_size = record.config.padded_vocab_size(record.config.vocab_size)
+        chunks = model.build_model(
+            cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
+        )
+        checkpoint.load_weights(found, chunks)
+        staging = _staging(out)
+        hf_config = hf.to_hf_config(record.config, record.hf_config, dtype, record.seq_length)
+        hf.write(staging, record.config, weights.gather(chunks), hf_config, dtype, max_shard_bytes)
+        os.replace(staging, out)
+        print(f"convert: {found} -> {out} ({dtype_name})", file=sys.stderr)
+    finally:
+        parallel.shutdown()

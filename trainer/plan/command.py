@@ -1,0 +1,205 @@
+"""`python -m trainer plan`: the parallel layouts a config can train with on N nodes, ranked, and the best one
+written as a config that `train` accepts.
+
+    python -m trainer plan --config trainer/configs/llama3-70b.yaml --instance p5.48xlarge --nodes 32
+    python -m trainer plan --config trainer/configs/llama3-8b.yaml --stack prod --tokens 1e12 --out planned.yaml
+
+The search changes the layout keys the config marks `auto` (all of them when it marks none). See docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trainer.arithmetic import parameter_counts
+from trainer.catalog import INSTANCE_TYPES, InstanceType, instance_type
+from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
+from trainer.plan.performance import Assumptions
+from trainer.plan.search import GIB, Candidate, Plan, search
+
+
+class PlanError(Exception):
+    """Arguments the planner cannot work with; the message says what would be valid."""
+
+
+def load_for_planning(path: str | Path, overrides: list[str]) -> tuple[TrainConfig, list[str]]:
+    """The config with placeholders for its `auto` layout keys (the search replaces them), and those keys."""
+    planned = auto_keys(path, overrides)
+    placeholders = {"parallel.recompute": "none", "parallel.sequence_parallel": "false"}
+    filled = [f"{key}={placeholders.get(key, '1')}" for key in planned]
+    return load_config(path, [*overrides, *filled]), planned
+
+
+def plan_for(
+    path: str | Path, overrides: list[str], instance: InstanceType, nodes: int, assumptions: Assumptions
+) -> Plan:
+    """Search the `auto` keys of the config, or every layout key when it marks none."""
+    cfg, planned = load_for_planning(path, overrides)
+    return search(cfg, instance, nodes, planned or LAYOUT_KEYS, assumptions)
+
+
+def token_budget(cfg: TrainConfig) -> float:
+    s = cfg.schedule
+    return float(s.train_iters * s.global_batch_size * cfg.data.seq_length)
+
+
+def write_config(candidate: Candidate, path: Path, source: str) -> None:
+    """The whole config with the chosen layout, written to a temporary name and renamed into place."""
+    values = candidate.cfg.model_dump(mode="json", exclude_unset=True)
+    for key, value in candidate.layout.items():
+        section, name = key.split(".")
+        values.setdefault(section, {})[name] = value
+    header = f"# Planned by `python -m trainer plan` from {source}: {candidate.describe()}.\n"
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(header + yaml.safe_dump(values, sort_keys=False))
+    temporary.replace(path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, help="a trainer config, e.g. trainer/configs/llama3-70b.yaml"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    where = parser.add_argument_group("where it runs: --instance and --nodes, or --stack")
+    where.add_argument("--instance", choices=sorted(INSTANCE_TYPES), metavar="TYPE", help="an instance type")
+    where.add_argument("--nodes", type=int, help="nodes (with --stack: instead of the stack's node count)")
+    where.add_argument("--stack", help="take the instance type and node count from Pulumi.<stack>.yaml")
+    parser.add_argument(
+        "--tokens",
+        type=float,
+        help="tokens to train (default: the config's train_iters x global batch x sequence)",
+    )
+    parser.add_argument("--price-per-hour", type=float, metavar="USD", help="price of one instance-hour")
+    parser.add_argument(
+        "--matmul-efficiency",
+        type=float,
+        default=Assumptions().matmul_efficiency,
+        help="share of the dense bf16 peak the compute reaches (default %(default)s)",
+    )
+    parser.add_argument("--top", type=int, default=10, help="rows of the table (default %(default)s)")
+    parser.add_argument("--out", type=Path, help="write the chosen layout's whole config here (YAML)")
+
+
+def main(args: argparse.Namespace) -> int:
+    # Piped output keeps the table whole instead of rich's 80-column default.
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+    try:
+        instance, nodes = _where(args)
+        if not 0 < args.matmul_efficiency <= 1:
+            raise PlanError(f"--matmul-efficiency {args.matmul_efficiency}: give a fraction in (0, 1]")
+        assumptions = Assumptions(matmul_efficiency=args.matmul_efficiency)
+        plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
+    except (ConfigError, PlanError) as error:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]plan:[/] {escape(str(error))}"
+        )
+        return 2
+    tokens = args.tokens or token_budget(plan.config)
+    _print_plan(console, plan, tokens, args.price_per_hour, args.top)
+    chosen = plan.chosen
+    if chosen is None:
+        if not plan.candidates:
+            console.print("[bold red]no layout passes the trainer's checks on this many GPUs[/]")
+            return 1
+        smallest = min(plan.candidates, key=lambda c: c.memory.total)
+        usable = instance.gpu_memory_gib * assumptions.memory_usable_fraction
+        console.print(
+            f"[bold red]no layout fits[/]: the smallest needs {smallest.memory.total / GIB:.1f} GiB per GPU "
+            f"({smallest.describe()}), {usable:.0f} GiB are usable; add nodes, or shorten the sequence or batch"
+        )
+        return 1
+    _print_chosen(console, chosen, plan)
+    console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")
+    console.print(" ".join(f"--set {line}" for line in chosen.overrides()))
+    if args.out:
+        write_config(chosen, args.out, args.config)
+        console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
+    return 0
+
+
+def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
+    if args.stack:
+        if args.instance:
+            raise PlanError("give --stack or --instance, not both (the stack names its instance type)")
+        from infra.config import StackConfigError, load_stack_config
+
+        try:
+            stack = load_stack_config(args.stack)
+        except (StackConfigError, FileNotFoundError) as error:
+            raise PlanError(f"--stack {args.stack}: {error}") from None
+        nodes = args.nodes or stack.node_count
+        return instance_type(stack.instance_type), nodes
+    if args.instance is None or args.nodes is None:
+        raise PlanError("say where it runs: --instance TYPE --nodes N, or --stack ENV")
+    if args.nodes < 1:
+        raise PlanError(f"--nodes {args.nodes}: at least 1")
+    return instance_type(args.instance), args.nodes
+
+
+def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None, top: int) -> None:
+    cfg, i = plan.config, plan.instance
+    params = parameter_counts(cfg.model, plan.padded_vocab_size).total
+    console.print(
+        f"[bold]{cfg.name}[/]: {params / 1e9:.2f} B parameters, sequence {cfg.data.seq_length}, global batch "
+        f"{cfg.schedule.global_batch_size}, {cfg.precision}; on {plan.nodes} x {i.name} "
+        f"({plan.nodes * i.gpus} x {i.gpu_model} {i.gpu_memory_gib} GiB); {tokens:.3g} tokens"
+    )
+    free = ", ".join(key.split(".")[1] for key in plan.free_keys)
+    console.print(f"searched {len(plan.candidates)} layouts over: {free}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    columns = ("#", "TP", "PP", "VP", "DP", "micro", "recompute", "dist opt", "GiB/GPU", "bubble", "step s")
+    columns += ("tokens/s", "MFU", "days", "cost $" if price else "node-hours")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "recompute" else "right")
+    for rank, c in enumerate(plan.candidates[:top], 1):
+        p, s = c.cfg.parallel, c.cfg.schedule
+        seconds = tokens / c.step.tokens_per_s
+        node_hours = seconds / 3600 * plan.nodes
+        memory = f"{c.memory.total / GIB:.1f}" if c.fits else f"[red]{c.memory.total / GIB:.1f} ✗[/]"
+        table.add_row(
+            str(rank),
+            str(p.tensor_model_parallel_size),
+            str(p.pipeline_model_parallel_size),
+            str(p.virtual_pipeline_model_parallel_size),
+            str(c.data_parallel_size),
+            str(s.micro_batch_size),
+            p.recompute,
+            "yes" if p.use_distributed_optimizer else "no",
+            memory,
+            f"{c.step.bubble_fraction:.1%}",
+            f"{c.step.total_s:.2f}",
+            f"{c.step.tokens_per_s:,.0f}",
+            f"{c.step.mfu:.1%}",
+            f"{seconds / 86400:.1f}",
+            f"{node_hours * price:,.0f}" if price else f"{node_hours:,.0f}",
+        )
+    console.print(table)
+
+
+def _print_chosen(console: Console, c: Candidate, plan: Plan) -> None:
+    m, t = c.memory, c.step
+    usable = plan.instance.gpu_memory_gib * plan.assumptions.memory_usable_fraction
+    console.print(f"\n[bold]chosen[/]: {c.describe()}")
+    console.print(
+        f"memory per GPU (pipeline rank {m.pipeline_rank}, peak at the {m.moment}): {m.total / GIB:.1f} of "
+        f"{usable:.0f} usable GiB = weights {m.weights / GIB:.1f} + gradients {m.gradients / GIB:.1f} + optimizer "
+        f"{m.optimizer_states / GIB:.1f} + activations {m.activations / GIB:.1f} + logits {m.logits / GIB:.1f} + "
+        f"in flight {m.transient / GIB:.1f}  ({m.parameters / 1e9:.2f} B parameters on the GPU)"
+    )
+    console.print(
+        f"step {t.total_s:.2f} s = compute {t.compute_s:.2f} + tensor parallel {t.tensor_parallel_s:.2f} + "
+        f"pipeline sends {t.pipeline_p2p_s:.2f} + bubble {t.bubble_s:.2f} ({t.bubble_fraction:.1%}) + data "
+        f"parallel {t.data_parallel_s:.2f}"
+    )
+    console.print("assumptions:")
+    for line in plan.assumptions.lines():
+        console.print(f"  - {line}")

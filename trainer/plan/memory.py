@@ -1,0 +1,260 @@
+"""Per-GPU memory of a training layout, as this trainer allocates it (what `torch.cuda.max_memory_allocated`
+reports at the steady-state peak: from the second step on, when Adam's states exist).
+
+Model states, per parameter held by the GPU (trainer/parallel.py, trainer/optimizer.py):
+- weights in the compute precision: bf16 (megatron's Float16Module casts the fp32-initialized model), or fp32;
+- gradients in megatron DDP's fp32 buffer (`grad_reduce_in_fp32=True`), whole on every data-parallel rank;
+- optimizer states: Adam's two fp32 moments, plus fp32 master weights when the weights are bf16 (fp32 weights
+  are their own masters); the distributed optimizer shards all of it over the data-parallel ranks (ZeRO-1).
+`model_states()` is the one place that maps an engine's configuration to those bytes; another engine (DeepSpeed
+ZeRO stages 2 and 3 shard gradients and weights too, or offload them) adds a `StateBytes` rule there.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
+per layer, the tensors autograd saves for backward, adapted to this Llama (RMSNorm, SwiGLU, grouped-query
+attention, rotary positions, no dropout, so no dropout masks) and to the kernels that run:
+- "transformer_engine" (GPUs; the image ships TransformerEngine): RMSNorm fused into the next linear, flash
+  attention (no s x s matrix; fp32 softmax statistics instead), fused SwiGLU;
+- "local" (megatron-core's plain-torch layer spec: CPUs, or GPUs without TransformerEngine): unfused RMSNorm
+  keeping fp32 copies, attention scores materialized (fp32 softmax and bf16 probabilities), keys and values
+  repeated to every head, SwiGLU's intermediates, torch's single-tensor AdamW (two fp32 temporaries of the
+  largest parameter during the step).
+The pipeline keeps several micro-batches in flight: 1F1B's first stage holds min(PP, m) of them, the interleaved
+schedule's first rank min(v m, 2 (PP - 1) + (v - 1) PP + 1) model chunks (megatron-core's warm-up counts). Full
+recompute keeps only each layer's input and rebuilds one layer's activations at a time during backward. The last
+stage also holds one micro-batch's logits: the bf16 output and the fp32 copy that the vocab-parallel cross
+entropy turns into its saved softmax, 6 bytes per token per vocabulary entry over TP.
+Left out as small: rotary tables, token ids and loss masks, bucket padding, communication buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainer.arithmetic import ParameterCounts, parameter_counts
+from trainer.config import TrainConfig
+
+Kernels = Literal["transformer_engine", "local"]
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes on one GPU per parameter that the GPU's model chunks hold."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+
+def model_states(cfg: TrainConfig, data_parallel_size: int) -> StateBytes:
+    """Megatron DDP with fp32 gradient buffers, and megatron's (optionally distributed) mixed-precision Adam."""
+    weight_bytes = 2 if cfg.precision == "bf16" else FP32
+    masters = FP32 if cfg.precision == "bf16" else 0
+    shards = data_parallel_size if cfg.parallel.use_distributed_optimizer else 1
+    return StateBytes(weights=weight_bytes, gradients=FP32, optimizer=(masters + 2 * FP32) / shards)
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a layer saves for backward, in bytes per token of the micro-batch (before any split)."""
+
+    name: str
+    bytes_per_token: float
+    split_by: Literal["tp", "sp"]  # "tp": always split over TP; "sp": only under sequence parallelism
+
+
+def saved_per_layer(cfg: TrainConfig, kernels: Kernels) -> list[SavedTensor]:
+    """What one transformer layer keeps for backward per token, with `parallel.recompute` applied
+    (full recompute is handled by the caller: a layer then keeps only its input)."""
+    m, s = cfg.model, cfg.data.seq_length
+    h, a, g, ffn = m.hidden_size, m.num_attention_heads, m.query_groups, m.ffn_hidden_size
+    d = m.kv_channels or h // a
+    e = 2 if cfg.precision == "bf16" else FP32  # activation bytes
+    selective = cfg.parallel.recompute == "selective"
+    if kernels == "transformer_engine":
+        norm = [
+            SavedTensor("norm input", e * h, "sp"),
+            SavedTensor("norm 1/rms (fp32)", FP32, "sp"),
+            SavedTensor("normalized input of the next linear", e * h, "sp"),
+        ]
+        attention = [
+            SavedTensor("query, key, value", e * d * (a + 2 * g), "tp"),
+            SavedTensor("attention output (the projection's input)", e * d * a, "tp"),
+        ]
+        if not selective:  # recomputing core attention drops flash attention's saved statistics
+            attention.append(SavedTensor("softmax log-sum-exp (fp32)", FP32 * a, "tp"))
+        mlp = [
+            SavedTensor("SwiGLU input (FC1 output; fused kernel)", e * 2 * ffn, "tp"),
+            SavedTensor("FC2 input", e * ffn, "tp"),
+        ]
+    else:
+        norm = [
+            SavedTensor("norm input, fp32 copy", FP32 * h, "sp"),
+            SavedTensor("norm 1/rms (fp32)", FP32, "sp"),
+            SavedTensor("normalized input, fp32", FP32 * h, "sp"),
+            SavedTensor("normalized input of the next linear", e * h, "sp"),
+        ]
+        if selective:  # core attention recomputed: its checkpoint keeps query and the grouped key, value
+            attention = [SavedTensor("query, key, value", e * d * (a + 2 * g), "tp")]
+        else:
+            attention = [
+                SavedTensor("query, key and value repeated to every head", 3 * e * d * a, "tp"),
+                SavedTensor("softmax output (fp32)", FP32 * a * s, "tp"),
+            ]
+            if e != FP32:
+                attention.append(SavedTensor("attention probabilities", e * a * s, "tp"))
+        attention.append(SavedTensor("attention output (the projection's input)", e * d * a, "tp"))
+        mlp = [
+            SavedTensor("FC1 output (gate and up)", e * 2 * ffn, "tp"),
+            SavedTensor("silu(gate) and up + offset", e * 2 * ffn, "tp"),
+            SavedTensor("FC2 input", e * ffn, "tp"),
+        ]
+    return [*norm, *attention, *norm, *mlp]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes at the steady-state peak of one pipeline rank's GPU, and the moment of the step it falls in."""
+
+    pipeline_rank: int
+    moment: Literal["loss", "backward", "optimizer step"]
+    parameters: int  # held by this GPU (its TP shard of its stages)
+    weights: float
+    gradients: float
+    optimizer_states: float
+    workspace: float  # kept between steps: the local attention's score buffer
+    activations: float  # saved for backward by every micro-batch in flight
+    logits: float  # at the loss: one micro-batch's bf16 logits and fp32 softmax
+    transient: float  # in backward: gradients being formed (and full recompute's rebuilt layer); in the step: temporaries
+
+    @property
+    def states(self) -> float:
+        return self.weights + self.gradients + self.optimizer_states
+
+    @property
+    def total(self) -> float:
+        return self.states + self.workspace + self.activations + self.logits + self.transient
+
+
+def in_flight_chunks(cfg: TrainConfig, pipeline_rank: int, num_microbatches: int) -> int:
+    """Model chunks whose activations a pipeline rank holds at once (megatron-core's 1F1B warm-up + 1)."""
+    pp, vp = cfg.parallel.pipeline_model_parallel_size, cfg.parallel.virtual_pipeline_model_parallel_size
+    if pp == 1:
+        return 1
+    if vp == 1:
+        return min(pp - pipeline_rank, num_microbatches)
+    warmup = 2 * (pp - pipeline_rank - 1) + (vp - 1) * pp
+    return min(warmup + 1, num_microbatches * vp)
+
+
+def stage_parameters(counts: ParameterCounts, cfg: TrainConfig, pipeline_rank: int) -> int:
+    """Parameters on one GPU of a pipeline rank: its layers' TP shards, replicated norms, embedding, output."""
+    tp = cfg.parallel.tensor_model_parallel_size
+    pp = cfg.parallel.pipeline_model_parallel_size
+    layers = counts.num_layers // pp
+    params = layers * ((counts.layer - counts.layer_norms) / tp + counts.layer_norms)
+    if pipeline_rank == 0:
+        params += counts.embedding / tp
+    if pipeline_rank == pp - 1:
+        params += counts.final_norm
+        tied_copy = counts.embedding if pp > 1 and counts.output_layer == 0 else 0
+        params += (counts.output_layer + tied_copy) / tp
+    return round(params)
+
+
+def estimate_stages(
+    cfg: TrainConfig, world_size: int, padded_vocab_size: int, kernels: Kernels
+) -> list[MemoryEstimate]:
+    """The steady-state peak of every pipeline rank's GPUs (all TP and DP ranks of a stage are alike): the
+    largest of three moments, the loss (last stage), the first layer of a backward, and the optimizer step."""
+    p, s, m = cfg.parallel, cfg.schedule, cfg.model
+    tp, pp, vp = (
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.virtual_pipeline_model_parallel_size,
+    )
+    dp = world_size // (tp * pp)
+    sp = tp if p.sequence_parallel else 1
+    num_microbatches = s.global_batch_size // (s.micro_batch_size * dp)
+    seq = cfg.data.seq_length
+    tokens = s.micro_batch_size * seq
+    e = 2 if cfg.precision == "bf16" else FP32
+    heads = m.num_attention_heads / tp
+    counts = parameter_counts(m, padded_vocab_size)
+    state = model_states(cfg, dp)
+
+    def per_token(saved: list[SavedTensor]) -> float:
+        return sum(t.bytes_per_token / (tp if t.split_by == "tp" else sp) for t in saved)
+
+    no_recompute = cfg.model_copy(update={"parallel": p.model_copy(update={"recompute": "none"})})
+    layer = per_token(saved_per_layer(cfg, kernels)) * tokens
+    rebuilt_layer = per_token(saved_per_layer(no_recompute, kernels)) * tokens
+    local = kernels == "local"
+    workspace = 0.0
+    backward_working_set = 0.0
+    if local:
+        # Attention scores are formed in megatron's global memory buffer, kept for the next step.
+        workspace = s.micro_batch_size * heads * seq**2 * e
+        # Softmax backward forms an fp32 gradient the size of the scores.
+        backward_working_set = FP32 * s.micro_batch_size * heads * seq**2
+        if p.recompute != "full":
+            layer += seq**2  # each layer's copy of the causal mask (bool)
+    layers_per_chunk = m.num_layers // (pp * vp)
+    estimates = []
+    for rank in range(pp):
+        chunks = in_flight_chunks(cfg, rank, num_microbatches)
+        params = stage_parameters(counts, cfg, rank)
+        if p.recompute == "full":
+            activations = chunks * layers_per_chunk * e * m.hidden_size / sp * tokens  # each layer's input
+            in_backward = backward_working_set + rebuilt_layer
+        else:
+            activations = chunks * layers_per_chunk * layer
+            in_backward = backward_working_set
+            if local and e != FP32 and (rank > 0 or vp > 1):
+                # A received input stays for its backward; the local norm saved an fp32 copy beside it.
+                received = chunks if rank > 0 else chunks * (vp - 1) / vp
+                activations += received * e * m.hidden_size * tokens
+        moments = {"backward": (activations, 0.0, in_backward)}
+        if rank == pp - 1:
+            final_norm = per_token(saved_per_layer(cfg, kernels)[: 4 if local else 3]) * tokens
+            logits = (FP32 + (e if e != FP32 else 0)) * padded_vocab_size / tp * tokens
+            moments["loss"] = (activations + final_norm, logits, 0.0)
+        if local:
+            # torch's single-tensor AdamW: sqrt and divide make two fp32 temporaries of the largest parameter.
+            shards = dp if p.use_distributed_optimizer else 1
+            moments["optimizer step"] = (0.0, 0.0, 2 * FP32 * _largest_parameter(cfg, rank, counts) / shards)
+        moment, (saved, logits, transient) = max(moments.items(), key=lambda item: sum(item[1]))
+        estimates.append(
+            MemoryEstimate(
+                pipeline_rank=rank,
+                moment=moment,
+                parameters=params,
+                weights=params * state.weights,
+                gradients=params * state.gradients,
+                optimizer_states=params * state.optimizer,
+                workspace=workspace,
+                activations=saved,
+                logits=logits,
+                transient=transient,
+            )
+        )
+    return estimates
+
+
+def _largest_parameter(cfg: TrainConfig, pipeline_rank: int, counts: ParameterCounts) -> float:
+    m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    d = m.kv_channels or m.hidden_size // m.num_attention_heads
+    in_layers = max(
+        m.hidden_size * (m.num_attention_heads + 2 * m.query_groups) * d,
+        2 * m.hidden_size * m.ffn_hidden_size,
+    )
+    has_vocab = pipeline_rank in (0, cfg.parallel.pipeline_model_parallel_size - 1)
+    return max(in_layers, counts.embedding if has_vocab else 0) / tp
+
+
+def estimate_memory(
+    cfg: TrainConfig, world_size: int, padded_vocab_size: int, kernels: Kernels
+) -> MemoryEstimate:
+    """The GPU with the highest peak: what must fit."""
+    return max(estimate_stages(cfg, world_size, padded_vocab_size, kernels), key=lambda e: e.total)
