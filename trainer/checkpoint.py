@@ -37,7 +37,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer import megatron_compat
+from trainer import faults, megatron_compat
 from trainer.config import ModelConfig, TrainConfig
 from trainer.parallel import ParallelDims
 
@@ -135,8 +135,12 @@ def damage(checkpoint: Path) -> str | None:
     return None
 
 
+_warned: set[str] = set()
+
+
 def _warn_on_rank0(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0 and message not in _warned:  # once per process
+        _warned.add(message)
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
@@ -233,7 +237,8 @@ def save(
         parallel_state.get_data_parallel_group(with_context_parallel=True),
     )
     try:
-        dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
+        with faults.inject_in_save(progress.step):
+            dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
         failure = None
     except (CheckpointException, OSError) as error:
         failure = error
@@ -270,28 +275,32 @@ def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
 def _agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:
     """Every rank learns whether any rank failed; if one did, all raise, after rank 0 clears the staging
     directory (freeing the space a full disk needs back). The previous checkpoint and `latest` stay as they were."""
-    causes: list[str | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(causes, _cause(failure) if failure is not None else None)
-    failed = [(rank, cause) for rank, cause in enumerate(causes) if cause is not None]
+    reports: list[dict[int, str]] = [{}] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(reports, _failures(failure) if failure is not None else {})
+    failed = {rank: cause for report in reports for rank, cause in report.items()}
     if not failed:
         return
     if torch.distributed.get_rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
-    rank, cause = next(((r, c) for r, c in failed if "[Errno" in c), failed[0])
+    # An OS error (ENOSPC, EIO, ...) says what to fix; the other ranks' errors only echo it.
+    rank = next((r for r in sorted(failed) if "[Errno" in failed[r]), min(failed))
     previous = latest_checkpoint(staging.parent, warn=lambda _: None)
     kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint"
     raise CheckpointSaveError(
-        f"{doing} failed on rank {rank}: {cause}. Nothing was published: {kept}. Fix that (free space on "
-        "that file system, or set checkpoint.dir to another) and run again to resume"
+        f"{doing} failed on rank {rank}: {failed[rank]}. Nothing was published: {kept}. Fix that (free space "
+        "on that file system, or set checkpoint.dir to another) and run again to resume"
     )
 
 
-def _cause(error: BaseException) -> str:
-    """One line: the underlying error (dist_checkpointing wraps each rank's in a CheckpointException)."""
-    if isinstance(error, CheckpointException):
-        causes = [str(exc).removeprefix("Worker failure: ") for exc, _ in error.failures.values()]
-        return next((c for c in causes if "[Errno" in c), causes[0] if causes else type(error).__name__)
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+def _failures(error: BaseException) -> dict[int, str]:
+    """The failing ranks and their errors in one line each (dist_checkpointing gathers every rank's failures
+    into a CheckpointException keyed by rank)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return {
+            rank: str(exc).removeprefix("Worker failure: ").splitlines()[0] or type(exc).__name__
+            for rank, (exc, _) in error.failures.items()
+        }
+    return {torch.distributed.get_rank(): str(error).splitlines()[0] if str(error) else type(error).__name__}
 
 
 def _write_atomically(path: Path, text: str) -> None:

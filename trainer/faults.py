@@ -5,14 +5,28 @@
 - A step with a non-finite loss or gradient norm is skipped (no update) and counted; too many in a row stop the run.
 - A collective that times out, or loses the rank on the other end, becomes one message that names the collective,
   where the trainer called it, and what to check.
+
+The tests' way in is one environment variable, TRAINSTACK_FAULT, read here and nowhere else: faults separated by
+";", each a kind and where it strikes, e.g. `kill step=13 rank=1 restart=0; enospc step=10`.
+    kill          SIGKILL this rank in step N (after its backward pass)
+    hang          sleep `seconds` (default 600) in step N, leaving the other ranks waiting in a collective
+    nan-grad      make step N's gradients NaN
+    kill-in-save  SIGKILL this rank while it writes step N's checkpoint (after its first item is on disk)
+    enospc        fail the checkpoint write of step N with OSError(ENOSPC), as a full file system does
+`rank` defaults to 0; `restart` (torchrun's restart count) to every attempt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import math
+import os
 import signal
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +135,101 @@ def _module(filename: str) -> str:
             start = len(parts) - 1 - parts[::-1].index(root)
             return ".".join(parts[start:])
     return filename
+
+
+FAULT_ENV = "TRAINSTACK_FAULT"
+_STEP_FAULTS = ("kill", "hang", "nan-grad")
+_SAVE_FAULTS = ("kill-in-save", "enospc")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault a test asks for (TRAINSTACK_FAULT)."""
+
+    kind: str
+    step: int
+    rank: int = 0
+    restart: int | None = None  # TORCHELASTIC_RESTART_COUNT it strikes at; None: every attempt
+    seconds: float = 600.0  # hang only
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        kind, *settings = text.split()
+        if kind not in _STEP_FAULTS + _SAVE_FAULTS:
+            raise ValueError(
+                f"{FAULT_ENV}: unknown fault {kind!r}; known: {', '.join(_STEP_FAULTS + _SAVE_FAULTS)}"
+            )
+        values = dict(setting.split("=", 1) for setting in settings)
+        unknown = set(values) - {"step", "rank", "restart", "seconds"}
+        if unknown or "step" not in values:
+            raise ValueError(f"{FAULT_ENV}: {text!r} needs step=N and takes only rank=, restart=, seconds=")
+        return cls(
+            kind,
+            int(values["step"]),
+            int(values.get("rank", 0)),
+            int(values["restart"]) if "restart" in values else None,
+            float(values.get("seconds", 600)),
+        )
+
+
+@functools.cache
+def _requested() -> tuple[Fault, ...]:
+    return tuple(Fault.parse(item) for item in os.environ.get(FAULT_ENV, "").split(";") if item.strip())
+
+
+def _striking(kinds: tuple[str, ...], step: int) -> Fault | None:
+    rank = int(os.environ.get("RANK", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    for fault in _requested():
+        if (
+            fault.kind in kinds
+            and (fault.step, fault.rank) == (step, rank)
+            and fault.restart in (None, restart)
+        ):
+            return fault
+    return None
+
+
+def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
+    """TRAINSTACK_FAULT's step faults, between step N's backward pass and its optimizer step."""
+    fault = _striking(_STEP_FAULTS, step)
+    if fault is None:
+        return
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "hang":
+        time.sleep(fault.seconds)
+    else:
+        for chunk in chunks:
+            for param in chunk.parameters():
+                param.main_grad.fill_(math.nan)
+
+
+@contextlib.contextmanager
+def inject_in_save(step: int) -> Iterator[None]:
+    """TRAINSTACK_FAULT's save faults, at the call that writes each item of a checkpoint file (megatron's
+    writer processes are forked from this one, so they inherit the wrapped call)."""
+    fault = _striking(_SAVE_FAULTS, step)
+    if fault is None:
+        yield
+        return
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    write_item, rank_pid = filesystem_async._write_item, os.getpid()
+
+    @functools.wraps(write_item)  # megatron reads its signature
+    def faulty_write_item(*args, **kwargs):
+        stream = next(arg for arg in args if hasattr(arg, "fileno"))
+        if fault.kind == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), stream.name)
+        result = write_item(*args, **kwargs)
+        stream.flush()
+        os.kill(rank_pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # a forked writer too
+        return result
+
+    filesystem_async._write_item = faulty_write_item
+    try:
+        yield
+    finally:
+        filesystem_async._write_item = write_item

@@ -197,7 +197,7 @@ def train(
                 return
             started = time.perf_counter()
             try:
-                loss, grad_norm, lr, skipped = train_step(run, batches)
+                loss, grad_norm, lr, skipped = train_step(run, batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
@@ -253,7 +253,9 @@ def _newest_checkpoint(cfg: TrainConfig) -> Path | None:
     return checkpoint.latest_checkpoint(cfg.checkpoint_dir, warn=lambda _: None)
 
 
-def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float, bool]:
+def train_step(
+    run: Run, batches: list[Iterator], step: int | None = None
+) -> tuple[float, float, float, bool]:
     """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW.
     Returns the mean loss, the gradient norm before clipping, the learning rate the step used, and whether it
     was skipped: with a non-finite loss or gradient norm nothing is updated, the LR schedule included."""
@@ -261,6 +263,8 @@ def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float, 
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
     loss = forward_backward(run, batches)
+    if step is not None:
+        faults.inject_in_step(step, run.chunks)
     lr = run.optimizer.param_groups[0]["lr"]
     # Every rank gets the same loss and norm (both are reduced over the ranks), so all decide alike.
     run.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
