@@ -155,35 +155,42 @@ def test_fault_specs_name_what_is_wrong():
 
 
 @pytest.mark.slow
-def test_killed_ranks_restart_resume_and_end_with_the_uninterrupted_losses(tmp_path, tiny_config):
+def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted_losses(
+    tmp_path, tiny_config
+):
     layout = ("parallel.pipeline_model_parallel_size=2", *SHORT)  # 2 ranks, each holding half the layers
     straight = Training(tmp_path, "straight", tiny_config, *layout)
     _completed(straight)
-    # Rank 1 dies writing step 8's checkpoint; after the restart rank 0 dies in step 10. A garbage directory
-    # named like a checkpoint sits among them.
-    faults = "kill-in-save step=8 rank=1 restart=0; kill step=10 rank=0 restart=1"
-    garbage = tmp_path / "faulty" / "checkpoints" / "iter_0000006"
-    garbage.mkdir(parents=True)
-    (garbage / "common.pt").write_bytes(os.urandom(256))
-    faulty = Training(tmp_path, "faulty", tiny_config, *layout, fault=faults, options=("--max-restarts", "2"))
-    output = _completed(faulty)
-    assert (
-        f"resumed from {faulty.checkpoints / 'iter_0000004'} (step 4" in output
-    )  # the torn save was skipped
-    assert f"resumed from {faulty.checkpoints / 'iter_0000008'} (step 8" in output
-    assert f"warning: skipping checkpoint {garbage}: no manifest.json" in output
-    assert faulty.losses() == straight.losses()
-    assert (faulty.checkpoints / LATEST).read_text() == "iter_0000012\n"
 
-
-@pytest.mark.slow
-def test_a_save_torn_by_sigkill_leaves_the_previous_checkpoint_and_latest(tmp_path, tiny_config):
-    torn = Training(tmp_path, "torn", tiny_config, *SHORT, fault="kill-in-save step=8")
+    # Rank 1 dies writing step 8's checkpoint, and with no restarts allowed the run ends there.
+    torn = Training(tmp_path, "faulty", tiny_config, *layout, fault="kill-in-save step=8 rank=1")
     _failed(torn)
-    assert (torn.checkpoints / LATEST).read_text() == "iter_0000004\n"
-    assert damage(torn.checkpoints / "iter_0000004") is None
-    assert not (torn.checkpoints / "iter_0000008").exists()
-    assert list((torn.checkpoints / "iter_0000008.tmp").iterdir())  # what it had written when it died
+    checkpoints = torn.checkpoints
+    assert (checkpoints / LATEST).read_text() == "iter_0000004\n"
+    assert damage(checkpoints / "iter_0000004") is None
+    assert not (checkpoints / "iter_0000008").exists()
+    assert list((checkpoints / "iter_0000008.tmp").iterdir())  # what was written when it died
+    # A directory of garbage named like a checkpoint, and named by `latest` (a copy from elsewhere, cut short).
+    garbage = checkpoints / "iter_0000006"
+    garbage.mkdir()
+    (garbage / "common.pt").write_bytes(os.urandom(256))
+    (checkpoints / LATEST).write_text("iter_0000006\n")
+
+    # Started again (from iter_0000004), rank 0 dies in step 10; torchrun restarts both, from iter_0000008.
+    faulty = Training(
+        tmp_path,
+        "faulty",
+        tiny_config,
+        *layout,
+        fault="kill step=10 rank=0 restart=0",
+        options=("--max-restarts", "1"),
+    )
+    output = _completed(faulty)
+    assert f"warning: skipping checkpoint {garbage}: no manifest.json" in output
+    assert f"resumed from {checkpoints / 'iter_0000004'} (step 4" in output
+    assert f"resumed from {checkpoints / 'iter_0000008'} (step 8" in output
+    assert faulty.losses() == straight.losses()
+    assert (checkpoints / LATEST).read_text() == "iter_0000012\n"
 
 
 GRACE = ("--stop-grace-seconds", "120")
