@@ -258,7 +258,8 @@ def train_step(
 ) -> tuple[float, float, float, bool]:
     """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW.
     Returns the mean loss, the gradient norm before clipping, the learning rate the step used, and whether it
-    was skipped: with a non-finite loss or gradient norm nothing is updated, the LR schedule included."""
+    was skipped: with a non-finite loss or gradient norm nothing is updated, the LR schedule included. `step`
+    (the step's number) is where TRAINSTACK_FAULT's step faults strike; without it none do."""
     for chunk in run.chunks:
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
