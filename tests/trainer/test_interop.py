@@ -335,13 +335,14 @@ def edit_config(directory: Path, **changes) -> None:
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Verbs run in this process must refuse before starting torchrun (which would replace pytest)."""
+    """Verbs run in this process must refuse before starting torchrun (which would replace or outlive pytest)."""
     from trainer import standalone
 
     def refuse(*args, **kwargs):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
 
-    monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+    monkeypatch.setattr(standalone, "exec_torchrun", refuse)  # convert, score
+    monkeypatch.setattr(standalone, "run_torchrun", refuse)  # train
 
 
 @pytest.mark.parametrize(
