@@ -337,7 +337,7 @@ def parse_stack_config(stack: str, values: Mapping[str, Any], source: str = "sta
 
     Keys of the `pulumi:` namespace belong to the CLI and are ignored; any other unknown key is an error.
     """
-    given = {k: _decode(v) for k, v in values.items() if not k.startswith("pulumi:")}
+    given = {k: _decode(k, v) for k, v in values.items() if not k.startswith("pulumi:")}
     try:
         return StackConfig.model_validate({**given, "pulumi:stack": stack})
     except ValidationError as e:
@@ -366,23 +366,30 @@ def load_stack_config(stack: str, root: Path = ROOT) -> StackConfig:
 
 
 def pulumi_stack_config() -> StackConfig:
-    """The running Pulumi program's config (the CLI's, or the one the offline preview set), validated."""
+    """The running Pulumi program's config (the CLI's, or the one the offline preview set), validated; bad config
+    raises pulumi.RunError with the StackConfigError's message."""
     import pulumi
     from pulumi.runtime.config import CONFIG, get_config_env
 
-    return parse_stack_config(
-        pulumi.get_stack(), {**get_config_env(), **CONFIG.get()}, f"stack {pulumi.get_stack()}"
-    )
+    try:
+        return parse_stack_config(
+            pulumi.get_stack(), {**get_config_env(), **CONFIG.get()}, f"stack {pulumi.get_stack()}"
+        )
+    except StackConfigError as error:
+        # The Pulumi CLI prints a RunError's message alone; any other exception comes with a traceback.
+        raise pulumi.RunError(str(error)) from None
 
 
-def _decode(value: Any) -> Any:
-    """The CLI hands lists to the program as JSON strings; the stack file has them as YAML."""
-    if isinstance(value, str) and value.startswith("["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
+def _decode(key: str, value: Any) -> Any:
+    """The CLI hands every value to the program as a string (lists as JSON); read numbers, booleans and lists back
+    as the stack file has them, so that a message shows `nodeCount = 0`, not `nodeCount = '0'`."""
+    field = _FIELDS.get(key)
+    if not isinstance(value, str) or (field is not None and field.annotation in (str, str | None)):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 def _describe(error: Mapping[str, Any]) -> list[str]:

@@ -73,7 +73,8 @@ def cli_config(values: Mapping[str, Any]) -> dict[str, str]:
 def run_program(stack: str, values: Mapping[str, Any] | None = None) -> Plan:
     """Run infra/__main__.py under the mocks with Pulumi.<stack>.yaml's config (or `values`).
 
-    Bad config raises the program's own StackConfigError, before it registers any resource.
+    Bad config raises pulumi.RunError (the program's StackConfigError message) before it registers any resource;
+    a missing stack file raises StackConfigError.
     """
     values = read_stack_file(stack) if values is None else values
     settings.reset_options(project=PROJECT, stack=stack, preview=True)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = run_program(args.stack)
-    except StackConfigError as e:
+    except (StackConfigError, pulumi.RunError) as e:  # a missing stack file, or the program's config error
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.format == "json":

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import yaml
 from pulumi_policy import (
     EnforcementLevel,
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = run_program(args.stack)
-    except StackConfigError as e:
+    except (StackConfigError, pulumi.RunError) as e:  # a missing stack file, or the program's config error
         print(f"error: {e}", file=sys.stderr)
         return 2
     violations = evaluate(policy_resources(plan), args.stack)

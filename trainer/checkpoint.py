@@ -356,8 +356,13 @@ def resolve(path: str | Path) -> Path:
         if problem is not None:
             raise CheckpointError(f"checkpoint {str(path)!r} is damaged, not loaded: {problem}")
         return path
-    found = latest_checkpoint(path)
+    skipped: list[str] = []
+    found = latest_checkpoint(path, warn=skipped.append)
     if found is None:
+        if skipped:  # none loaded: say why each was refused
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds no intact checkpoint: {'; '.join(skipped)}"
+            )
         state = (
             "does not exist"
             if not path.exists()
@@ -372,7 +377,13 @@ def resolve(path: str | Path) -> Path:
 
 def read_record(checkpoint: Path) -> ModelRecord | None:
     """The model record a checkpoint holds (None: saved before checkpoints carried one)."""
-    saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    try:
+        saved = dist_checkpointing.load_common_state_dict(str(checkpoint)).get("model_record")
+    except Exception as error:  # megatron-core raises whatever its JSON and torch readers do
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint)!r} cannot be read ({type(error).__name__}: {error}): truncated, or "
+            "not a trainer checkpoint; give another, or re-create it"
+        ) from None
     return ModelRecord.from_dict(saved) if saved else None
 
 
@@ -433,10 +444,15 @@ def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False)
         start = starting_checkpoint(cfg, fresh=fresh)
     except CheckpointError as error:
         return [str(error)]
-    record = read_record(start.path) if start else None
-    if record is None:
+    if start is None:
         return []
     where = "resuming from" if start.resumed else "checkpoint.load:"
+    try:
+        record = read_record(start.path)
+    except CheckpointError as error:
+        return [f"{where} {error}"]
+    if record is None:
+        return []
     return [
         f"{where} {start.path} holds another model: {mismatch}"
         for mismatch in model_mismatches(record.config, model)

@@ -196,6 +196,12 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
             f"schedule.lr_warmup_iters = {s.lr_warmup_iters} must be below the decay length "
             f"(schedule.lr_decay_iters, default schedule.train_iters) = {decay_iters}"
         )
+    train_weight, valid_weight = (float(weight) for weight in d.split.split(",")[:2])
+    if not (train_weight and valid_weight):
+        problems.append(
+            f"data.split = {d.split!r}: the train and validation weights must be above 0 (training evaluates "
+            "the validation split at the start and every schedule.eval_interval steps), e.g. '969,30,1'"
+        )
     if o.min_lr > o.lr:
         problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
@@ -276,7 +282,7 @@ def layout_problems(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
 def data_problems(cfg: TrainConfig) -> list[str]:
     """Prepared datasets and tokenizer: present, made for each other, and fitting the model's vocabulary."""
     from trainer.data import DataError  # tokenizers only; still no torch
-    from trainer.data.datasets import check_tokenizer_matches_dataset
+    from trainer.data.datasets import check_every_split_has_documents, check_tokenizer_matches_dataset
     from trainer.data.tokenizer import load_tokenizer
 
     try:
@@ -289,6 +295,11 @@ def data_problems(cfg: TrainConfig) -> list[str]:
             check_tokenizer_matches_dataset(prefix, tokenizer)
         except DataError as error:
             problems.append(f"data.prefixes[{i}] = {prefix!r}: {error}")
+    if not problems:  # megatron-core would wait forever for samples from a split without documents
+        try:
+            check_every_split_has_documents(cfg.data.prefixes, cfg.data.split)
+        except DataError as error:
+            problems.append(f"data.split = {cfg.data.split!r}: {error}")
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
         problems.append(
             f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "

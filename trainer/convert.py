@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from trainer import checkpoint, hf, model, parallel, standalone, weights
+from trainer.arguments import positive_int
 from trainer.config import ConfigError, ModelConfig, layout_problems
 from trainer.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
 
@@ -39,8 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--to-hf", type=Path, metavar="CKPT", help="a trainer checkpoint, or a directory of them"
     )
     parser.add_argument("--out", type=Path, required=True, help="the directory to create (must not exist)")
-    parser.add_argument("--tp", type=int, default=1, help="--from-hf: tensor-parallel size to convert at")
-    parser.add_argument("--pp", type=int, default=1, help="--from-hf: pipeline-parallel size to convert at")
+    parser.add_argument(
+        "--tp", type=positive_int, default=1, help="--from-hf: tensor-parallel size to convert at"
+    )
+    parser.add_argument(
+        "--pp", type=positive_int, default=1, help="--from-hf: pipeline-parallel size to convert at"
+    )
     parser.add_argument(
         "--dtype",
         choices=sorted(DTYPE_NAMES.values()),

@@ -26,11 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from trainer import checkpoint, model, parallel, standalone
+from trainer.arguments import positive_int
 from trainer.config import ConfigError, ModelConfig, TrainConfig, layout_problems
+from trainer.data import DataError
+from trainer.data.datasets import open_indexed_dataset
 from trainer.weights import model_only_config
 
 
@@ -39,12 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", metavar="PREFIX", help="a prepared dataset (PREFIX.bin/.idx)")
     source.add_argument("--tokens", type=Path, metavar="FILE.json", help="a JSON array of token-id lists")
-    parser.add_argument("--samples", type=int, help="--data: windows to score (default: every whole one)")
     parser.add_argument(
-        "--seq-length", type=int, help="--data: tokens predicted per window (default: trained)"
+        "--samples", type=positive_int, help="--data: windows to score (default: every whole one)"
     )
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument(
+        "--seq-length", type=positive_int, help="--data: tokens predicted per window (default: trained)"
+    )
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
 
 
@@ -147,9 +151,11 @@ def _windows(args: argparse.Namespace, trained_seq_length: int) -> list[list[int
         raise ScoreError(
             f"--data {prefix}: no {prefix}.bin / {prefix}.idx (prepare it with `python -m trainer prepare`)"
         )
-    if seq_length < 1:
-        raise ScoreError(f"--seq-length {seq_length}: must be at least 1")
-    stream = np.memmap(prefix + ".bin", dtype=IndexedDataset(prefix).index.dtype, mode="r")
+    try:
+        dtype = open_indexed_dataset(prefix).index.dtype
+    except DataError as error:
+        raise ScoreError(f"--data {prefix}: {error}") from None
+    stream = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
     available = (stream.size - 1) // seq_length
     samples = available if args.samples is None else args.samples
     if not 1 <= samples <= available:

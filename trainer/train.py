@@ -28,6 +28,7 @@ from rich.markup import escape
 from torch.utils.data import Dataset
 
 from trainer import checkpoint, faults, launch, model, parallel, standalone
+from trainer.arguments import positive_int
 from trainer.arithmetic import model_flops_per_sequence
 from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc",
-        type=int,
+        type=positive_int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
     )
     launch.add_supervision_arguments(parser)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pulumi
 import pytest
 
-from infra.config import StackConfigError, read_stack_file
+from infra.config import read_stack_file
 from infra.mocks import StackMocks
 from infra.preview import run_program
 
@@ -53,7 +54,7 @@ def test_bad_config_stops_the_program_before_any_resource(monkeypatch):
         StackMocks, "new_resource", lambda self, args: registered.append(args.name) or ("", {})
     )
     values = {**read_stack_file("dev"), "trainstack:instanceType": "g5.xlarge"}
-    with pytest.raises(StackConfigError, match=r"trainstack:instanceType = 'g5.xlarge': has no EFA"):
+    with pytest.raises(pulumi.RunError, match=r"trainstack:instanceType = 'g5.xlarge': has no EFA"):
         run_program("dev", values)
     assert registered == []
 

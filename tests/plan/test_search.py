@@ -106,7 +106,6 @@ def test_a_model_that_fits_nowhere_exits_1_with_the_smallest_need(capsys):
     ("args", "message"),
     [
         (["--nodes", "4"], "say where it runs: --instance TYPE --nodes N, or --stack ENV"),
-        (["--instance", "p5.48xlarge", "--nodes", "0"], "--nodes 0: at least 1"),
         (["--stack", "nowhere"], "--stack nowhere:"),
         (
             ["--instance", "p5.48xlarge", "--nodes", "1", "--set", "parallel.recompute=sometimes"],

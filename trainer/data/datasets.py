@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 import warnings
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from trainer.data.manifest import DatasetFiles, read_manifest
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
     from torch.utils.data import Dataset
 
 
@@ -33,15 +35,17 @@ def check_tokenizer_matches_dataset(prefix: str, tokenizer: HuggingFaceTokenizer
             f"create it with `python -m trainer prepare INPUT... --output {prefix}`"
         )
     manifest = read_manifest(files)
+    if manifest is not None:
+        manifest.check_files(files)
+    dataset = open_indexed_dataset(prefix)
     if manifest is None:
-        max_token_id = _max_token_id(prefix)
+        max_token_id = _max_token_id(prefix, dataset.index.dtype)
         if max_token_id >= tokenizer.vocab_size:
             raise DataError(
                 f"dataset {prefix!r} holds token id {max_token_id}, beyond tokenizer {tokenizer.path!r} "
                 f"(vocab {tokenizer.vocab_size}): it was tokenized with another tokenizer"
             )
         return
-    manifest.check_files(files)
     recorded = manifest.tokenizer
     if (recorded.sha256, recorded.vocab_size, recorded.eod_id) != (
         tokenizer.sha256,
@@ -56,10 +60,38 @@ def check_tokenizer_matches_dataset(prefix: str, tokenizer: HuggingFaceTokenizer
         )
 
 
-def _max_token_id(prefix: str) -> int:
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+def open_indexed_dataset(prefix: str) -> IndexedDataset:
+    """megatron-core's reader over PREFIX.bin/.idx, or a DataError naming the damaged file: megatron-core would
+    assert, fail to map an empty file, or read past a truncated .bin only when training reaches it."""
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, IndexedDataset
 
-    dtype = IndexedDataset(prefix).index.dtype
+    files = DatasetFiles(prefix)
+    redo = f"re-run `python -m trainer prepare ... --output {prefix} --force`"
+    with files.idx.open("rb") as stream:
+        if stream.read(len(_INDEX_HEADER)) != _INDEX_HEADER:
+            raise DataError(f"dataset {prefix!r}: {files.idx} is not a Megatron index (bad header); {redo}")
+    bin_bytes = files.bin.stat().st_size
+    if bin_bytes == 0:
+        raise DataError(f"dataset {prefix!r}: {files.bin} is empty; {redo}")
+    try:
+        dataset = IndexedDataset(prefix)
+    except (AssertionError, ValueError, struct.error) as error:
+        raise DataError(f"dataset {prefix!r}: {files.idx} cannot be read ({error}); {redo}") from None
+    index = dataset.index
+    described = (
+        int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+        if len(index)
+        else 0
+    )
+    if described != bin_bytes:
+        raise DataError(
+            f"dataset {prefix!r}: {files.bin} holds {bin_bytes} bytes but {files.idx} describes {described}: "
+            f"truncated, or the two files are of different datasets; {redo}"
+        )
+    return dataset
+
+
+def _max_token_id(prefix: str, dtype: np.dtype) -> int:
     tokens = np.memmap(prefix + ".bin", dtype=dtype, mode="r")
     chunk = 1 << 26
     return max(
@@ -88,17 +120,16 @@ def _check_split(split: str) -> None:
         raise DataError(f"split {split!r}: the train weight must be above 0")
 
 
-def _check_every_split_has_documents(prefixes: list[str], split: str) -> None:
+def check_every_split_has_documents(prefixes: list[str], split: str) -> None:
     """megatron-core would loop forever drawing samples from a split that got no documents."""
     from megatron.core.datasets.blended_megatron_dataset_config import (
         convert_split_vector_to_split_matrix,
         parse_and_normalize_split,
     )
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     for prefix in prefixes:
-        documents = len(IndexedDataset(prefix))
+        documents = len(open_indexed_dataset(prefix))
         for name, bounds in zip(("train", "valid", "test"), matrix, strict=True):
             # The same rounding megatron-core uses to cut the document ranges.
             if bounds and round(bounds[1] * documents) == round(bounds[0] * documents):
@@ -161,7 +192,7 @@ def build_gpt_datasets(
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    _check_every_split_has_documents(prefixes, split)
+    check_every_split_has_documents(prefixes, split)
     for name in ("megatron.core.datasets.gpt_dataset", "megatron.core.datasets.blended_dataset"):
         logging.getLogger(name).addFilter(_NO_CACHE_NOTICE)
     config = GPTDatasetConfig(

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trainer.arguments import positive_float, positive_int
 from trainer.arithmetic import parameter_counts
 from trainer.catalog import INSTANCE_TYPES, InstanceType, instance_type
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
@@ -71,21 +72,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     where = parser.add_argument_group("where it runs: --instance and --nodes, or --stack")
     where.add_argument("--instance", choices=sorted(INSTANCE_TYPES), metavar="TYPE", help="an instance type")
-    where.add_argument("--nodes", type=int, help="nodes (with --stack: instead of the stack's node count)")
+    where.add_argument(
+        "--nodes", type=positive_int, help="nodes (with --stack: instead of the stack's node count)"
+    )
     where.add_argument("--stack", help="take the instance type and node count from Pulumi.<stack>.yaml")
     parser.add_argument(
         "--tokens",
-        type=float,
+        type=positive_float,
         help="tokens to train (default: the config's train_iters x global batch x sequence)",
     )
-    parser.add_argument("--price-per-hour", type=float, metavar="USD", help="price of one instance-hour")
+    parser.add_argument(
+        "--price-per-hour", type=positive_float, metavar="USD", help="price of one instance-hour"
+    )
     parser.add_argument(
         "--matmul-efficiency",
-        type=float,
+        type=positive_float,
         default=Assumptions().matmul_efficiency,
         help="share of the dense bf16 peak the compute reaches (default %(default)s)",
     )
-    parser.add_argument("--top", type=int, default=10, help="rows of the table (default %(default)s)")
+    parser.add_argument(
+        "--top", type=positive_int, default=10, help="rows of the table (default %(default)s)"
+    )
     parser.add_argument("--out", type=Path, help="write the chosen layout's whole config here (YAML)")
 
 
@@ -140,8 +147,6 @@ def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
         return instance_type(stack.instance_type), nodes
     if args.instance is None or args.nodes is None:
         raise PlanError("say where it runs: --instance TYPE --nodes N, or --stack ENV")
-    if args.nodes < 1:
-        raise PlanError(f"--nodes {args.nodes}: at least 1")
     return instance_type(args.instance), args.nodes
 
 

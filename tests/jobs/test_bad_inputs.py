@@ -1,0 +1,67 @@
+"""Bad input catalogue, cluster jobs (docs/bad-inputs.md): `make train STACK=test OUTPUTS=...` against a moto
+server with a bad outputs file or an image tag that is not in ECR: one message, a non-zero exit, no job submitted,
+no job definition registered, and the outputs file unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from .conftest import DATASET, TOKENIZER, Stack
+
+CONFIG = "trainer/configs/llama3-8b.yaml"
+DATA_ARGS = f"ARGS=--set data.prefixes=[{DATASET}] --set data.tokenizer_path={TOKENIZER}"
+
+
+@dataclass(frozen=True)
+class Row:
+    variables: tuple[str, ...]  # make variables besides STACK and OUTPUTS
+    says: str
+    setup: Callable[[Stack], None] | None = None
+    exit_status: int = 2  # the verb's; make itself then exits 2 as well
+
+
+def without_outputs(*names: str) -> Callable[[Stack], None]:
+    def setup(stack: Stack) -> None:
+        stack.outputs_file.write_text(json.dumps({k: v for k, v in stack.outputs.items() if k not in names}))
+
+    return setup
+
+
+ROWS = {
+    "outputs-missing-keys": Row(
+        (),
+        "stack 'test' lacks the outputs job_queue, gpus_per_node; run `make up STACK=test`",
+        without_outputs("job_queue", "gpus_per_node"),
+    ),
+    "outputs-not-json": Row(
+        (), "outputs.json: not JSON (Expecting property name", lambda s: s.outputs_file.write_text("{{")
+    ),
+    "outputs-file-missing": Row(
+        ("OUTPUTS=/nonexistent/outputs.json",), "OUTPUTS=/nonexistent/outputs.json: cannot read it"
+    ),
+    "image-tag-not-in-ecr": Row(("IMAGE=feedfacecafe",), "IMAGE=feedfacecafe: no such tag in"),
+    "nodes-above-the-stack": Row(
+        ("NODES=9", "IMAGE=0123456789ab"), "NODES=9: stack 'test' allows 1 to 4 nodes"
+    ),
+}
+
+
+@pytest.mark.parametrize("row_id", ROWS)
+def test_bad_stack_input_submits_nothing(row_id, stack):
+    row = ROWS[row_id]
+    if row.setup:
+        row.setup(stack)
+    outputs_before = hashlib.sha256(stack.outputs_file.read_bytes()).hexdigest()
+
+    result = stack.make("train", f"CONFIG={CONFIG}", DATA_ARGS, *row.variables)
+
+    assert result.returncode == row.exit_status, result.stderr
+    assert row.says in result.stderr
+    assert "Traceback" not in result.stderr
+    assert stack.jobs() == [] and stack.requests("RegisterJobDefinition") == []
+    assert hashlib.sha256(stack.outputs_file.read_bytes()).hexdigest() == outputs_before

@@ -1,0 +1,457 @@
+"""Bad input catalogue, training half (docs/bad-inputs.md): each row runs `python -m trainer <verb>` in this process
+(its main(argv), the code `make train` runs) on a bad config, dataset, tokenizer, checkpoint or argument, and pins
+one message naming the key, the bad value and what is valid; exit 2; no traceback; no torchrun started; and every
+file that existed (the corpus, the checkpoints, the test's own directory) byte-identical afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.__main__ import main as trainer_main
+
+# Path placeholders in a row: {config} the tiny config, {corpus} its prepared dataset (PREFIX), {checkpoints} a
+# finished run's checkpoint directory, {tmp} the test's own directory (bad copies live there).
+Paths = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Row:
+    argv: str  # the verb's command line, with placeholders
+    says: tuple[str, ...]  # fragments of the one message, with placeholders
+    setup: Callable[[Paths], None] | None = None  # writes the bad file(s) under {tmp}
+    exit_status: int = 2
+
+
+def copy_dataset(paths: Paths, name: str, *, manifest: bool = True) -> str:
+    """The corpus's files copied to {tmp}/<name>.*; returns the new prefix."""
+    prefix = f"{paths['tmp']}/{name}"
+    for suffix in (".bin", ".idx", ".tokenizer.json", *([".manifest.json"] if manifest else [])):
+        shutil.copyfile(paths["corpus"] + suffix, prefix + suffix)
+    if manifest:
+        manifest_path = Path(prefix + ".manifest.json")
+        manifest_path.write_text(manifest_path.read_text().replace(Path(paths["corpus"]).name, name))
+    return prefix
+
+
+def damaged(name: str, *, manifest: bool = True, **edits: Callable[[Path], None]) -> Callable[[Paths], None]:
+    """A setup that copies the corpus as <name> and applies `edits` (suffix without the dot -> edit)."""
+
+    def setup(paths: Paths) -> None:
+        prefix = copy_dataset(paths, name, manifest=manifest)
+        for suffix, edit in edits.items():
+            edit(Path(f"{prefix}.{suffix.replace('_', '.')}"))
+
+    return setup
+
+
+def empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def garbage(path: Path) -> None:
+    """Bytes of the same length as before, so only the contents give it away."""
+    path.write_bytes(bytes(i % 251 for i in range(path.stat().st_size)))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def deleted(path: Path) -> None:
+    path.unlink()
+
+
+def other_tokenizer(paths: Paths) -> None:
+    from trainer.data.tokenizer import train_bpe
+
+    train_bpe(["a different corpus, a different vocabulary"] * 20, 300).save(f"{paths['tmp']}/other.json")
+
+
+def other_tool_dataset_and_small_tokenizer(paths: Paths) -> None:
+    copy_dataset(paths, "foreign", manifest=False)
+    other_tokenizer(paths)
+
+
+def garbage_checkpoint(paths: Paths) -> None:
+    checkpoint = Path(paths["tmp"]) / "torn" / "iter_0000003"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "metadata.json").write_text('{"sharded_backend": ')
+    (checkpoint.parent / "latest").write_text("iter_0000003\n")
+
+
+def truncated_checkpoint(paths: Paths) -> None:
+    """A finished checkpoint copied, and its metadata cut short (a copy that did not finish)."""
+    checkpoint = Path(paths["tmp"]) / "cut" / "iter_0000020"
+    shutil.copytree(Path(paths["checkpoints"]) / "iter_0000020", checkpoint)
+    metadata = checkpoint / "metadata.json"
+    metadata.write_bytes(metadata.read_bytes()[:10])
+
+
+def run_with_own_checkpoint(paths: Paths) -> None:
+    checkpoints = Path(paths["tmp"]) / "run" / "checkpoints"
+    shutil.copytree(Path(paths["checkpoints"]) / "iter_0000020", checkpoints / "iter_0000020")
+    (checkpoints / "latest").write_text("iter_0000020\n")
+
+
+def yaml_with_a_typo(paths: Paths) -> None:
+    text = Path(paths["config"]).read_text().replace("micro_batch_size:", "micro_batch_sise:")
+    Path(paths["tmp"], "typo.yaml").write_text(text)
+
+
+def hf_model_of_another_shape(paths: Paths) -> None:
+    from safetensors.torch import save_file
+
+    model = Path(paths["tmp"]) / "hf"
+    model.mkdir()
+    config = {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": torch.zeros(512, 64)}, model / "model.safetensors")
+
+
+def tokens_file(paths: Paths) -> None:
+    Path(paths["tmp"], "tokens.json").write_text(json.dumps([[1, 2, 3], [4, 512]]))
+
+
+TRAIN = "train --config {config}"
+ROWS: dict[str, Row] = {
+    # --- trainer config ---------------------------------------------------------------------------------------
+    "train-heads-not-divisible-by-tp": Row(
+        f"{TRAIN} --set parallel.tensor_model_parallel_size=3",
+        ("model.num_attention_heads = 4 is not divisible by parallel.tensor_model_parallel_size = 3",),
+    ),
+    "train-query-groups-not-divisible-by-tp": Row(
+        f"{TRAIN} --set parallel.tensor_model_parallel_size=4",
+        ("model.num_query_groups = 2 is not divisible by parallel.tensor_model_parallel_size = 4",),
+    ),
+    "train-layers-not-divisible-by-pp-x-vp": Row(
+        f"{TRAIN} --set parallel.pipeline_model_parallel_size=2 --set parallel.virtual_pipeline_model_parallel_size=3",
+        ("model.num_layers = 8 is not divisible by parallel.pipeline_model_parallel_size x", "= 2 x 3 = 6"),
+    ),
+    "train-world-size-not-tp-x-pp-x-dp": Row(
+        f"{TRAIN} --nproc 4 --set parallel.data_parallel_size=3",
+        ("world size 4 != parallel.tensor_model_parallel_size x", "launch 3 processes or set"),
+    ),
+    "train-world-size-not-divisible-by-tp-x-pp": Row(
+        f"{TRAIN} --nproc 3 --set parallel.tensor_model_parallel_size=2",
+        ("world size 3 is not divisible by parallel.tensor_model_parallel_size x", "= 2 x 1 = 2"),
+    ),
+    "train-global-batch-not-divisible": Row(
+        f"{TRAIN} --set schedule.global_batch_size=7",
+        (
+            "schedule.global_batch_size = 7 is not divisible by schedule.micro_batch_size x data parallel size = 2 x 1",
+        ),
+    ),
+    "train-sequence-parallel-on-cpu": Row(
+        f"{TRAIN} --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true",
+        ("parallel.sequence_parallel = true cannot run on CPU", "set it to false here (it works on GPUs)"),
+    ),
+    "train-config-file-missing": Row(
+        "train --config {tmp}/none.yaml", ("config file '{tmp}/none.yaml' not found",)
+    ),
+    "train-unknown-key-in-set": Row(
+        f"{TRAIN} --set schedule.train_iter=5",
+        ("unknown key 'schedule.train_iter'; did you mean 'schedule.train_iters'?",),
+    ),
+    "train-unknown-key-in-yaml": Row(
+        "train --config {tmp}/typo.yaml",
+        ("unknown key 'schedule.micro_batch_sise'; did you mean 'schedule.micro_batch_size'?",),
+        yaml_with_a_typo,
+    ),
+    "train-wrong-type-integer": Row(
+        f"{TRAIN} --set schedule.train_iters=five",
+        ("schedule.train_iters = 'five': Input should be a valid integer",),
+    ),
+    "train-wrong-type-boolean": Row(
+        f"{TRAIN} --set parallel.sequence_parallel=maybe",
+        ("parallel.sequence_parallel = 'maybe': Input should be a valid boolean",),
+    ),
+    "train-negative-size": Row(
+        f"{TRAIN} --set model.hidden_size=-1", ("model.hidden_size = -1: Input should be greater than 0",)
+    ),
+    "train-split-without-validation": Row(
+        f"{TRAIN} --set data.split=100,0,0",
+        ("data.split = '100,0,0': the train and validation weights must be above 0",),
+    ),
+    "train-split-leaves-a-split-empty": Row(
+        f"{TRAIN} --set data.split=99999,1,0",
+        ("data.split = '99999,1,0': split '99999,1,0' leaves the valid split of dataset '{corpus}'",),
+    ),
+    "train-nproc-zero": Row(f"{TRAIN} --nproc 0", ("argument --nproc: 0: must be at least 1",)),
+    # --- dataset files -----------------------------------------------------------------------------------------
+    "data-path-missing": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/nothere]",
+        (
+            "data.prefixes[0] = '{tmp}/nothere': dataset '{tmp}/nothere' not found",
+            "python -m trainer prepare",
+        ),
+    ),
+    "data-bin-missing": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("dataset '{tmp}/d' not found: no {tmp}/d.bin",),
+        damaged("d", bin=deleted),
+    ),
+    "data-idx-missing": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("dataset '{tmp}/d' not found: no {tmp}/d.idx",),
+        damaged("d", idx=deleted),
+    ),
+    "data-empty-files": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.bin is 0 bytes, its manifest says", "re-run `python -m trainer prepare ... --force`"),
+        damaged("d", bin=empty, idx=empty),
+    ),
+    "data-truncated-bin": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.bin is 1000 bytes, its manifest says",),
+        damaged("d", bin=truncate),
+    ),
+    "data-corrupt-idx": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.idx is not a Megatron index (bad header)", "--output {tmp}/d --force"),
+        damaged("d", idx=garbage),
+    ),
+    "data-corrupt-manifest": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("manifest {tmp}/d.manifest.json is unreadable",),
+        damaged("d", manifest_json=garbage),
+    ),
+    "data-other-tool-empty-files": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.idx is not a Megatron index (bad header)",),
+        damaged("d", manifest=False, bin=empty, idx=empty),
+    ),
+    "data-other-tool-corrupt-idx": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.idx is not a Megatron index (bad header)",),
+        damaged("d", manifest=False, idx=garbage),
+    ),
+    "data-other-tool-truncated-bin": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.bin holds 1000 bytes but {tmp}/d.idx describes", "truncated"),
+        damaged("d", manifest=False, bin=truncate),
+    ),
+    # --- tokenizer against dataset and model --------------------------------------------------------------------
+    "tokenizer-not-the-datasets": Row(
+        f"{TRAIN} --set data.tokenizer_path={{tmp}}/other.json",
+        (
+            "dataset '{corpus}' was tokenized with {corpus}.tokenizer.json (vocab 512",
+            "but the tokenizer given is '{tmp}/other.json'",
+        ),
+        other_tokenizer,
+    ),
+    "tokenizer-smaller-than-other-tools-dataset": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/foreign] --set data.tokenizer_path={{tmp}}/other.json",
+        ("dataset '{tmp}/foreign' holds token id 511, beyond tokenizer '{tmp}/other.json' (vocab",),
+        other_tool_dataset_and_small_tokenizer,
+    ),
+    "tokenizer-missing": Row(
+        f"{TRAIN} --set data.tokenizer_path={{tmp}}/none.json",
+        ("data.tokenizer_path = '{tmp}/none.json': tokenizer '{tmp}/none.json' does not exist",),
+    ),
+    "tokenizer-not-a-tokenizer": Row(
+        f"{TRAIN} --set data.tokenizer_path={{corpus}}.idx",
+        ("tokenizer '{corpus}.idx' is not a valid Hugging Face tokenizer.json",),
+    ),
+    "model-vocab-below-tokenizer": Row(
+        f"{TRAIN} --set model.vocab_size=100",
+        ("model.vocab_size = 100 is below the tokenizer's vocabulary (512",),
+    ),
+    "score-tokens-outside-the-vocabulary": Row(
+        "score --checkpoint {checkpoints} --tokens {tmp}/tokens.json",
+        ("sequence 1 holds token id 512, outside the model's vocabulary (0..511)",),
+        tokens_file,
+    ),
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    "checkpoint-load-of-another-shape": Row(
+        f"{TRAIN} --set checkpoint.load={{checkpoints}} --set model.hidden_size=64",
+        (
+            "checkpoint.load: {checkpoints}/iter_0000020 holds another model: model.hidden_size = 64 in the config, 32",
+        ),
+    ),
+    "checkpoint-resume-of-another-shape": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run --set model.num_layers=4",
+        (
+            "resuming from {tmp}/run/checkpoints/iter_0000020 holds another model: model.num_layers = 4 in the config, 8",
+        ),
+        run_with_own_checkpoint,
+    ),
+    "checkpoint-load-missing": Row(
+        f"{TRAIN} --set checkpoint.load={{tmp}}/none",
+        ("checkpoint.load = '{tmp}/none': checkpoint '{tmp}/none' does not exist",),
+    ),
+    "checkpoint-load-unreadable": Row(
+        f"{TRAIN} --set checkpoint.load={{tmp}}/torn",
+        (
+            "checkpoint.load = '{tmp}/torn': checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
+        garbage_checkpoint,
+    ),
+    "checkpoint-load-truncated": Row(
+        f"{TRAIN} --set checkpoint.load={{tmp}}/cut/iter_0000020",
+        (
+            "checkpoint '{tmp}/cut/iter_0000020' is damaged, not loaded: metadata.json is 10 bytes, the save wrote",
+        ),
+        truncated_checkpoint,
+    ),
+    "score-checkpoint-unreadable": Row(
+        "score --checkpoint {tmp}/torn --tokens {tmp}/tokens.json",
+        (
+            "score: checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
+        lambda paths: (garbage_checkpoint(paths), tokens_file(paths)),
+    ),
+    "score-checkpoint-missing": Row(
+        "score --checkpoint {tmp}/none --data {corpus}", ("score: checkpoint '{tmp}/none' does not exist",)
+    ),
+    "convert-to-hf-unreadable": Row(
+        "convert --to-hf {tmp}/torn --out {tmp}/hf",
+        (
+            "convert: checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
+        garbage_checkpoint,
+    ),
+    "convert-from-hf-of-another-shape": Row(
+        "convert --from-hf {tmp}/hf --out {tmp}/converted",
+        ("model.embed_tokens.weight has shape (512, 64), config.json implies (512, 32)",),
+        hf_model_of_another_shape,
+    ),
+    # --- the verbs' own arguments --------------------------------------------------------------------------------
+    "score-tp-zero": Row(
+        "score --checkpoint {checkpoints} --data {corpus} --tp 0", ("argument --tp: 0: must be at least 1",)
+    ),
+    "score-data-missing": Row(
+        "score --checkpoint {checkpoints} --data {tmp}/none",
+        ("--data {tmp}/none: no {tmp}/none.bin / {tmp}/none.idx",),
+    ),
+    "score-data-corrupt": Row(
+        "score --checkpoint {checkpoints} --data {tmp}/d",
+        ("--data {tmp}/d: dataset '{tmp}/d': {tmp}/d.idx is not a Megatron index",),
+        damaged("d", idx=garbage),
+    ),
+    "score-too-many-samples": Row(
+        "score --checkpoint {checkpoints} --data {corpus} --samples 9999999",
+        ("--samples 9999999: {corpus} holds", "whole windows of 32 + 1 tokens"),
+    ),
+    "convert-out-exists": Row(
+        "convert --to-hf {checkpoints} --out {tmp}", ("--out {tmp} exists; convert never overwrites",)
+    ),
+    "convert-tp-with-to-hf": Row(
+        "convert --to-hf {checkpoints} --out {tmp}/hf --tp 2", ("--tp/--pp apply to --from-hf",)
+    ),
+    "convert-from-hf-not-a-directory": Row(
+        "convert --from-hf {tmp}/none --out {tmp}/out", ("'{tmp}/none' is not a directory",)
+    ),
+    "convert-bad-shard-size": Row(
+        "convert --to-hf {checkpoints} --out {tmp}/hf --max-shard-size lots",
+        ("'lots' is not a size; give e.g. 5GB",),
+    ),
+    "plan-nowhere-to-run": Row(
+        "plan --config trainer/configs/llama3-8b.yaml",
+        ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),
+    ),
+    "plan-nodes-zero": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 0",
+        ("argument --nodes: 0: must be at least 1",),
+    ),
+    "plan-unknown-instance-type": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --instance p9.huge --nodes 2",
+        ("argument --instance: invalid choice: 'p9.huge' (choose from", "p5.48xlarge"),
+    ),
+    "plan-unknown-stack": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --stack nowhere",
+        ("--stack nowhere: no stack file Pulumi.nowhere.yaml", "stacks: dev, prod, staging"),
+    ),
+    "plan-negative-token-budget": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --tokens -5",
+        ("argument --tokens: -5: must be above 0",),
+    ),
+    "prepare-no-inputs": Row(
+        "prepare --output {tmp}/p", ("no inputs: give INPUT files or directories, or --stdlib",)
+    ),
+    "prepare-input-missing": Row(
+        "prepare {tmp}/none.txt --output {tmp}/p", ("input '{tmp}/none.txt' does not exist",)
+    ),
+    "prepare-vocab-too-small": Row(
+        "prepare {config} --output {tmp}/p --vocab-size 10", ("--vocab-size 10 is too small: at least 257",)
+    ),
+    "prepare-tokenizer-missing": Row(
+        "prepare {config} --output {tmp}/p --tokenizer {tmp}/none.json",
+        ("tokenizer '{tmp}/none.json' does not exist",),
+    ),
+    "prepare-output-holds-another-dataset": Row(
+        "prepare {config} --output {corpus}",
+        ("'{corpus}' holds a dataset prepared from other inputs", "pass --force to replace it"),
+    ),
+}
+
+
+def digest(*roots: Path) -> dict[str, str]:
+    """Every file under the roots, by path, with its contents' hash."""
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for root in roots
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """A verb run in this process must refuse before starting torchrun (which would replace pytest)."""
+    from trainer import standalone
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the verb passed its checks and tried to start torchrun")
+
+    monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+
+
+@pytest.mark.parametrize("row_id", ROWS)
+def test_bad_input_gives_one_message_exits_2_and_loses_nothing(
+    row_id, tiny_config, tiny_corpus, single, tmp_path, no_launch, capsys
+):
+    if row_id == "train-sequence-parallel-on-cpu" and torch.cuda.is_available():
+        pytest.skip("a CPU-only refusal; on GPUs sequence parallelism runs")
+    row = ROWS[row_id]
+    checkpoints = single.run_dir / "checkpoints"
+    paths = {
+        "config": str(tiny_config),
+        "corpus": tiny_corpus,
+        "checkpoints": str(checkpoints),
+        "tmp": str(tmp_path),
+    }
+    if row.setup:
+        row.setup(paths)
+    kept = [Path(tiny_corpus).parent, checkpoints, tmp_path]
+    before = digest(*kept)
+
+    try:
+        status = trainer_main(row.argv.format(**paths).split())
+    except SystemExit as exit:  # argparse's own refusals
+        status = exit.code
+    err = capsys.readouterr().err
+
+    assert status == row.exit_status, err
+    missing = [fragment.format(**paths) for fragment in row.says if fragment.format(**paths) not in err]
+    assert missing == [], err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert digest(*kept) == before
