@@ -2,7 +2,7 @@
 # Container entrypoint on every node of a Batch job, and for single-node or local runs.
 # Exports the NCCL/EFA environment from efa.env (values already set by the job or the user win), then hands over
 # to `python -m trainer launch`, which maps the Batch node variables to a torchrun rendezvous, runs the preflight
-# and execs torchrun. exec keeps one process tree, so SIGTERM from Batch reaches torchrun and through it the ranks.
+# and runs torchrun. exec makes the launcher PID 1, so SIGTERM from Batch reaches it, and it passes it to the ranks.
 set -euo pipefail
 here=$(dirname "$(readlink -f "$0")")
 

@@ -1,25 +1,33 @@
 """Distributed checkpoints (megatron-core dist_checkpointing): save, find the newest complete one, resume.
 
 Layout under the checkpoint directory:
-    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples, and a
-                    record of the model (its config), so that it can be rebuilt without the run's config
+    iter_0000200/   one checkpoint: model, optimizer, LR scheduler, RNG states, step, consumed samples, a
+                    record of the model (its config), so that it can be rebuilt without the run's config, and
+                    manifest.json (every file's size; small files' SHA-256), written last
     latest          the name of the newest complete checkpoint, rewritten last
 A checkpoint is written to `iter_NNNNNNN.tmp` and renamed when every rank has finished, so a crash never leaves
-a half-written `iter_*` directory. Tensors are stored by global name and offset, so a checkpoint saved at one
-(TP, PP, DP) loads at any other; RNG states only come back at the layout they were saved at. A weights-only
-checkpoint (`python -m trainer convert` writes them) holds the model and its record alone.
+a half-written `iter_*` directory; old ones are renamed away before they are deleted. A directory that does not
+match its manifest (a copy cut short, a truncated file, garbage) is skipped with a warning, never loaded. Tensors
+are stored by global name and offset, so a checkpoint saved at one (TP, PP, DP) loads at any other; RNG states
+only come back at the layout they were saved at. A weights-only checkpoint (`python -m trainer convert` writes
+them) holds the model and its record alone.
 
-A DeepSpeed checkpoint (`engine: deepspeed`, trainer/deepspeed_checkpoint.py) resolves, records its model and
-gives its weights the same way here, at any layout; megatron's engine takes its weights only.
+A DeepSpeed checkpoint (`engine: deepspeed`, trainer/deepspeed_checkpoint.py) is staged, sealed with its manifest
+and published the same way (`stage`, `publish`), and resolves, records its model and gives its weights the same
+way here, at any layout; megatron's engine takes its weights only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
 import shutil
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +39,18 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer import deepspeed_checkpoint, megatron_compat, parallel, weights
+from trainer import deepspeed_checkpoint, faults, megatron_compat, parallel, weights
 from trainer import model as llama
 from trainer.config import ModelConfig, TrainConfig
 from trainer.parallel import ParallelDims
 
 LATEST = "latest"
+MANIFEST = "manifest.json"
+# Files up to this size are hashed as well as measured (dist_checkpointing's metadata and common state; at scale
+# the tensor files are too big to hash at save time).
+_HASHED_MAX_BYTES = 16 * 2**20
 # Optimizer state stored per parameter in model space (gathered over DP to save): loads at any layout.
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
@@ -46,12 +59,17 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, or holds another model than the one asked for."""
 
 
+class CheckpointSaveError(RuntimeError):
+    """A save that did not complete on every rank; nothing was published and the previous checkpoint stands."""
+
+
 @dataclass
 class Progress:
     """Where training stands: what a resumed run continues from."""
 
     step: int = 0
     consumed_samples: int = 0
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
 
 
 @dataclass(frozen=True)
@@ -79,22 +97,69 @@ def checkpoint_name(step: int) -> str:
     return f"iter_{step:07d}"
 
 
-def complete_checkpoints(directory: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (an unfinished one still carries its .tmp suffix)."""
+def checkpoint_dirs(directory: Path) -> list[Path]:
+    """Directories named as checkpoints, oldest first (an unfinished save still carries its .tmp suffix)."""
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"iter_\d{7}", p.name))
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The checkpoint `latest` names; the newest complete one if the pointer is missing or dangling."""
+def _file_record(path: Path) -> dict:
+    size = path.stat().st_size
+    if size > _HASHED_MAX_BYTES:
+        return {"bytes": size}
+    return {"bytes": size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def write_manifest(checkpoint: Path, step: int) -> None:
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): _file_record(p) for p in files}}
+    _write_atomically(checkpoint / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint directory, measured against the manifest its save wrote last; None when
+    every file it lists is there with its size (and, for small files, its hash)."""
+    try:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+        if not all(isinstance(record, dict) and "bytes" in record for record in files.values()):
+            raise ValueError("a file without its size")
+    except FileNotFoundError:
+        return f"no {MANIFEST} (a save or a copy that did not finish, or not a trainer checkpoint)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"unreadable {MANIFEST} ({type(error).__name__}: {error})"
+    for name, expected in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        found = _file_record(path) if "sha256" in expected else {"bytes": path.stat().st_size}
+        if found["bytes"] != expected["bytes"]:
+            return f"{name} is {found['bytes']} bytes, the save wrote {expected['bytes']}"
+        if found != expected:
+            return f"{name} does not hold what the save wrote (SHA-256 differs)"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_on_rank0(message: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0 and message not in _warned:  # once per process
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def latest_checkpoint(directory: Path, warn: Callable[[str], None] = _warn_on_rank0) -> Path | None:
+    """The intact checkpoint `latest` names, else the newest intact one; damaged ones are skipped with a warning."""
+    found = checkpoint_dirs(directory)
     pointer = directory / LATEST
-    if pointer.is_file():
-        named = directory / pointer.read_text().strip()
-        if named in complete_checkpoints(directory):
-            return named
-    found = complete_checkpoints(directory)
-    return found[-1] if found else None
+    named = directory / pointer.read_text().strip() if pointer.is_file() else None
+    for candidate in sorted(found, key=lambda path: (path == named, path.name), reverse=True):
+        problem = damage(candidate)
+        if problem is None:
+            return candidate
+        warn(f"skipping checkpoint {candidate}: {problem}")
+    return None
 
 
 def _model_state(model: list[torch.nn.Module]) -> dict:
@@ -115,7 +180,7 @@ def _state_dict(
     model_state = _model_state(model)
     state = {
         "model": model_state,
-        "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
+        "progress": asdict(progress),
         "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp},
         "model_record": record.to_dict() if record else None,
     }
@@ -170,8 +235,14 @@ def save(
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True),
     )
-    dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
-    return publish(staging, keep_last)
+    try:
+        with faults.inject_in_save(progress.step):
+            dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
+        failure = None
+    except (CheckpointException, OSError) as error:
+        failure = error
+    agree_or_raise(failure, f"saving step {progress.step} to {staging}", staging)
+    return publish(staging, progress.step, keep_last)
 
 
 def stage(directory: Path, step: int) -> Path:
@@ -185,23 +256,68 @@ def stage(directory: Path, step: int) -> Path:
     return staging
 
 
-def publish(staging: Path, keep_last: int) -> Path:
-    """Once every rank has written `staging`: rename it into place, point `latest` at it, prune the oldest."""
-    torch.distributed.barrier()
-    directory, final = staging.parent, staging.with_suffix("")
+def publish(staging: Path, step: int, keep_last: int) -> Path:
+    """Once every rank has written `staging` (and agreed so): rank 0 seals, renames and points `latest` at it,
+    and prunes; every rank learns whether that worked."""
+    final = staging.with_suffix("")
+    failure = None
     if torch.distributed.get_rank() == 0:
-        # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
-        replaced = final.with_name(final.name + ".replaced.tmp")
-        if final.exists():
-            final.rename(replaced)
-        staging.rename(final)
-        _write_atomically(directory / LATEST, final.name + "\n")
-        shutil.rmtree(replaced, ignore_errors=True)
-        older = [path for path in complete_checkpoints(directory) if path != final]
-        for old in older[: max(0, len(older) - (keep_last - 1))]:
-            shutil.rmtree(old)
-    torch.distributed.barrier()
+        try:
+            _publish(staging, final, step, keep_last)
+        except OSError as error:
+            failure = error
+    agree_or_raise(failure, f"publishing {final}", staging)
     return final
+
+
+def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
+    """Seal the staging directory with its manifest, rename it into place, point `latest` at it, prune."""
+    directory = final.parent
+    write_manifest(staging, step)
+    # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
+    replaced = final.with_name(final.name + ".replaced.tmp")
+    if final.exists():
+        final.rename(replaced)
+    staging.rename(final)
+    _write_atomically(directory / LATEST, final.name + "\n")
+    shutil.rmtree(replaced, ignore_errors=True)
+    # Only intact checkpoints count and go: a damaged one may be someone's copy in progress.
+    older = [path for path in checkpoint_dirs(directory) if path != final and damage(path) is None]
+    for old in older[: max(0, len(older) - (keep_last - 1))]:
+        # Renamed first, so that a crash mid-delete leaves a .tmp directory, not a damaged checkpoint.
+        doomed = old.rename(old.with_name(old.name + ".pruned.tmp"))
+        shutil.rmtree(doomed)
+
+
+def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:
+    """Every rank learns whether any rank failed; if one did, all raise, after rank 0 clears the staging
+    directory (freeing the space a full disk needs back). The previous checkpoint and `latest` stay as they were."""
+    reports: list[dict[int, str]] = [{}] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(reports, _failures(failure) if failure is not None else {})
+    failed = {rank: cause for report in reports for rank, cause in report.items()}
+    if not failed:
+        return
+    if torch.distributed.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    # An OS error (ENOSPC, EIO, ...) says what to fix; the other ranks' errors only echo it.
+    rank = next((r for r in sorted(failed) if "[Errno" in failed[r]), min(failed))
+    previous = latest_checkpoint(staging.parent, warn=lambda _: None)
+    kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint"
+    raise CheckpointSaveError(
+        f"{doing} failed on rank {rank}: {failed[rank]}. Nothing was published: {kept}. Fix that (free space "
+        "on that file system, or set checkpoint.dir to another) and run again to resume"
+    )
+
+
+def _failures(error: BaseException) -> dict[int, str]:
+    """The failing ranks and their errors in one line each (dist_checkpointing gathers every rank's failures
+    into a CheckpointException keyed by rank)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return {
+            rank: str(exc).removeprefix("Worker failure: ").splitlines()[0] or type(exc).__name__
+            for rank, (exc, _) in error.failures.items()
+        }
+    return {torch.distributed.get_rank(): str(error).splitlines()[0] if str(error) else type(error).__name__}
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -257,9 +373,17 @@ def resolve(path: str | Path) -> Path:
     """A checkpoint directory itself, or the one a directory of checkpoints names in `latest`."""
     path = Path(path)
     if (path / "metadata.json").is_file() or deepspeed_checkpoint.is_deepspeed_checkpoint(path):
+        problem = damage(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {str(path)!r} is damaged, not loaded: {problem}")
         return path
-    found = latest_checkpoint(path)
+    skipped: list[str] = []
+    found = latest_checkpoint(path, warn=skipped.append)
     if found is None:
+        if skipped:  # none loaded: say why each was refused
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds no intact checkpoint: {'; '.join(skipped)}"
+            )
         state = (
             "does not exist"
             if not path.exists()

@@ -81,7 +81,8 @@ class ParallelConfig(_Section):
     use_distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
-    distributed_timeout_minutes: PositiveInt = 10
+    # How long a collective waits for the other ranks before it fails (a fraction for tests: 0.1 = 6 s).
+    distributed_timeout_minutes: PositiveFloat = 10
 
     @property
     def model_parallel_size(self) -> int:
@@ -119,6 +120,8 @@ class OptimizerConfig(_Section):
     adam_beta2: float = Field(0.95, ge=0, lt=1)
     adam_eps: PositiveFloat = 1e-8
     clip_grad: NonNegativeFloat = 1.0  # 0: no clipping
+    # A step with a non-finite loss or gradient norm is skipped (no update); this many in a row stop the run.
+    max_consecutive_skips: PositiveInt = 5
 
 
 class ScheduleConfig(_Section):

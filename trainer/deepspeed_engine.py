@@ -54,8 +54,12 @@ class Run:
     def micro_batches_per_step(self) -> int:
         return self.engine.gradient_accumulation_steps()
 
-    def train_step(self, batches: list[Iterator]) -> tuple[float, float, float]:
-        """One optimizer step over a global batch; the mean loss, the gradient norm before clipping, the LR used."""
+    def train_step(
+        self, batches: list[Iterator], step: int | None = None
+    ) -> tuple[float, float, float, bool]:
+        """One optimizer step over a global batch; the mean loss, the gradient norm before clipping, the LR used,
+        and whether DeepSpeed skipped the update (its overflow check; TRAINSTACK_FAULT's step faults are the
+        megatron engine's, so `step` goes unused)."""
         lr = self.engine.optimizer.param_groups[0]["lr"]
         totals = torch.zeros(2)
         for _ in range(self.micro_batches_per_step):
@@ -63,8 +67,10 @@ class Run:
             self.engine.backward(loss / tokens)  # DeepSpeed divides by the micro-batches per step
             self.engine.step()  # reduces and steps at the global batch's last micro-batch only
             totals += torch.stack([loss.detach().float().cpu(), tokens.cpu()])
-        self.scheduler.step(increment=1)
-        return _mean_over_ranks(totals), float(self.engine.get_global_grad_norm()), lr
+        skipped = not self.engine.was_step_applied()
+        if not skipped:
+            self.scheduler.step(increment=1)
+        return _mean_over_ranks(totals), float(self.engine.get_global_grad_norm()), lr, skipped
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -161,10 +167,15 @@ def save(
 ) -> Path:
     """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
     staging = checkpoint.stage(directory, step)
-    engine.save_checkpoint(
-        str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
-    )
-    return checkpoint.publish(staging, keep_last)
+    try:
+        engine.save_checkpoint(
+            str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
+        )
+        failure = None
+    except OSError as error:
+        failure = error
+    checkpoint.agree_or_raise(failure, f"saving step {step} to {staging}", staging)
+    return checkpoint.publish(staging, step, keep_last)
 
 
 def save_weights(

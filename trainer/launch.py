@@ -1,18 +1,23 @@
 """`python -m trainer launch [options] <verb> [args...]`: start one node's share of a distributed run.
 
 Maps the AWS Batch multi-node variables to a torchrun rendezvous (static: the main node is node rank 0 and hosts
-the store), runs the preflight on every rank unless skipped, then execs torchrun with one process per device.
+the store), runs the preflight on every rank unless skipped, then runs torchrun with one process per device and
+watches it (`supervise`): SIGTERM goes to the ranks, which save and exit 0, so torchrun exits 0 too.
 Without Batch variables (a single-node Batch job, `docker run`, a workstation) it runs torchrun standalone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -108,6 +113,92 @@ def torchrun_command(
     return [*torchrun, *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
 
 
+def add_supervision_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the process that starts torchrun and watches it (here, and `train` outside torchrun)."""
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=int(os.environ.get("TRAINSTACK_MAX_RESTARTS", "0")),
+        help="restart every rank this many times after one fails; each restart resumes from the newest "
+        "checkpoint (also TRAINSTACK_MAX_RESTARTS; default 0)",
+    )
+    parser.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=float(os.environ.get("TRAINSTACK_STOP_GRACE_SECONDS", "120")),
+        help="after SIGTERM, how long the ranks get to reach a step boundary, save and exit before they are "
+        "killed (also TRAINSTACK_STOP_GRACE_SECONDS; default 120, Spot's warning time)",
+    )
+
+
+def supervise(command: list[str], stop_grace_seconds: float) -> int:
+    """Run torchrun and return its exit status. SIGTERM is passed to the ranks, not to torchrun: each rank saves
+    at the next step boundary and exits 0, and torchrun, seeing every rank succeed, exits 0 (signalled itself, it
+    would raise and exit 1). Ranks still running `stop_grace_seconds` later are killed, torchrun first so that it
+    cannot restart them. SIGINT (Ctrl-C) reaches every process from the terminal; this one just waits."""
+    import psutil  # the image and the training requirements have it; the launcher's dry run needs none
+
+    # torch 2.13 keeps one rendezvous store across restarts, so restarted ranks could read the dead ones'
+    # addresses (pytorch/pytorch#135712): a store per rendezvous round instead.
+    environment = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ}
+    _adopt_orphans()
+    torchrun = subprocess.Popen(command, env=environment)
+    stopping = threading.Event()
+
+    def signal_all(processes: list[psutil.Process], sig: signal.Signals) -> None:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
+
+    def tree(recursive: bool) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(torchrun.pid).children(recursive=recursive)
+        return []
+
+    def kill_after_grace() -> None:
+        try:
+            torchrun.wait(timeout=stop_grace_seconds)
+        except subprocess.TimeoutExpired:
+            print(
+                f"launch: the ranks did not stop within {stop_grace_seconds:g} s of SIGTERM; killing them "
+                "(the newest complete checkpoint stands)",
+                file=sys.stderr,
+                flush=True,
+            )
+            descendants = tree(recursive=True)
+            signal_all([psutil.Process(torchrun.pid), *descendants], signal.SIGKILL)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        print(
+            f"launch: SIGTERM: the ranks save at the next step boundary, then stop (grace {stop_grace_seconds:g} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Between restarts there are no ranks: then torchrun itself is told (and exits 1).
+        with contextlib.suppress(psutil.NoSuchProcess):
+            signal_all(tree(recursive=False) or [psutil.Process(torchrun.pid)], signal.SIGTERM)
+        threading.Thread(target=kill_after_grace, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    status = torchrun.wait()
+    # What is left is orphaned: a killed rank's children (megatron's checkpoint writer keeps a Manager process).
+    leftovers = psutil.Process().children(recursive=True)
+    signal_all(leftovers, signal.SIGKILL)
+    psutil.wait_procs(leftovers, timeout=10)
+    return status if status >= 0 else 128 - status
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux), so that it can end them."""
+    if sys.platform == "linux":
+        pr_set_child_subreaper = 36
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nproc-per-node",
@@ -121,9 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TRAINSTACK_SKIP_PREFLIGHT") == "1",
         help="do not run `trainer preflight` first (also TRAINSTACK_SKIP_PREFLIGHT=1)",
     )
-    parser.add_argument(
-        "--max-restarts", type=int, default=int(os.environ.get("TRAINSTACK_MAX_RESTARTS", "0"))
-    )
+    add_supervision_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
     parser.add_argument("verb", nargs=argparse.REMAINDER, help="the trainer verb and its arguments")
 
@@ -162,4 +251,4 @@ def main(args: argparse.Namespace) -> int:
             print(f"launch: preflight failed (exit {status}); not starting {args.verb[0]}", file=sys.stderr)
             return status
     sys.stdout.flush()
-    os.execv(run[0], run)  # torchrun takes over this process: signals from Batch reach it directly
+    return supervise(run, args.stop_grace_seconds)

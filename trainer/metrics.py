@@ -18,7 +18,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainer.catalog import PEAK_BF16_TFLOPS_BY_GPU
 
-JSONL_KEYS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_device", "mfu", "step_time_s")
+JSONL_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "tflops_per_device",
+    "mfu",
+    "step_time_s",
+    "skipped_steps",
+)
 
 
 def peak_tflops_per_device(configured: float | None) -> float | None:
@@ -90,6 +100,7 @@ class MetricsLogger:
         lr: float | None,
         grad_norm: float | None,
         step_time_s: float | None,
+        skipped_steps: int | None,
         val_loss: float | None = None,
         peak_memory: float = 0.0,
     ) -> None:
@@ -98,9 +109,9 @@ class MetricsLogger:
             tokens_per_s = self.tokens_per_step / step_time_s
             tflops = self.flops_per_step / step_time_s / self.world_size / 1e12
             mfu = tflops / self.peak_tflops if self.peak_tflops else None
-        record = dict(
-            zip(JSONL_KEYS, (step, loss, lr, grad_norm, tokens_per_s, tflops, mfu, step_time_s), strict=True)
-        )
+        values = (step, loss, lr, grad_norm, tokens_per_s, tflops, mfu, step_time_s, skipped_steps)
+        # A skipped step's loss or norm may be inf or nan, which JSON has no words for: null.
+        record = {key: _json_number(value) for key, value in zip(JSONL_KEYS, values, strict=True)}
         if val_loss is not None:
             record["val_loss"] = val_loss
         self.jsonl.write(json.dumps(record) + "\n")
@@ -129,3 +140,7 @@ class MetricsLogger:
         self.jsonl.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def _json_number(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None

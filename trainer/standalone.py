@@ -13,7 +13,7 @@ import sys
 import torch
 
 from trainer.config import TrainConfig
-from trainer.launch import MASTER_PORT, Rendezvous, torchrun_command
+from trainer.launch import MASTER_PORT, Rendezvous, supervise, torchrun_command
 
 
 def under_torchrun() -> bool:
@@ -28,14 +28,24 @@ def processes(cfg: TrainConfig, nproc: int | None) -> int:
     return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1)
 
 
-def exec_torchrun(nproc: int, verb_args: list[str], max_restarts: int = 0) -> None:
-    """Replace this process with `torchrun --standalone` running `python -m trainer <verb_args>` N times."""
+def _torchrun_command(nproc: int, verb_args: list[str], max_restarts: int) -> list[str]:
+    """`torchrun --standalone` running `python -m trainer <verb_args>` N times."""
     if not torch.cuda.is_available():
         # The processes share the cores; more threads only contend.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)
-    command = torchrun_command(single_node, nproc, MASTER_PORT, max_restarts, verb_args)
     print(
         f"torchrun: {nproc} processes: python -m trainer {' '.join(verb_args)}", file=sys.stderr, flush=True
     )
+    return torchrun_command(single_node, nproc, MASTER_PORT, max_restarts, verb_args)
+
+
+def exec_torchrun(nproc: int, verb_args: list[str]) -> None:
+    """Replace this process with torchrun (one-shot verbs: convert, score)."""
+    command = _torchrun_command(nproc, verb_args, 0)
     os.execv(command[0], command)
+
+
+def run_torchrun(nproc: int, verb_args: list[str], max_restarts: int, stop_grace_seconds: float) -> int:
+    """Run torchrun under `launch.supervise` (SIGTERM: the ranks save and exit 0); its exit status."""
+    return supervise(_torchrun_command(nproc, verb_args, max_restarts), stop_grace_seconds)

@@ -1,8 +1,9 @@
 """`python -m trainer train`: one process of a (TP, PP, DP) training run; torchrun starts one per device.
 
 Read top to bottom: check the config against the launched world, start the process groups, build data, model,
-optimizer and schedule, resume from the newest checkpoint, then loop: one optimizer step over a global batch,
-log, evaluate, save.
+optimizer and schedule, resume from the newest checkpoint, then loop: one optimizer step over a global batch
+(skipped when its loss or gradient norm is not finite), log, evaluate, save, and stop at a step boundary when
+any rank got SIGTERM (trainer/faults.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import functools
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -25,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, model, parallel, standalone
+from trainer import checkpoint, faults, launch, model, parallel, standalone
 from trainer.arguments import positive_int
 from trainer.arithmetic import model_flops_per_sequence
 from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
@@ -60,12 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
     )
+    launch.add_supervision_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    console = Console(
-        stderr=True, highlight=False, soft_wrap=True, quiet=int(os.environ.get("RANK", "0")) != 0
-    )
+    rank = int(os.environ.get("RANK", "0"))
+    console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=rank != 0)
+    # First, so that a SIGTERM during start-up is kept for the first step boundary too.
+    stop = faults.StopRequest() if standalone.under_torchrun() else None
     if args.finetune:
         args.overrides.append("checkpoint.finetune=true")
     try:
@@ -81,11 +85,22 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
-    if not standalone.under_torchrun():
-        standalone.exec_torchrun(world_size, _verb_args(args))
+    if stop is None:
+        return standalone.run_torchrun(
+            world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds
+        )
     dims = parallel.initialize(cfg)
     try:
-        train(cfg, dims, console, fresh=args.fresh)
+        train(cfg, dims, console, fresh=args.fresh, stop=stop)
+    except (faults.TrainingStopped, checkpoint.CheckpointSaveError) as error:
+        console.print(f"[bold red]train:[/] {escape(str(error))}")  # every rank raised it; rank 0 says so
+        return 1
+    except RuntimeError as error:
+        message = faults.collective_failure(error, cfg.parallel.distributed_timeout_minutes)
+        if message is None:
+            raise
+        print(f"train: rank {rank}: {message}", file=sys.stderr, flush=True)  # each rank saw its own
+        return 1
     finally:
         parallel.shutdown()
     return 0
@@ -114,8 +129,10 @@ class Run:
     padded_vocab_size: int
     model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
 
-    def train_step(self, batches: list[Iterator]) -> tuple[float, float, float]:
-        return train_step(self, batches)
+    def train_step(
+        self, batches: list[Iterator], step: int | None = None
+    ) -> tuple[float, float, float, bool]:
+        return train_step(self, batches, step)
 
     def evaluate(self) -> float:
         return evaluate(self)
@@ -181,8 +198,16 @@ def datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     return train_data, valid_data
 
 
-def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool = False) -> None:
-    """The whole run on this rank: build, resume, then step, log, evaluate and save until train_iters."""
+def train(
+    cfg: TrainConfig,
+    dims: ParallelDims,
+    console: Console,
+    *,
+    fresh: bool = False,
+    stop: faults.StopRequest | None = None,
+) -> None:
+    """The whole run on this rank: build, resume, then step, log, evaluate and save until train_iters, or until
+    a rank got SIGTERM (then save and return)."""
     s = cfg.schedule
     if fresh and torch.distributed.get_rank() == 0:
         _remove_run_outputs(cfg)
@@ -200,14 +225,32 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
     if progress.step == 0:
         _log(logger, 0, val_loss=run.evaluate())  # the untrained model: where the loss starts
     batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
+    skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
+    saved_step = progress.step
     try:
         while progress.step < s.train_iters:
+            if stop is not None and stop.agreed():
+                if progress.step != saved_step:
+                    _save(run, progress, console)
+                console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
+                return
             started = time.perf_counter()
-            loss, grad_norm, lr = run.train_step(batches)
+            try:
+                loss, grad_norm, lr, skipped = run.train_step(batches, step=progress.step + 1)
+            except RuntimeError as error:
+                error.add_note(f"in step {progress.step + 1}")
+                raise
             step_time = time.perf_counter() - started
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
+            skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(cfg))
+            progress.skipped_steps = skips.total
+            if skipped:
+                console.print(
+                    f"step {step}: skipped, no update (loss {loss:.4g}, gradient norm {grad_norm:.4g}); "
+                    f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
+                )
             val_loss = run.evaluate() if step % s.eval_interval == 0 or last else None
             if step % cfg.logging.log_interval == 0 or val_loss is not None:
                 memory = _max_over_ranks(peak_memory_gib())
@@ -220,26 +263,47 @@ def train(cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool
                     step_time_s=step_time,
                     val_loss=val_loss,
                     peak_memory=memory,
+                    skipped_steps=skips.total,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
-                saved = run.save(progress)
-                console.print(f"step {step}: saved {saved}")
+                _save(run, progress, console)
+                saved_step = step
     finally:
         if logger is not None:
             logger.close()
 
 
-def train_step(run: Run, batches: list[Iterator]) -> tuple[float, float, float]:
+def _save(run: Run, progress: checkpoint.Progress, console: Console) -> None:
+    saved = run.save(progress)
+    console.print(f"step {progress.step}: saved {saved}")
+
+
+def _newest_checkpoint(cfg: TrainConfig) -> Path | None:
+    return checkpoint.latest_checkpoint(cfg.checkpoint_dir, warn=lambda _: None)
+
+
+def train_step(
+    run: Run, batches: list[Iterator], step: int | None = None
+) -> tuple[float, float, float, bool]:
     """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW.
-    Returns the mean loss, the gradient norm before clipping and the learning rate the step used."""
+    Returns the mean loss, the gradient norm before clipping, the learning rate the step used, and whether it
+    was skipped: with a non-finite loss or gradient norm nothing is updated, the LR schedule included. `step`
+    (the step's number) is where TRAINSTACK_FAULT's step faults strike; without it none do."""
     for chunk in run.chunks:
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
     loss = forward_backward(run, batches)
+    if step is not None:
+        faults.inject_in_step(step, run.chunks)
     lr = run.optimizer.param_groups[0]["lr"]
-    _, grad_norm, _ = run.optimizer.step()  # gradients were reduced over DP in finalize_model_grads
+    # Every rank gets the same loss and norm (both are reduced over the ranks), so all decide alike.
+    run.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
+    grad_norm = float(run.optimizer.get_grad_norm())
+    if not faults.SkipCounter.finite(loss, grad_norm):
+        return loss, grad_norm, lr, True
+    run.optimizer.step()  # megatron's bf16 path has no grad scaler: it would apply a non-finite step
     run.scheduler.step(increment=1)
-    return loss, grad_norm, lr
+    return loss, grad_norm, lr, False
 
 
 def evaluate(run: Run) -> float:
@@ -319,8 +383,11 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
 
 
 def _resume(run: Run, console: Console) -> checkpoint.Progress:
-    """Load the run's newest complete checkpoint, else checkpoint.load, if either; where training stands."""
-    start = checkpoint.starting_checkpoint(run.cfg)
+    """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
+    picks it (warning about damaged ones) and tells the others, so that every rank loads the same one."""
+    found = [checkpoint.starting_checkpoint(run.cfg) if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(found, src=0)
+    start = found[0]
     if start is None:
         return checkpoint.Progress()
     progress = run.load(start.path, weights_only=start.weights_only)
@@ -358,4 +425,5 @@ def _metrics_logger(run: Run, start_step: int, console: Console) -> MetricsLogge
 def _log(logger: MetricsLogger | None, step: int, **values) -> None:
     """Record a step on rank 0 (the others hold no logger); absent training values are null."""
     if logger is not None:
-        logger.log(step, **{"loss": None, "lr": None, "grad_norm": None, "step_time_s": None, **values})
+        absent = {"loss": None, "lr": None, "grad_norm": None, "step_time_s": None, "skipped_steps": None}
+        logger.log(step, **{**absent, **values})

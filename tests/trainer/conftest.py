@@ -39,6 +39,16 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
     return path
 
 
+def sealed_checkpoint(path: Path) -> Path:
+    """A directory as a finished save leaves it: a data file, then the manifest that lists it."""
+    from trainer.checkpoint import write_manifest
+
+    path.mkdir(parents=True)
+    (path / "common.pt").write_bytes(b"weights")
+    write_manifest(path, int(path.name.removeprefix("iter_")))
+    return path
+
+
 @dataclass
 class Result:
     """What one launch left behind."""

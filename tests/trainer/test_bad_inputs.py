@@ -87,6 +87,14 @@ def garbage_checkpoint(paths: Paths) -> None:
     (checkpoint.parent / "latest").write_text("iter_0000003\n")
 
 
+def truncated_checkpoint(paths: Paths) -> None:
+    """A finished checkpoint copied, and its metadata cut short (a copy that did not finish)."""
+    checkpoint = Path(paths["tmp"]) / "cut" / "iter_0000020"
+    shutil.copytree(Path(paths["checkpoints"]) / "iter_0000020", checkpoint)
+    metadata = checkpoint / "metadata.json"
+    metadata.write_bytes(metadata.read_bytes()[:10])
+
+
 def run_with_own_checkpoint(paths: Paths) -> None:
     checkpoints = Path(paths["tmp"]) / "run" / "checkpoints"
     shutil.copytree(Path(paths["checkpoints"]) / "iter_0000020", checkpoints / "iter_0000020")
@@ -292,12 +300,23 @@ ROWS: dict[str, Row] = {
     ),
     "checkpoint-load-unreadable": Row(
         f"{TRAIN} --set checkpoint.load={{tmp}}/torn",
-        ("checkpoint.load: checkpoint '{tmp}/torn/iter_0000003' cannot be read (JSONDecodeError",),
+        (
+            "checkpoint.load = '{tmp}/torn': checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
         garbage_checkpoint,
+    ),
+    "checkpoint-load-truncated": Row(
+        f"{TRAIN} --set checkpoint.load={{tmp}}/cut/iter_0000020",
+        (
+            "checkpoint '{tmp}/cut/iter_0000020' is damaged, not loaded: metadata.json is 10 bytes, the save wrote",
+        ),
+        truncated_checkpoint,
     ),
     "score-checkpoint-unreadable": Row(
         "score --checkpoint {tmp}/torn --tokens {tmp}/tokens.json",
-        ("score: checkpoint '{tmp}/torn/iter_0000003' cannot be read",),
+        (
+            "score: checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
         lambda paths: (garbage_checkpoint(paths), tokens_file(paths)),
     ),
     "score-checkpoint-missing": Row(
@@ -305,7 +324,9 @@ ROWS: dict[str, Row] = {
     ),
     "convert-to-hf-unreadable": Row(
         "convert --to-hf {tmp}/torn --out {tmp}/hf",
-        ("convert: checkpoint '{tmp}/torn/iter_0000003' cannot be read",),
+        (
+            "convert: checkpoint '{tmp}/torn' holds no intact checkpoint: skipping checkpoint {tmp}/torn/iter_0000003: no manifest.json",
+        ),
         garbage_checkpoint,
     ),
     "convert-from-hf-of-another-shape": Row(

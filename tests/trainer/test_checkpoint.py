@@ -6,6 +6,8 @@ import pytest
 
 from trainer.checkpoint import LATEST, latest_checkpoint
 
+from .conftest import sealed_checkpoint
+
 
 def test_resumed_run_repeats_the_straight_run_exactly(launcher, single):
     # A run stopped right after saving step 10 (same config, 20 steps planned) continues from that checkpoint.
@@ -40,8 +42,9 @@ def test_tp2_pp2_checkpoint_loads_at_another_layout_with_the_same_loss(launcher,
 
 
 def test_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
-    for name in ("iter_0000100", "iter_0000200", "iter_0000300.tmp"):
-        (tmp_path / name).mkdir()
+    for name in ("iter_0000100", "iter_0000200"):
+        sealed_checkpoint(tmp_path / name)
+    (tmp_path / "iter_0000300.tmp").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000200"  # no pointer; the .tmp one is unfinished
     (tmp_path / LATEST).write_text("iter_0000100\n")
     assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000100"

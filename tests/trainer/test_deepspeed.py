@@ -176,9 +176,13 @@ def test_trainer_checkpoint_converts_to_a_deepspeed_one_that_scores_the_same_and
 
 
 def fake_checkpoint(directory: Path, file: str) -> Path:
-    """A checkpoint directory that a format check recognizes by its files (their contents are never read)."""
+    """An intact (sealed) checkpoint directory that a format check recognizes by its files, whose contents are
+    never read."""
+    from trainer.checkpoint import write_manifest
+
     directory.mkdir(parents=True)
     (directory / file).write_text("")
+    write_manifest(directory, 3)
     return directory
 
 

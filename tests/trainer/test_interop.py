@@ -16,6 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from trainer.__main__ import main as trainer_main
 from trainer.config import ConfigError, load_config
 
+from .conftest import sealed_checkpoint
+
 LOGITS_WORKER = Path(__file__).with_name("logits_worker.py")
 VOCAB = 520  # above the tiny corpus's 512 (fine-tuning reads it), and padded to 640: padding is exercised
 TOKENS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3)).tolist()
@@ -279,12 +281,12 @@ def test_the_runs_own_checkpoints_take_precedence_over_checkpoint_load(tiny_conf
     from trainer.checkpoint import Start, starting_checkpoint
 
     source, run_dir = tmp_path / "converted", tmp_path / "run"
-    (source / "iter_0000000").mkdir(parents=True)
+    sealed_checkpoint(source / "iter_0000000")
     (source / "latest").write_text("iter_0000000\n")
     settings = [f"checkpoint.load={source}", "checkpoint.finetune=true", f"logging.run_dir={run_dir}"]
     cfg = load_config(tiny_config, settings)
     assert starting_checkpoint(cfg) == Start(source / "iter_0000000", weights_only=True, resumed=False)
-    (run_dir / "checkpoints" / "iter_0000002").mkdir(parents=True)  # the run has saved once: it resumes
+    sealed_checkpoint(run_dir / "checkpoints" / "iter_0000002")  # the run has saved once: it resumes
     assert starting_checkpoint(cfg) == Start(
         run_dir / "checkpoints" / "iter_0000002", weights_only=False, resumed=True
     )
@@ -333,13 +335,14 @@ def edit_config(directory: Path, **changes) -> None:
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Verbs run in this process must refuse before starting torchrun (which would replace pytest)."""
+    """Verbs run in this process must refuse before starting torchrun (which would replace or outlive pytest)."""
     from trainer import standalone
 
     def refuse(*args, **kwargs):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
 
-    monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+    monkeypatch.setattr(standalone, "exec_torchrun", refuse)  # convert, score
+    monkeypatch.setattr(standalone, "run_torchrun", refuse)  # train
 
 
 @pytest.mark.parametrize(

@@ -26,4 +26,5 @@ def test_metrics_jsonl_has_exactly_the_promised_keys(single):
         "tflops_per_device",
         "mfu",
         "step_time_s",
+        "skipped_steps",
     )
