@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import LATEST
+from trainer.checkpoint import LATEST, damage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,10 +77,16 @@ def test_zero3_saves_deepspeed_checkpoints_under_the_trainer_discipline(zero3):
         "iter_0000003",
         "iter_0000006",
     ]  # no .tmp left
-    # DeepSpeed's own layout: per-rank ZeRO-3 model and optimizer shards.
+    # DeepSpeed's own layout: per-rank ZeRO-3 model and optimizer shards; sealed by the trainer's manifest.
     assert sorted(p.name for p in (checkpoints / "iter_0000006").iterdir()) == [
-        f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt" for rank in (0, 1) for kind in ("model", "optim")
+        "manifest.json",
+        *(
+            f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
+            for rank in (0, 1)
+            for kind in ("model", "optim")
+        ),
     ]
+    assert damage(checkpoints / "iter_0000006") is None
 
 
 @pytest.mark.slow
