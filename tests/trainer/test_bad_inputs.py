@@ -132,6 +132,7 @@ def tokens_file(paths: Paths) -> None:
 
 
 TRAIN = "train --config {config}"
+DEEPSPEED = f"{TRAIN} --set engine=deepspeed"
 ROWS: dict[str, Row] = {
     # --- trainer config ---------------------------------------------------------------------------------------
     "train-heads-not-divisible-by-tp": Row(
@@ -196,6 +197,27 @@ ROWS: dict[str, Row] = {
         ("data.split = '99999,1,0': split '99999,1,0' leaves the valid split of dataset '{corpus}'",),
     ),
     "train-nproc-zero": Row(f"{TRAIN} --nproc 0", ("argument --nproc: 0: must be at least 1",)),
+    # --- engine: deepspeed -------------------------------------------------------------------------------------
+    "deepspeed-zero3-with-tensor-parallelism": Row(
+        f"{DEEPSPEED} --set zero.stage=3 --set parallel.tensor_model_parallel_size=2",
+        ("parallel.tensor_model_parallel_size = 2 needs engine: megatron", "(TP = PP = 1): set it to 1"),
+    ),
+    "deepspeed-optimizer-offload-at-stage-1": Row(
+        f"{DEEPSPEED} --set zero.stage=1 --set zero.offload_optimizer=cpu",
+        ("zero.offload_optimizer = 'cpu' needs zero.stage 2 or 3 (got 1)",),
+    ),
+    "deepspeed-parameter-offload-below-stage-3": Row(
+        f"{DEEPSPEED} --set zero.stage=2 --set zero.offload_param=cpu",
+        ("zero.offload_param = 'cpu' needs zero.stage 3 (got 2)",),
+    ),
+    "deepspeed-raw-key-conflicts-with-the-trainers": Row(
+        f"{DEEPSPEED} --set deepspeed.train_batch_size=3",
+        ("deepspeed.train_batch_size = 3 conflicts with", "derives from schedule.global_batch_size"),
+    ),
+    "deepspeed-raw-key-unknown-to-deepspeed": Row(
+        f"{DEEPSPEED} --set deepspeed.zero_optimization.stag=3",
+        ("deepspeed.zero_optimization.stag = 3: Extra inputs are not permitted",),
+    ),
     # --- dataset files -----------------------------------------------------------------------------------------
     "data-path-missing": Row(
         f"{TRAIN} --set data.prefixes=[{{tmp}}/nothere]",
