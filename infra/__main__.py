@@ -34,7 +34,7 @@ identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, regist
 lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
 cluster = Cluster("cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry), opts)
 
-outputs = {  # the names infra/outputs.py lists
+outputs = {  # the names trainer/contract/outputs.py lists
     "region": cfg.region,
     "ecr_repository_url": registry.repository.repository_url,
     "datasets_bucket": lake.datasets.bucket,

@@ -1,7 +1,7 @@
 """The GPU cluster on AWS Batch: EFA security group, placement, launch template, compute environment, queue, jobs.
 
 Everything that depends on the instance type (EFA interfaces, uverbs devices, vCPUs, memory, GPUs) is read from
-`trainer.catalog`. The job definition is the container contract the image is built to:
+`trainer.contract.catalog`. The job definition is the container contract the image is built to:
 
 - image: `trainstack:image`, else `<ecr repository url>:latest` (a placeholder: Batch multi-node jobs cannot
   override the image at submission, so the submit tool registers a new revision with the immutable tag it pushed);
@@ -25,8 +25,8 @@ import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
-from trainer.catalog import InstanceType
-from trainer.image_settings import efa_environment, image_pins
+from trainer.contract.catalog import InstanceType
+from trainer.contract.image import efa_environment, image_pins
 
 if TYPE_CHECKING:
     from infra.identity import Identity

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from trainer.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType
+from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "trainstack"

@@ -4,7 +4,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from trainer.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, instance_type
+from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, instance_type
 
 REQUIRED_EFA_TYPES = {
     "p4d.24xlarge",

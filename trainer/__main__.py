@@ -11,18 +11,30 @@ import sys
 VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.data.prepare", "tokenize text/JSONL into a Megatron indexed dataset (.bin/.idx)"),
     "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
-    "convert": ("trainer.convert", "trainer checkpoint <-> Hugging Face Llama or DeepSpeed checkpoint"),
-    "score": ("trainer.score", "mean loss per token and perplexity of a checkpoint (evaluation only)"),
+    "convert": (
+        "trainer.interop.convert",
+        "trainer checkpoint <-> Hugging Face Llama or DeepSpeed checkpoint",
+    ),
+    "score": (
+        "trainer.interop.score",
+        "mean loss per token and perplexity of a checkpoint (evaluation only)",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",
         "measure data prep, training, checkpoints and memory against baselines",
     ),
-    "launch": ("trainer.launch", "map Batch node variables to torchrun, run the preflight, then a verb"),
-    "preflight": ("trainer.preflight", "check GPUs, EFA devices, checkpoint storage and an all-reduce"),
+    "launch": (
+        "trainer.launch.batch",
+        "map Batch node variables to torchrun, run the preflight, then a verb",
+    ),
+    "preflight": (
+        "trainer.launch.preflight",
+        "check GPUs, EFA devices, checkpoint storage and an all-reduce",
+    ),
     "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),
-    "job": ("trainer.jobs.monitor", "status, logs or cancel of a stack's training jobs"),
-    "push": ("trainer.jobs.registry", "push the trainer image to a stack's ECR repository"),
+    "job": ("trainer.jobs.job", "status, logs or cancel of a stack's training jobs"),
+    "push": ("trainer.jobs.push", "push the trainer image to a stack's ECR repository"),
     "upload": ("trainer.jobs.upload", "upload a prepared dataset to a stack's datasets bucket"),
 }
 

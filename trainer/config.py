@@ -164,7 +164,7 @@ class TrainConfig(_Section):
     model: ModelConfig
     parallel: ParallelConfig = ParallelConfig()
     zero: ZeroConfig = ZeroConfig()
-    # Raw DeepSpeed config keys merged over the ones derived from this tree (trainer/deepspeed_config.py).
+    # Raw DeepSpeed config keys merged over the ones derived from this tree (trainer/engines/deepspeed_config.py).
     deepspeed: dict[str, Any] = {}
     data: DataConfig
     optimizer: OptimizerConfig
@@ -384,7 +384,9 @@ def engine_problems(cfg: TrainConfig, world_size: int) -> list[str]:
     """For engine: deepspeed, its raw `deepspeed:` keys against the derived ones and DeepSpeed's config model."""
     if cfg.engine != "deepspeed":
         return []
-    from trainer.deepspeed_config import deepspeed_problems  # imports DeepSpeed and torch: only its runs pay
+    from trainer.engines.deepspeed_config import (
+        deepspeed_problems,  # imports DeepSpeed and torch: only its runs pay
+    )
 
     return deepspeed_problems(cfg, data_parallel_size=world_size)  # TP = PP = 1
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import parallel
+from trainer.distributed import parallel
 
 
 class TrainingStopped(RuntimeError):

@@ -1,6 +1,6 @@
 """Training metrics: MFU, and where each logged step goes (console, metrics.jsonl, TensorBoard).
 
-MFU counts model FLOPs (trainer/arithmetic.py: Megatron's formula, causal attention halved, recompute not
+MFU counts model FLOPs (trainer/model/flops.py: Megatron's formula, causal attention halved, recompute not
 counted) against the device's dense bf16 peak from the instance catalog. On CPU there is no meaningful peak, so
 `mfu` is null.
 """
@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from trainer.catalog import PEAK_BF16_TFLOPS_BY_GPU
+from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
 
 JSONL_KEYS = (
     "step",

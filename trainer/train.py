@@ -27,16 +27,21 @@ from rich.console import Console
 from rich.markup import escape
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, faults, launch, model, parallel, standalone
+from trainer import faults
 from trainer.arguments import positive_int
-from trainer.arithmetic import model_flops_per_sequence
+from trainer.checkpoint import megatron as checkpoint
 from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
+from trainer.distributed import parallel
+from trainer.distributed.optimizer import build_optimizer, build_scheduler
+from trainer.distributed.parallel import ParallelDims
+from trainer.launch import batch as launch
+from trainer.launch import local as standalone
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
-from trainer.optimizer import build_optimizer, build_scheduler
-from trainer.parallel import ParallelDims
+from trainer.model import llama as model
+from trainer.model.flops import model_flops_per_sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +122,7 @@ class Run:
     """What one training process holds: its model chunks, optimizer, LR schedule and data.
 
     The loop in train() calls only the four methods at the end; `engine: deepspeed` brings its own Run with the
-    same fields for data and the same methods (trainer/deepspeed_engine.py)."""
+    same fields for data and the same methods (trainer/engines/deepspeed.py)."""
 
     cfg: TrainConfig
     dims: ParallelDims
@@ -165,7 +170,9 @@ def resolved_model(cfg: TrainConfig) -> ModelConfig:
 def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     if cfg.engine == "deepspeed":
-        from trainer import deepspeed_engine  # imports DeepSpeed, which megatron runs do without
+        from trainer.engines import (
+            deepspeed as deepspeed_engine,  # imports DeepSpeed, which megatron runs do without
+        )
 
         return deepspeed_engine.build(cfg, dims)
     train_data, valid_data = datasets(cfg)

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from trainer.__main__ import main as trainer_main
-from trainer.arithmetic import parameter_counts
 from trainer.bench.gpu import GPU_CONFIG
 from trainer.config import layout_problems, load_config
+from trainer.model.flops import parameter_counts
 from trainer.plan.memory import estimate_memory
 from trainer.plan.search import vocab_size
 

@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from trainer.image_settings import image_pins
+from trainer.contract.image import image_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.image_settings import efa_environment
-from trainer.launch import LaunchError, Rendezvous, rendezvous_from_env
+from trainer.contract.image import efa_environment
+from trainer.launch.batch import LaunchError, Rendezvous, rendezvous_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

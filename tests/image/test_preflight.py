@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.catalog import instance_type
-from trainer.preflight import (
+from trainer.contract.catalog import instance_type
+from trainer.launch.preflight import (
     FAILED,
     OK,
     SKIPPED,

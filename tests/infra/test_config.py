@@ -315,7 +315,7 @@ def test_stack_file_errors_name_the_file(tmp_path):
 def test_config_and_outputs_import_without_pulumi():
     """`python -m trainer plan` and the submit tool read stacks with only the training requirements installed."""
     code = (
-        "import sys, infra.config, infra.outputs; "
+        "import sys, infra.config, trainer.contract.outputs; "
         "infra.config.load_stack_config('prod'); "
         "assert not [m for m in sys.modules if m.startswith('pulumi')], 'pulumi imported'"
     )

@@ -6,7 +6,7 @@ import json
 
 from infra.cluster import efa_network_interfaces
 from infra.preview import cli_config, main
-from trainer.catalog import instance_type
+from trainer.contract.catalog import instance_type
 
 
 def test_json_preview_lists_every_resource_with_inputs_and_options(capsys):

@@ -9,9 +9,9 @@ import pytest
 
 from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from infra.identity import WILDCARD_RESOURCE_ACTIONS
-from infra.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
-from trainer.catalog import instance_type
-from trainer.image_settings import efa_environment, image_pins
+from trainer.contract.catalog import instance_type
+from trainer.contract.image import efa_environment, image_pins
+from trainer.contract.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainer.__main__ import main as trainer_main
-from trainer.catalog import instance_type
+from trainer.contract.catalog import instance_type
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 

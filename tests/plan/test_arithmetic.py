@@ -13,8 +13,8 @@ Sources:
 
 import pytest
 
-from trainer.arithmetic import forward_flops_per_sequence, model_flops_per_sequence, parameter_counts
 from trainer.config import ModelConfig
+from trainer.model.flops import forward_flops_per_sequence, model_flops_per_sequence, parameter_counts
 
 LLAMA3_8B = ModelConfig(
     num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8

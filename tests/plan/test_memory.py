@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer.arithmetic import parameter_counts
+from trainer.model.flops import parameter_counts
 from trainer.plan.memory import (
     estimate_memory,
     estimate_stages,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainer.arithmetic import model_flops_per_sequence
-from trainer.catalog import instance_type
+from trainer.contract.catalog import instance_type
+from trainer.model.flops import model_flops_per_sequence
 from trainer.plan.memory import estimate_memory
 from trainer.plan.performance import (
     Assumptions,

@@ -4,8 +4,8 @@ a config that loads."""
 import pytest
 
 from trainer.__main__ import main as trainer_main
-from trainer.catalog import instance_type
 from trainer.config import LAYOUT_KEYS, ConfigError, layout_problems, load_config
+from trainer.contract.catalog import instance_type
 from trainer.plan.command import plan_for, token_budget
 from trainer.plan.performance import Assumptions
 from trainer.plan.search import search

@@ -3,8 +3,8 @@
 
 import pytest
 
-from trainer.catalog import instance_type
 from trainer.config import load_config
+from trainer.contract.catalog import instance_type
 from trainer.plan.command import write_config
 from trainer.plan.memory import estimate_memory, model_states
 from trainer.plan.search import GIB, search

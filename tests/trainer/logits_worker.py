@@ -15,8 +15,10 @@ import torch  # noqa: E402
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 
-from trainer import checkpoint, model, parallel  # noqa: E402
-from trainer.weights import model_only_config  # noqa: E402
+from trainer.checkpoint import megatron as checkpoint  # noqa: E402
+from trainer.distributed import parallel  # noqa: E402
+from trainer.model import llama as model  # noqa: E402
+from trainer.model.weights import model_only_config  # noqa: E402
 
 
 def forward_logits(chunks, tokens: torch.Tensor) -> torch.Tensor | None:

@@ -224,7 +224,7 @@ def finetuned(converted, launcher, tiny_corpus) -> Path:
 
 @pytest.mark.slow
 def test_finetune_starts_from_the_converted_weights(finetuned, converted, hf_llamas, tiny_corpus):
-    from trainer import checkpoint
+    from trainer.checkpoint import megatron as checkpoint
     from trainer.data.datasets import build_gpt_datasets
     from trainer.data.sampler import sample_batches
 
@@ -278,7 +278,7 @@ def test_finetune_from_a_full_checkpoint_takes_only_its_weights(finetuned, conve
 
 
 def test_the_runs_own_checkpoints_take_precedence_over_checkpoint_load(tiny_config, tmp_path):
-    from trainer.checkpoint import Start, starting_checkpoint
+    from trainer.checkpoint.megatron import Start, starting_checkpoint
 
     source, run_dir = tmp_path / "converted", tmp_path / "run"
     sealed_checkpoint(source / "iter_0000000")
@@ -299,7 +299,7 @@ def test_the_runs_own_checkpoints_take_precedence_over_checkpoint_load(tiny_conf
 
 def test_fused_weights_follow_megatrons_layout():
     from trainer.config import ModelConfig
-    from trainer.hf import _rules
+    from trainer.interop.hf import _rules
 
     m = ModelConfig(
         num_layers=1,
@@ -336,7 +336,7 @@ def edit_config(directory: Path, **changes) -> None:
 @pytest.fixture
 def no_launch(monkeypatch):
     """Verbs run in this process must refuse before starting torchrun (which would replace or outlive pytest)."""
-    from trainer import standalone
+    from trainer.launch import local as standalone
 
     def refuse(*args, **kwargs):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
@@ -455,7 +455,7 @@ def test_score_data_windows_are_the_token_stream_in_file_order(tiny_corpus):
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from trainer.score import _windows
+    from trainer.interop.score import _windows
 
     stream = np.memmap(tiny_corpus + ".bin", dtype=IndexedDataset(tiny_corpus).index.dtype, mode="r")
     windows = _windows(Namespace(data=tiny_corpus, samples=3, seq_length=None), 16)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import LATEST, CheckpointError, damage, latest_checkpoint, resolve
+from trainer.checkpoint.megatron import LATEST, CheckpointError, damage, latest_checkpoint, resolve
 from trainer.faults import Fault, SkipCounter, TrainingStopped
 
 from .conftest import ROOT, TIMEOUT_S, sealed_checkpoint

@@ -18,9 +18,10 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron.core.utils import unwrap_model  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from trainer import model, parallel  # noqa: E402
 from trainer import train as train_module  # noqa: E402
 from trainer.config import load_config  # noqa: E402
+from trainer.distributed import parallel  # noqa: E402
+from trainer.model import llama as model  # noqa: E402
 
 GRADIENT_STEPS = 3  # steps whose gradients are recorded
 

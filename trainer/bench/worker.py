@@ -25,10 +25,12 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from rich.console import Console
 
-from trainer import checkpoint, parallel, train
+from trainer import train
 from trainer.bench.allocations import AllocationTrace
+from trainer.checkpoint import megatron as checkpoint
 from trainer.config import load_config
-from trainer.model import HAVE_TRANSFORMER_ENGINE
+from trainer.distributed import parallel
+from trainer.model.llama import HAVE_TRANSFORMER_ENGINE
 
 TRACED_STEPS = 2
 
@@ -51,7 +53,7 @@ class PipelineWaits:
 
 
 def kernels() -> str:
-    """The planner's name for the layer implementation this process runs (trainer/model.py picks it)."""
+    """The planner's name for the layer implementation this process runs (trainer/model/llama.py picks it)."""
     return "transformer_engine" if parallel.device_type() == "cuda" and HAVE_TRANSFORMER_ENGINE else "local"
 
 

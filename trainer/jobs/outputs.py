@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.outputs import missing_outputs
+from trainer.contract.outputs import missing_outputs
 
 
 class StackError(RuntimeError):

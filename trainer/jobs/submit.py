@@ -18,8 +18,8 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from trainer.catalog import instance_type
 from trainer.config import ConfigError, TrainConfig, auto_keys, layout_problems, load_config
+from trainer.contract.catalog import instance_type
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.plan.command import plan_for

@@ -21,9 +21,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainer.arguments import positive_float, positive_int
-from trainer.arithmetic import parameter_counts
-from trainer.catalog import INSTANCE_TYPES, InstanceType, instance_type
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
+from trainer.contract.catalog import INSTANCE_TYPES, InstanceType, instance_type
+from trainer.model.flops import parameter_counts
 from trainer.plan.performance import Assumptions
 from trainer.plan.search import GIB, Candidate, Plan, search
 

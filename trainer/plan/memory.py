@@ -1,7 +1,7 @@
 """Per-GPU memory of a training layout, as this trainer allocates it (what `torch.cuda.max_memory_allocated`
 reports at the steady-state peak: from the second step on, when Adam's states exist).
 
-Model states, per parameter held by the GPU (trainer/parallel.py, trainer/optimizer.py):
+Model states, per parameter held by the GPU (trainer/distributed/parallel.py, trainer/distributed/optimizer.py):
 - weights in the compute precision: bf16 (megatron's Float16Module casts the fp32-initialized model), or fp32;
 - gradients in megatron DDP's fp32 buffer (`grad_reduce_in_fp32=True`), whole on every data-parallel rank;
 - optimizer states: Adam's two fp32 moments, plus fp32 master weights when the weights are bf16 (fp32 weights
@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trainer.arithmetic import ParameterCounts, parameter_counts
 from trainer.config import TrainConfig
+from trainer.model.flops import ParameterCounts, parameter_counts
 
 Kernels = Literal["transformer_engine", "local"]
 FP32 = 4

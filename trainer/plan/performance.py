@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.arithmetic import forward_flops_per_sequence, model_flops_per_sequence
-from trainer.catalog import InstanceType
 from trainer.config import TrainConfig
+from trainer.contract.catalog import InstanceType
+from trainer.model.flops import forward_flops_per_sequence, model_flops_per_sequence
 
 FP32 = 4
 

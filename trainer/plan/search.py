@@ -16,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.catalog import InstanceType
 from trainer.config import LAYOUT_KEYS, ConfigError, ParallelConfig, TrainConfig, ZeroConfig, layout_problems
+from trainer.contract.catalog import InstanceType
 from trainer.plan.memory import MemoryEstimate, estimate_memory
 from trainer.plan.performance import Assumptions, StepTime, estimate_step_time
 

@@ -12,7 +12,7 @@ are stored by global name and offset, so a checkpoint saved at one (TP, PP, DP) 
 only come back at the layout they were saved at. A weights-only checkpoint (`python -m trainer convert` writes
 them) holds the model and its record alone.
 
-A DeepSpeed checkpoint (`engine: deepspeed`, trainer/deepspeed_checkpoint.py) is staged, sealed with its manifest
+A DeepSpeed checkpoint (`engine: deepspeed`, trainer/checkpoint/deepspeed.py) is staged, sealed with its manifest
 and published the same way (`stage`, `publish`), and resolves, records its model and gives its weights the same
 way here, at any layout; megatron's engine takes its weights only.
 """
@@ -41,10 +41,12 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer import deepspeed_checkpoint, faults, megatron_compat, parallel, weights
-from trainer import model as llama
+from trainer import faults
+from trainer.checkpoint import deepspeed as deepspeed_checkpoint
 from trainer.config import ModelConfig, TrainConfig
-from trainer.parallel import ParallelDims
+from trainer.distributed import megatron_compat, parallel
+from trainer.distributed.parallel import ParallelDims
+from trainer.model import llama, weights
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -412,7 +414,7 @@ def read_record(checkpoint: Path) -> ModelRecord | None:
 
 
 def full_weights(checkpoint: Path, record: ModelRecord) -> dict[str, torch.Tensor]:
-    """Every full weight of a checkpoint (trainer/weights.py's naming), in one process of a TP = PP = 1 layout:
+    """Every full weight of a checkpoint (trainer/model/weights.py's naming), in one process of a TP = PP = 1 layout:
     the model is rebuilt whole from its record to read a megatron checkpoint."""
     if deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
         return deepspeed_checkpoint.full_weights(checkpoint)

@@ -81,7 +81,7 @@ def apply() -> None:
         return
     if megatron.core.__version__ != MEGATRON_CORE_VERSION:
         raise RuntimeError(
-            f"trainer/megatron_compat.py bridges megatron-core {MEGATRON_CORE_VERSION}, found "
+            f"trainer/distributed/megatron_compat.py bridges megatron-core {MEGATRON_CORE_VERSION}, found "
             f"{megatron.core.__version__}: check each bridge against it and rerun tests/trainer before changing the pin"
         )
     if not torch.cuda.is_available():

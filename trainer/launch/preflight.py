@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from trainer.catalog import InstanceType, instance_type
+from trainer.contract.catalog import InstanceType, instance_type
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
 EFA_DEVICE_DIR = Path("/dev/infiniband")

@@ -1,5 +1,5 @@
 """Full weights: the model's parameters as unsharded tensors under one naming, the intermediate every checkpoint
-conversion goes through (Hugging Face in trainer/hf.py; another format plugs into the same two functions).
+conversion goes through (Hugging Face in trainer/interop/hf.py; another format plugs into the same two functions).
 
 The naming is the trainer's model at TP=1, PP=1 with megatron-core's local layer spec: `embedding.word_embeddings
 .weight`, `decoder.layers.<global layer>.input_layernorm.weight`, `...self_attention.linear_qkv.weight` (grouped
@@ -17,7 +17,6 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.utils import unwrap_model
 
-from trainer import model as llama
 from trainer.config import (
     DataConfig,
     ModelConfig,
@@ -26,6 +25,7 @@ from trainer.config import (
     ScheduleConfig,
     TrainConfig,
 )
+from trainer.model import llama
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Hugging Face Llama checkpoints (`config.json` + safetensors) <-> full weights (trainer/weights.py).
+"""Hugging Face Llama checkpoints (`config.json` + safetensors) <-> full weights (trainer/model/weights.py).
 
 Each full weight is made of Hugging Face tensors by one rule, and split back by its inverse:
 

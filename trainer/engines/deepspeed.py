@@ -1,13 +1,13 @@
 """`engine: deepspeed`: the trainer's Llama trained data-parallel under DeepSpeed ZeRO (stage 1, 2 or 3).
 
-The model is the GPTModel trainer/model.py builds for megatron at TP = PP = 1: the same initialization and the
+The model is the GPTModel trainer/model/llama.py builds for megatron at TP = PP = 1: the same initialization and the
 same parameter names, so a DeepSpeed checkpoint's full state dict is a megatron one without renaming. DeepSpeed
 wraps it whole (ZeRO-3 partitions its weights once built and gathers each module's while it runs). Everything
 else is the trainer's own: data and sampler, AdamW with megatron's parameter groups and LR schedule, the loop,
-metrics, and the checkpoint directory's staging, `latest` pointer and pruning (trainer/checkpoint.py).
+metrics, and the checkpoint directory's staging, `latest` pointer and pruning (trainer/checkpoint/).
 
 Checkpoints are DeepSpeed's format (`iter_NNNNNNN/*model_states.pt` + one ZeRO shard file per rank, with the
-trainer's model record: trainer/deepspeed_checkpoint.py), so DeepSpeed's own tools (zero_to_fp32) read them.
+trainer's model record: trainer/checkpoint/deepspeed.py), so DeepSpeed's own tools (zero_to_fp32) read them.
 ZeRO shards resume only at the data-parallel size and stage they were saved at; at another, the fp32 weights,
 step and LR schedule come back and Adam's moments start again from zero. From a trainer (megatron) checkpoint,
 a converted or a weights-only one, or with checkpoint.finetune, the weights alone.
@@ -26,11 +26,15 @@ from deepspeed.utils import safe_set_full_fp32_param
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, deepspeed_checkpoint, model, parallel, weights
+from trainer.checkpoint import deepspeed as deepspeed_checkpoint
+from trainer.checkpoint import megatron as checkpoint
 from trainer.config import ModelConfig, TrainConfig
-from trainer.deepspeed_config import derived_config, merged_config
-from trainer.optimizer import build_scheduler
-from trainer.parallel import ParallelDims
+from trainer.distributed import parallel
+from trainer.distributed.optimizer import build_scheduler
+from trainer.distributed.parallel import ParallelDims
+from trainer.engines.deepspeed_config import derived_config, merged_config
+from trainer.model import llama as model
+from trainer.model import weights
 from trainer.train import datasets, micro_batch_iterators, resolved_model
 
 # DeepSpeed logs its whole config and every ZeRO bucket at INFO; the trainer's console says what matters.

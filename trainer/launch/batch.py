@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from trainer.image_settings import efa_environment
+from trainer.contract.image import efa_environment
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
 NUM_NODES = "AWS_BATCH_JOB_NUM_NODES"

@@ -1,5 +1,5 @@
 """`python -m trainer convert`: trainer checkpoint <-> Hugging Face Llama or DeepSpeed checkpoint, through full
-weights (trainer/weights.py).
+weights (trainer/model/weights.py).
 
     convert --from-hf DIR --out CKPT [--tp N --pp M]   config.json + safetensors -> CKPT/iter_0000000 (weights
                                                         only), CKPT/latest, CKPT/train.yaml, CKPT/tokenizer.json
@@ -30,10 +30,16 @@ from pathlib import Path
 import torch
 import yaml
 
-from trainer import checkpoint, deepspeed_checkpoint, hf, model, parallel, standalone, weights
 from trainer.arguments import positive_int
+from trainer.checkpoint import deepspeed as deepspeed_checkpoint
+from trainer.checkpoint import megatron as checkpoint
 from trainer.config import ConfigError, ModelConfig, layout_problems
-from trainer.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
+from trainer.distributed import parallel
+from trainer.interop import hf
+from trainer.interop.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
+from trainer.launch import local as standalone
+from trainer.model import llama as model
+from trainer.model import weights
 
 TRAIN_CONFIG = "train.yaml"
 TOKENIZER = "tokenizer.json"
@@ -275,7 +281,9 @@ def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int
 
 
 def _to_deepspeed(source: Path, out: Path) -> None:
-    from trainer import deepspeed_engine  # imports DeepSpeed, which the other directions do without
+    from trainer.engines import (
+        deepspeed as deepspeed_engine,  # imports DeepSpeed, which the other directions do without
+    )
 
     found, record = _checkpoint_to_export(source, "--to-deepspeed", deepspeed=False)
     # ZeRO's default stage: a DeepSpeed run takes a weights-only checkpoint's full weights at its own layout.

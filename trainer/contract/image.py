@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-IMAGE_DIR = Path(__file__).resolve().parent.parent / "image"
+IMAGE_DIR = Path(__file__).resolve().parents[2] / "image"
 EFA_ENV_FILE = IMAGE_DIR / "efa.env"
 VERSIONS_FILE = IMAGE_DIR / "versions.env"
 

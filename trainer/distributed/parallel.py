@@ -22,8 +22,8 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
-from trainer import megatron_compat
 from trainer.config import ParallelConfig, TrainConfig, validate_layout
+from trainer.distributed import megatron_compat
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,15 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from trainer import checkpoint, model, parallel, standalone
 from trainer.arguments import positive_int
+from trainer.checkpoint import megatron as checkpoint
 from trainer.config import ConfigError, ModelConfig, TrainConfig, layout_problems
 from trainer.data import DataError
 from trainer.data.datasets import open_indexed_dataset
-from trainer.weights import model_only_config
+from trainer.distributed import parallel
+from trainer.launch import local as standalone
+from trainer.model import llama as model
+from trainer.model.weights import model_only_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

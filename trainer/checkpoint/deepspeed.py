@@ -1,4 +1,4 @@
-"""Reading a DeepSpeed checkpoint (what `engine: deepspeed` saves, trainer/deepspeed_engine.py) without DeepSpeed's
+"""Reading a DeepSpeed checkpoint (what `engine: deepspeed` saves, trainer/engines/deepspeed.py) without DeepSpeed's
 engine or a process group: the trainer's entries of its client state, and its full fp32 weights.
 
     iter_NNNNNNN/*model_states.pt   DeepSpeed's module file(s), each with the trainer's client state: progress,
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import model
+from trainer.model import llama as model
 
 
 def is_deepspeed_checkpoint(path: Path) -> bool:
@@ -29,7 +29,7 @@ def client_state(path: Path) -> dict:
 
 
 def full_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every weight in full fp32, in trainer/weights.py's naming: DeepSpeed's zero_to_fp32 merges the ZeRO shards
+    """Every weight in full fp32, in trainer/model/weights.py's naming: DeepSpeed's zero_to_fp32 merges the ZeRO shards
     of any stage and data-parallel size."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # imports DeepSpeed
 

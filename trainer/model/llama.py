@@ -131,7 +131,7 @@ _LOCAL_SPEC_NAME = {
 
 
 def full_weight_name(chunk: GPTModel, name: str, tied: bool) -> str:
-    """The full (TP=1, one-stage, local-spec) weight a parameter holds a shard of; see trainer/weights.py."""
+    """The full (TP=1, one-stage, local-spec) weight a parameter holds a shard of; see trainer/model/weights.py."""
     if name == "output_layer.weight" and tied:
         return "embedding.word_embeddings.weight"  # the last stage's copy of a tied embedding
     return local_spec_name(global_name(chunk, name))
