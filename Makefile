@@ -46,7 +46,7 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 # TP x PP x DP on CPU), FRESH=1 starts over instead of resuming, ARGS passes more (e.g. --set schedule.train_iters=50).
 # With STACK=<env>: NODES, IMAGE (tag), RUN (name: checkpoints under /fsx/checkpoints/<run>), see docs/cluster.md.
 LOCAL_CONFIG   := trainer/configs/local.yaml
-CLUSTER_CONFIG := trainer/configs/llama3-8b.yaml
+CLUSTER_CONFIG := $(shell sed -n 's/^TRAINSTACK_DEFAULT_CONFIG="\(.*\)"$$/\1/p' image/container.env)
 CONFIG ?=
 NPROC  ?=
 FRESH  ?=

@@ -26,6 +26,7 @@ import pulumi_aws as aws
 from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
 from trainer.contract.catalog import InstanceType
+from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT
 from trainer.contract.image import efa_environment, image_pins
 
 if TYPE_CHECKING:
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from infra.network import Network
     from infra.registry import Registry
 
-DEFAULT_COMMAND = ["train", "--config", "trainer/configs/llama3-8b.yaml"]
-FSX_MOUNT = "/fsx"
-CHECKPOINTS_DIR = f"{FSX_MOUNT}/checkpoints"
 # The ECS-optimized Amazon Linux 2023 AMI with NVIDIA drivers; Batch picks its newest release.
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"

@@ -16,15 +16,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType
-
-ROOT = Path(__file__).resolve().parent.parent
-NAMESPACE = "trainstack"
+from trainer.contract.stack import (
+    DEFAULT_INSTANCE_TYPE,
+    DEFAULT_NODE_COUNT,
+    NAMESPACE,
+    ROOT,
+    StackFileError,
+)
+from trainer.contract.stack import read_stack_file as _read_stack_file
 
 # The project's ceiling on nodes per stack: 32 x 8 = 256 GPUs in one cluster placement group. Past it, ask EC2 for
 # the capacity (a Capacity Block or an ODCR) and raise the account's "Running On-Demand P instances" vCPU quota
@@ -73,8 +77,8 @@ class StackConfig(BaseModel):
     region: str = Field(alias="aws:region", description="the AWS region, such as us-east-1")
     aws_profile: str | None = Field(default=None, alias="aws:profile")
     owner: str = Field(min_length=1, description="the team or person tagged as owner of every resource")
-    instance_type: str = "p5.48xlarge"
-    node_count: int = 1
+    instance_type: str = DEFAULT_INSTANCE_TYPE
+    node_count: int = DEFAULT_NODE_COUNT
     availability_zones: list[str] = Field(
         description="the zones for subnets, such as [us-east-1a, us-east-1b]; the first hosts the GPU nodes and FSx"
     )
@@ -345,19 +349,12 @@ def parse_stack_config(stack: str, values: Mapping[str, Any], source: str = "sta
     raise StackConfigError(f"{source}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
 
 
-def stack_names(root: Path = ROOT) -> list[str]:
-    """The stacks checked in as `Pulumi.<stack>.yaml`."""
-    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in root.glob("Pulumi.*.yaml"))
-
-
 def read_stack_file(stack: str, root: Path = ROOT) -> dict[str, Any]:
     """The `config:` mapping of `Pulumi.<stack>.yaml`, unvalidated."""
-    path = root / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        known = ", ".join(stack_names(root)) or "none"
-        raise StackConfigError(f"no stack file {path.name} in {root}; stacks: {known}")
-    document = yaml.safe_load(path.read_text()) or {}
-    return dict(document.get("config") or {})
+    try:
+        return _read_stack_file(stack, root)
+    except StackFileError as error:
+        raise StackConfigError(str(error)) from None
 
 
 def load_stack_config(stack: str, root: Path = ROOT) -> StackConfig:

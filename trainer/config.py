@@ -380,28 +380,6 @@ def validate_layout(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
         raise ConfigError(problems)
 
 
-def engine_problems(cfg: TrainConfig, world_size: int) -> list[str]:
-    """For engine: deepspeed, its raw `deepspeed:` keys against the derived ones and DeepSpeed's config model."""
-    if cfg.engine != "deepspeed":
-        return []
-    from trainer.engines.deepspeed_config import (
-        deepspeed_problems,  # imports DeepSpeed and torch: only its runs pay
-    )
-
-    return deepspeed_problems(cfg, data_parallel_size=world_size)  # TP = PP = 1
-
-
-def validate_run(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> None:
-    """Everything checked before a training process starts work: layout, data files and engine settings."""
-    problems = (
-        layout_problems(cfg, world_size, device) + data_problems(cfg) + engine_problems(cfg, world_size)
-    )
-    if problems:
-        raise ConfigError(problems)
-
-
-# The layout the planner chooses (`python -m trainer plan`, and `make train STACK=<env>`): `auto` as any of these
-# values, in the YAML or a --set, leaves it to the planner; `train` itself needs numbers.
 AUTO = "auto"
 LAYOUT_KEYS = (
     "parallel.tensor_model_parallel_size",

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from infra.identity import WILDCARD_RESOURCE_ACTIONS
 from trainer.contract.catalog import instance_type
+from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
 from trainer.contract.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 

@@ -41,7 +41,7 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
 
 def sealed_checkpoint(path: Path) -> Path:
     """A directory as a finished save leaves it: a data file, then the manifest that lists it."""
-    from trainer.checkpoint.megatron import write_manifest
+    from trainer.checkpoint.store import write_manifest
 
     path.mkdir(parents=True)
     (path / "common.pt").write_bytes(b"weights")

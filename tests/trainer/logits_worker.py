@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 
-from trainer.checkpoint import megatron as checkpoint  # noqa: E402
+from trainer.checkpoint import formats as checkpoint  # noqa: E402
 from trainer.distributed import parallel  # noqa: E402
 from trainer.model import llama as model  # noqa: E402
 from trainer.model.weights import model_only_config  # noqa: E402
@@ -60,9 +60,7 @@ def main() -> None:
         for name, path in named:
             m = records[name].config
             cfg = model_only_config(m, tensor_parallel=tp, pipeline_parallel=pp, seq_length=tokens.shape[1])
-            chunks = model.build_model(
-                cfg, model.transformer_config(cfg, "cpu"), m.padded_vocab_size(m.vocab_size)
-            )
+            chunks = model.build(cfg).chunks
             checkpoint.load_weights(checkpoint.resolve(path), chunks)
             logits = forward_logits(chunks, tokens)
             if logits is not None and parallel_state.get_tensor_model_parallel_rank() == 0:

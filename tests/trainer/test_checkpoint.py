@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from trainer.checkpoint.megatron import LATEST, latest_checkpoint
+from trainer.checkpoint.store import LATEST, latest_checkpoint
 
 from .conftest import sealed_checkpoint
 

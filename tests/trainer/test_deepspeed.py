@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint.megatron import LATEST, damage
+from trainer.checkpoint.store import LATEST, damage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -184,7 +184,7 @@ def test_trainer_checkpoint_converts_to_a_deepspeed_one_that_scores_the_same_and
 def fake_checkpoint(directory: Path, file: str) -> Path:
     """An intact (sealed) checkpoint directory that a format check recognizes by its files, whose contents are
     never read."""
-    from trainer.checkpoint.megatron import write_manifest
+    from trainer.checkpoint.store import write_manifest
 
     directory.mkdir(parents=True)
     (directory / file).write_text("")
@@ -236,7 +236,7 @@ def test_convert_to_deepspeed_refuses_a_layout(tmp_path, capsys):
     ],
 )
 def test_a_run_refuses_to_resume_the_other_engines_checkpoint(engine, saved_by, file, tiny_config, tmp_path):
-    from trainer.checkpoint.megatron import start_problems
+    from trainer.checkpoint.start import start_problems
     from trainer.config import load_config
 
     cfg = load_config(tiny_config, [f"engine={engine}", f"logging.run_dir={tmp_path}"])

@@ -224,7 +224,7 @@ def finetuned(converted, launcher, tiny_corpus) -> Path:
 
 @pytest.mark.slow
 def test_finetune_starts_from_the_converted_weights(finetuned, converted, hf_llamas, tiny_corpus):
-    from trainer.checkpoint import megatron as checkpoint
+    from trainer.checkpoint import formats as checkpoint
     from trainer.data.datasets import build_gpt_datasets
     from trainer.data.sampler import sample_batches
 
@@ -278,7 +278,7 @@ def test_finetune_from_a_full_checkpoint_takes_only_its_weights(finetuned, conve
 
 
 def test_the_runs_own_checkpoints_take_precedence_over_checkpoint_load(tiny_config, tmp_path):
-    from trainer.checkpoint.megatron import Start, starting_checkpoint
+    from trainer.checkpoint.start import Start, starting_checkpoint
 
     source, run_dir = tmp_path / "converted", tmp_path / "run"
     sealed_checkpoint(source / "iter_0000000")

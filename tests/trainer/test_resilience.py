@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint.megatron import LATEST, CheckpointError, damage, latest_checkpoint, resolve
+from trainer.checkpoint.formats import resolve
+from trainer.checkpoint.store import LATEST, CheckpointError, damage, latest_checkpoint
 from trainer.faults import Fault, SkipCounter, TrainingStopped
 
 from .conftest import ROOT, TIMEOUT_S, sealed_checkpoint

@@ -18,7 +18,7 @@ from megatron.core import parallel_state  # noqa: E402
 from megatron.core.utils import unwrap_model  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from trainer import train as train_module  # noqa: E402
+from trainer import engines, train  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.distributed import parallel  # noqa: E402
 from trainer.model import llama as model  # noqa: E402
@@ -65,7 +65,7 @@ def full_gradients(run) -> dict[str, torch.Tensor]:
 
 def record_gradients(steps: list) -> None:
     """Make each run's optimizer record the gradients it is about to apply, for the first GRADIENT_STEPS steps."""
-    build = train_module.build
+    build = engines.build
 
     def build_recording(cfg, dims):
         run = build(cfg, dims)
@@ -79,7 +79,7 @@ def record_gradients(steps: list) -> None:
         run.optimizer.step = recording_step
         return run
 
-    train_module.build = build_recording
+    engines.build = build_recording
 
 
 def main() -> None:
@@ -98,7 +98,7 @@ def main() -> None:
             steps = []
             if cfg.engine == "megatron":  # DeepSpeed's runs are compared by their losses
                 record_gradients(steps)
-            train_module.train(cfg, dims, console)
+            train.train(cfg, dims, console)
             if (
                 parallel_state.get_tensor_model_parallel_rank() == 0
                 and parallel_state.get_data_parallel_rank() == 0
@@ -107,7 +107,7 @@ def main() -> None:
                     steps, args.out / f"grads_pp{parallel_state.get_pipeline_model_parallel_rank()}.pt"
                 )
         else:
-            run = train_module.build(cfg, dims)
+            run = engines.build(cfg, dims)
             run.load(args.checkpoint)
             val_loss = run.evaluate()
             if torch.distributed.get_rank() == 0:

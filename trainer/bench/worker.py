@@ -25,11 +25,11 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from rich.console import Console
 
-from trainer import train
 from trainer.bench.allocations import AllocationTrace
-from trainer.checkpoint import megatron as checkpoint
+from trainer.checkpoint.store import Progress
 from trainer.config import load_config
 from trainer.distributed import parallel
+from trainer.engines import megatron
 from trainer.model.llama import HAVE_TRANSFORMER_ENGINE
 
 TRACED_STEPS = 2
@@ -62,7 +62,7 @@ def _storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def measure_memory(run: train.Run, trace: AllocationTrace) -> dict:
+def measure_memory(run: megatron.MegatronEngine, trace: AllocationTrace) -> dict:
     weights = _storage_bytes(p for chunk in run.chunks for p in chunk.parameters())
     gradients = _storage_bytes(b.grad_data for chunk in run.chunks for b in chunk.buffers)
     steady = trace.phases("step")[-1]
@@ -82,7 +82,7 @@ def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool)
     waits = PipelineWaits()
     with AllocationTrace(device) as trace:
         with trace.phase("build"):
-            run = train.build(cfg, dims)
+            run = megatron.build(cfg, dims)
         step_optimizer = run.optimizer.step
 
         def traced_optimizer_step():
@@ -90,10 +90,10 @@ def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool)
                 return step_optimizer()
 
         run.optimizer.step = traced_optimizer_step
-        batches = train.micro_batch_iterators(run.train_data, 0, run)
+        batches = run.train_batches(0)
         for _ in range(TRACED_STEPS):
             with trace.phase("step"):
-                train.train_step(run, batches)
+                run.train_step(batches)
     run.optimizer.step = step_optimizer
     result = {
         "rank": torch.distributed.get_rank(),
@@ -106,26 +106,24 @@ def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool)
         torch.distributed.barrier()
         waits.seconds = 0.0
         started = time.perf_counter()
-        train.train_step(run, batches)
+        run.train_step(batches)
         result["steps"].append(
             {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
         )
     if save_checkpoint:
-        result["checkpoint"] = _time_checkpoint(run, cfg, dims)
+        result["checkpoint"] = _time_checkpoint(run)
     return result
 
 
-def _time_checkpoint(run: train.Run, cfg, dims: parallel.ParallelDims) -> dict:
-    progress = checkpoint.Progress(step=TRACED_STEPS, consumed_samples=0)
+def _time_checkpoint(run: megatron.MegatronEngine) -> dict:
+    progress = Progress(step=TRACED_STEPS, consumed_samples=0)
     torch.distributed.barrier()
     started = time.perf_counter()
-    saved = checkpoint.save(
-        cfg.checkpoint_dir, run.chunks, run.optimizer, run.scheduler, progress, dims, 1, run.model_record
-    )
+    saved = run.save(progress)
     save_seconds = time.perf_counter() - started
     torch.distributed.barrier()
     started = time.perf_counter()
-    checkpoint.load(saved, run.chunks, run.optimizer, run.scheduler, dims)
+    run.load(saved)
     torch.distributed.barrier()
     load_seconds = time.perf_counter() - started
     size = sum(path.stat().st_size for path in saved.rglob("*") if path.is_file())

@@ -1,5 +1,5 @@
-"""Reading a DeepSpeed checkpoint (what `engine: deepspeed` saves, trainer/engines/deepspeed.py) without DeepSpeed's
-engine or a process group: the trainer's entries of its client state, and its full fp32 weights.
+"""DeepSpeed's checkpoint format (what `engine: deepspeed` saves), inside the store's protocol; read here without
+DeepSpeed's engine or a process group.
 
     iter_NNNNNNN/*model_states.pt   DeepSpeed's module file(s), each with the trainer's client state: progress,
                                     LR schedule, ZeRO layout, model record (a converted one: the record alone)
@@ -9,17 +9,25 @@ engine or a process group: the trainer's entries of its client state, and its fu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.model import llama as model
+from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.store import agree_or_raise, publish, stage
+from trainer.model import llama
+
+if TYPE_CHECKING:
+    import deepspeed
+
+ENGINE = "deepspeed"
 
 
-def is_deepspeed_checkpoint(path: Path) -> bool:
+def is_checkpoint(path: Path) -> bool:
     return any(path.glob("*model_states.pt"))
 
 
-def client_state(path: Path) -> dict:
+def saved_state(path: Path) -> dict:
     """The trainer's own entries: `model_record` always; `progress`, `scheduler`, `layout` unless weights only."""
     files = sorted(path.glob("*model_states.pt"))  # ZeRO-3 writes one per rank, each with the client state
     if not files:
@@ -28,11 +36,27 @@ def client_state(path: Path) -> dict:
     return {key: state[key] for key in ("model_record", "progress", "scheduler", "layout") if key in state}
 
 
-def full_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every weight in full fp32, in trainer/model/weights.py's naming: DeepSpeed's zero_to_fp32 merges the ZeRO shards
-    of any stage and data-parallel size."""
+def full_weights(path: Path, record: ModelRecord | None = None) -> dict[str, torch.Tensor]:
+    """Every weight in full fp32, in trainer/model/weights.py's naming: DeepSpeed's zero_to_fp32 merges the ZeRO
+    shards of any stage and data-parallel size (the record is not needed: the names are global already)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # imports DeepSpeed
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
     # The engine wraps the model whole (TP = PP = 1): its names are global ones already.
-    return {model.local_spec_name(name): tensor.contiguous() for name, tensor in state.items()}
+    return {llama.local_spec_name(name): tensor.contiguous() for name, tensor in state.items()}
+
+
+def save(
+    engine: deepspeed.DeepSpeedEngine, directory: Path, step: int, keep_last: int, client_state: dict
+) -> Path:
+    """DeepSpeed's checkpoint of this step, written into the store's staging directory and then published."""
+    staging = stage(directory, step)
+    try:
+        engine.save_checkpoint(
+            str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
+        )
+        failure = None
+    except OSError as error:
+        failure = error
+    agree_or_raise(failure, f"saving step {step} to {staging}", staging)
+    return publish(staging, step, keep_last)

@@ -1,5 +1,8 @@
 """The image's settings files, in shell syntax (KEY="value" per line), each the one source of its facts:
 
+- image/container.env: the container contract (FSx mount, data and checkpoint directories, default command),
+  read through trainer/contract/container.py;
+
 - image/efa.env: the NCCL/EFA environment; the Batch job definition sets it on every node and
   image/entrypoint.sh exports it for runs outside Batch;
 - image/versions.env: the image's pins (base image, EFA installer); `make image` passes them as build args and
@@ -11,9 +14,13 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-IMAGE_DIR = Path(__file__).resolve().parents[2] / "image"
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_DIR = ROOT / "image"
+# The trainer runtime's exact pins: what `make train` installs and the image adds on top of its base.
+TRAIN_REQUIREMENTS = ROOT / "requirements" / "train.txt"
 EFA_ENV_FILE = IMAGE_DIR / "efa.env"
 VERSIONS_FILE = IMAGE_DIR / "versions.env"
+CONTAINER_ENV_FILE = IMAGE_DIR / "container.env"
 
 
 def read_settings(path: Path) -> dict[str, str]:
@@ -36,3 +43,16 @@ def efa_environment() -> dict[str, str]:
 
 def image_pins() -> dict[str, str]:
     return read_settings(VERSIONS_FILE)
+
+
+def container_environment() -> dict[str, str]:
+    return read_settings(CONTAINER_ENV_FILE)
+
+
+def requirement_pin(package: str) -> str:
+    """The exact version requirements/train.txt pins `package` to (`name==version` lines)."""
+    for line in TRAIN_REQUIREMENTS.read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep and name.lower() == package.lower():
+            return version
+    raise KeyError(f"{TRAIN_REQUIREMENTS} pins no {package}")

@@ -1,6 +1,6 @@
 """The one place that bridges megatron-core's assumptions of CUDA and of TransformerEngine/Apex.
 
-Written for megatron-core 0.16.1: a version bump must come with a rerun of tests/trainer (TP2xPP2-equals-single-
+Written for the megatron-core that requirements/train.txt pins: a version bump must come with a rerun of tests/trainer (TP2xPP2-equals-single-
 process and resume-equals-straight are the gates). Each bridge applies only where its assumption fails, so a GPU
 with TransformerEngine runs megatron-core untouched.
 
@@ -36,7 +36,10 @@ from megatron.core.tensor_parallel import random as megatron_random
 from torch.autograd import Variable
 from torch.overrides import TorchFunctionMode
 
-MEGATRON_CORE_VERSION = "0.16.1"  # the version these bridges were written and tested against
+from trainer.contract.image import requirement_pin
+
+# The version these bridges were written and tested against: the one requirements/train.txt pins.
+MEGATRON_CORE_VERSION = requirement_pin("megatron-core")
 
 _applied = False
 

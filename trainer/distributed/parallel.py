@@ -22,7 +22,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
-from trainer.config import ParallelConfig, TrainConfig, validate_layout
+from trainer.config import ParallelConfig, TrainConfig
 from trainer.distributed import megatron_compat
 
 
@@ -51,12 +51,12 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def initialize(cfg: TrainConfig) -> ParallelDims:
-    """Validate the layout against the launched world, then start the process groups; call once per process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+def initialize(cfg: TrainConfig, dims: ParallelDims | None = None) -> ParallelDims:
+    """Start the process groups for a layout the verb has validated already (`train`, `score` and `convert`
+    check it before any work); call once per process. Without dims: cfg's layout over the launched world."""
+    if dims is None:
+        dims = ParallelDims.from_config(cfg.parallel, int(os.environ.get("WORLD_SIZE", "1")))
     device = device_type()
-    validate_layout(cfg, world_size, device)
-    dims = ParallelDims.from_config(cfg.parallel, world_size)
     timeout = timedelta(minutes=cfg.parallel.distributed_timeout_minutes)
     if device == "cuda":
         # Megatron overlaps TP communication with compute only with one hardware queue (image/efa.env sets it too).

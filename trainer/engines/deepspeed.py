@@ -23,26 +23,28 @@ from pathlib import Path
 import deepspeed
 import torch
 from deepspeed.utils import safe_set_full_fp32_param
+from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import Dataset
 
 from trainer.checkpoint import deepspeed as deepspeed_checkpoint
-from trainer.checkpoint import megatron as checkpoint
-from trainer.config import ModelConfig, TrainConfig
+from trainer.checkpoint import formats
+from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.store import Progress
+from trainer.config import TrainConfig
+from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import parallel
 from trainer.distributed.optimizer import build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.engines.deepspeed_config import derived_config, merged_config
-from trainer.model import llama as model
-from trainer.model import weights
-from trainer.train import datasets, micro_batch_iterators, resolved_model
+from trainer.model import llama, loss, weights
 
 # DeepSpeed logs its whole config and every ZeRO bucket at INFO; the trainer's console says what matters.
 logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
 
 @dataclass
-class Run:
+class DeepSpeedEngine:
     """One process of a ZeRO run: the DeepSpeed engine around the model, the LR schedule and the data."""
 
     cfg: TrainConfig
@@ -52,7 +54,21 @@ class Run:
     train_data: Dataset
     valid_data: Dataset
     padded_vocab_size: int
-    model_record: checkpoint.ModelRecord  # what each checkpoint records about the model
+    model_record: ModelRecord  # what each checkpoint records about the model
+
+    def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
+        return self._batches(self.train_data, consumed_samples)
+
+    def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
+        return micro_batch_streams(
+            dataset,
+            consumed_samples,
+            self.cfg,
+            data_parallel_rank=parallel_state.get_data_parallel_rank(),
+            data_parallel_size=self.dims.dp,
+            streams=1,
+            device=parallel.device_type(),
+        )
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -74,19 +90,19 @@ class Run:
         skipped = not self.engine.was_step_applied()
         if not skipped:
             self.scheduler.step(increment=1)
-        return _mean_over_ranks(totals), float(self.engine.get_global_grad_norm()), lr, skipped
+        return loss.global_mean(totals), float(self.engine.get_global_grad_norm()), lr, skipped
 
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss per token over the validation samples, as the megatron engine computes it."""
-        batches = micro_batch_iterators(self.valid_data, 0, self)[0]
+        batches = self._batches(self.valid_data, 0)[0]
         losses = []
         for _ in range(self.cfg.schedule.eval_iters):
             totals = torch.zeros(2)
             for _ in range(self.micro_batches_per_step):
                 loss, tokens = _loss_and_tokens(self.engine, next(batches))
                 totals += torch.stack([loss.float().cpu(), tokens.cpu()])
-            losses.append(_mean_over_ranks(totals))
+            losses.append(loss.global_mean(totals))
         return sum(losses) / len(losses)
 
     @property
@@ -94,7 +110,7 @@ class Run:
         """What ZeRO's shards depend on: a checkpoint resumes whole only where this is the same."""
         return {"dp": self.dims.dp, "zero_stage": self.cfg.zero.stage}
 
-    def save(self, progress: checkpoint.Progress) -> Path:
+    def save(self, progress: Progress) -> Path:
         """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
         client_state = {
             "model_record": self.model_record.to_dict(),
@@ -103,20 +119,20 @@ class Run:
             "layout": self.layout,
         }
         c = self.cfg.checkpoint
-        return save(self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state)
+        return deepspeed_checkpoint.save(
+            self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state
+        )
 
-    def load(self, path: Path, *, weights_only: bool = False) -> checkpoint.Progress:
+    def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,
         exact), step and LR schedule, with Adam's moments starting again from zero. From a trainer (megatron),
         converted or weights-only checkpoint, or with weights_only, the weights alone: training starts at step 0."""
         saved = (
-            deepspeed_checkpoint.client_state(path)
-            if deepspeed_checkpoint.is_deepspeed_checkpoint(path)
-            else {}
+            deepspeed_checkpoint.saved_state(path) if formats.format_of(path) is deepspeed_checkpoint else {}
         )
         if "scheduler" not in saved or weights_only:
-            set_full_weights(self.engine, checkpoint.full_weights(path, self.model_record))
-            return checkpoint.Progress()
+            set_full_weights(self.engine, formats.full_weights(path, self.model_record))
+            return Progress()
         if saved["layout"] == self.layout:
             self.engine.load_checkpoint(str(path.parent), tag=path.name, load_lr_scheduler_states=False)
         else:
@@ -128,27 +144,21 @@ class Run:
                     flush=True,
                 )
         self.scheduler.load_state_dict(saved["scheduler"])
-        return checkpoint.Progress(**saved["progress"])
+        return Progress(**saved["progress"])
 
 
-def build(cfg: TrainConfig, dims: ParallelDims) -> Run:
+def build(cfg: TrainConfig, dims: ParallelDims) -> DeepSpeedEngine:
     """Data, model, AdamW, DeepSpeed engine and LR schedule for this rank, initialized from the seed."""
-    train_data, valid_data = datasets(cfg)
-    model_config = resolved_model(cfg)
-    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
-    engine = _engine(cfg, _whole_model(cfg, model_config), dims.dp)
+    train_data, valid_data = train_and_valid(cfg)
+    cfg = with_resolved_model(cfg)
+    built = llama.build(cfg)  # megatron-core's GPTModel at TP = PP = 1, as the megatron engine initializes it
+    (chunk,) = built.chunks
+    engine = _engine(cfg, chunk, dims.dp)
     scheduler = build_scheduler(cfg, engine.optimizer)
-    record = checkpoint.ModelRecord(model_config, cfg.data.seq_length)
-    return Run(cfg, dims, engine, scheduler, train_data, valid_data, padded_vocab_size, record)
-
-
-def _whole_model(cfg: TrainConfig, model_config: ModelConfig) -> torch.nn.Module:
-    """megatron-core's GPTModel at TP = PP = 1, initialized from the seed as the megatron engine does."""
-    padded_vocab_size = model_config.padded_vocab_size(model_config.vocab_size)
-    (chunk,) = model.build_model(
-        cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
+    record = ModelRecord(cfg.model, cfg.data.seq_length)
+    return DeepSpeedEngine(
+        cfg, dims, engine, scheduler, train_data, valid_data, built.padded_vocab_size, record
     )
-    return chunk
 
 
 def _engine(cfg: TrainConfig, chunk: torch.nn.Module, data_parallel_size: int) -> deepspeed.DeepSpeedEngine:
@@ -166,30 +176,16 @@ def _engine(cfg: TrainConfig, chunk: torch.nn.Module, data_parallel_size: int) -
     return engine
 
 
-def save(
-    engine: deepspeed.DeepSpeedEngine, directory: Path, step: int, keep_last: int, client_state: dict
-) -> Path:
-    """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
-    staging = checkpoint.stage(directory, step)
-    try:
-        engine.save_checkpoint(
-            str(staging.parent), tag=staging.name, client_state=client_state, save_latest=False
-        )
-        failure = None
-    except OSError as error:
-        failure = error
-    checkpoint.agree_or_raise(failure, f"saving step {step} to {staging}", staging)
-    return checkpoint.publish(staging, step, keep_last)
-
-
 def save_weights(
-    cfg: TrainConfig, full_weights: dict[str, torch.Tensor], record: checkpoint.ModelRecord, directory: Path
+    cfg: TrainConfig, full_weights: dict[str, torch.Tensor], record: ModelRecord, directory: Path
 ) -> Path:
     """A weights-only DeepSpeed checkpoint (`convert --to-deepspeed`): the model built from its record, set to
     the full weights, under ZeRO at cfg's stage in this one process, saved with its record alone."""
-    chunk = _whole_model(cfg, record.config)
+    (chunk,) = llama.build(cfg.model_copy(update={"model": record.config})).chunks
     weights.load_into([chunk], full_weights.__getitem__)  # before DeepSpeed takes its fp32 masters from it
-    return save(_engine(cfg, chunk, 1), directory, 0, 1, {"model_record": record.to_dict()})
+    return deepspeed_checkpoint.save(
+        _engine(cfg, chunk, 1), directory, 0, 1, {"model_record": record.to_dict()}
+    )
 
 
 def _adamw(cfg: TrainConfig, chunk: torch.nn.Module) -> tuple[torch.optim.Optimizer, bool]:
@@ -222,14 +218,7 @@ def _loss_and_tokens(engine: deepspeed.DeepSpeedEngine, batch: dict) -> tuple[to
     per_token_loss = engine(
         batch["tokens"].to(device), batch["position_ids"].to(device), None, labels=batch["labels"].to(device)
     )
-    mask = batch["loss_mask"].to(device).reshape(-1).float()
-    return torch.sum(per_token_loss.float().reshape(-1) * mask), mask.sum()
-
-
-def _mean_over_ranks(totals: torch.Tensor) -> float:
-    totals = totals.to(parallel.device_type())
-    torch.distributed.all_reduce(totals)
-    return (totals[0] / totals[1]).item()
+    return loss.masked_sum(per_token_loss, batch["loss_mask"].to(device))
 
 
 def set_full_weights(engine: deepspeed.DeepSpeedEngine, full_weights: dict[str, torch.Tensor]) -> None:
@@ -240,5 +229,5 @@ def set_full_weights(engine: deepspeed.DeepSpeedEngine, full_weights: dict[str, 
         weights.load_into([engine.module], full_weights.__getitem__)
     tied = engine.module.share_embeddings_and_output_weights
     for name, param in engine.module.named_parameters():
-        full = full_weights[model.full_weight_name(engine.module, name, tied)]
+        full = full_weights[llama.full_weight_name(engine.module, name, tied)]
         safe_set_full_fp32_param(param, full.to(parallel.device_type()))

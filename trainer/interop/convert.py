@@ -32,14 +32,16 @@ import yaml
 
 from trainer.arguments import positive_int
 from trainer.checkpoint import deepspeed as deepspeed_checkpoint
-from trainer.checkpoint import megatron as checkpoint
+from trainer.checkpoint import formats
+from trainer.checkpoint import megatron as megatron_checkpoint
+from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.store import Progress
 from trainer.config import ConfigError, ModelConfig, layout_problems
 from trainer.distributed import parallel
 from trainer.interop import hf
 from trainer.interop.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
-from trainer.launch import local as standalone
-from trainer.model import llama as model
-from trainer.model import weights
+from trainer.launch import local
+from trainer.model import llama, weights
 
 TRAIN_CONFIG = "train.yaml"
 TOKENIZER = "tokenizer.json"
@@ -111,8 +113,8 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as error:
         print(f"convert: {error}", file=sys.stderr)
         return 2
-    if not standalone.under_torchrun():
-        standalone.exec_torchrun(nproc, _verb_args(args))
+    if not local.under_torchrun():
+        local.exec_torchrun(nproc, _verb_args(args))
     if args.from_hf:
         _from_hf(source, args.out, args.tp, args.pp)
     elif args.from_deepspeed:
@@ -143,17 +145,17 @@ def _check_layout(model: ModelConfig, tp: int, pp: int) -> None:
         raise ConvertError(f"--tp {tp} --pp {pp} does not fit the model: " + "; ".join(problems))
 
 
-def _checkpoint_to_export(path: Path, flag: str, *, deepspeed: bool) -> tuple[Path, checkpoint.ModelRecord]:
+def _checkpoint_to_export(path: Path, flag: str, *, deepspeed: bool) -> tuple[Path, ModelRecord]:
     """The checkpoint (or the newest of a directory of them) and its model record; of the engine `flag` reads
     (--to-hf reads either)."""
-    found = checkpoint.resolve(path)
-    is_deepspeed = deepspeed_checkpoint.is_deepspeed_checkpoint(found)
+    found = formats.resolve(path)
+    is_deepspeed = formats.format_of(found) is deepspeed_checkpoint
     if flag != "--to-hf" and is_deepspeed != deepspeed:
         saved_by, other = (
             ("DeepSpeed", "--from-deepspeed") if is_deepspeed else ("trainer (megatron)", "--to-deepspeed")
         )
         raise ConvertError(f"{flag} {path}: {found} is a {saved_by} checkpoint; give it to {other}")
-    record = checkpoint.read_record(found)
+    record = formats.read_record(found)
     if record is None:
         raise ConvertError(
             f"{flag}: {found} records no model config (saved before checkpoints carried one); resave it"
@@ -170,7 +172,7 @@ def _staging(out: Path) -> Path:
 
 
 def _from_hf(source: HuggingFaceCheckpoint, out: Path, tp: int, pp: int) -> None:
-    record = checkpoint.ModelRecord(
+    record = ModelRecord(
         source.model,
         seq_length=source.hf_config.get("max_position_embeddings", RECIPE_MAX_SEQ_LENGTH),
         hf_config={**source.hf_config, "dtype": DTYPE_NAMES[source.dtype]},
@@ -203,7 +205,7 @@ def _write_trainer_checkpoint(
     out: Path,
     tp: int,
     pp: int,
-    record: checkpoint.ModelRecord,
+    record: ModelRecord,
     full_weight: Callable[[str], torch.Tensor],
     finish: Callable[[Path], None],
 ) -> None:
@@ -213,16 +215,13 @@ def _write_trainer_checkpoint(
     dims = parallel.initialize(cfg)
     try:
         rank = torch.distributed.get_rank()
-        padded_vocab_size = record.config.padded_vocab_size(record.config.vocab_size)
-        chunks = model.build_model(
-            cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
-        )
+        chunks = llama.build(cfg).chunks
         weights.load_into(chunks, full_weight)
         staging = out.with_name(out.name + ".tmp")
         if rank == 0:
             _staging(out)
         torch.distributed.barrier()
-        checkpoint.save(staging, chunks, None, None, checkpoint.Progress(), dims, 1, record)
+        megatron_checkpoint.save(staging, chunks, None, None, Progress(), dims, 1, record)
         if rank == 0:
             finish(staging)
             os.replace(staging, out)
@@ -270,7 +269,7 @@ def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int
     dtype = {name: dtype for dtype, name in DTYPE_NAMES.items()}[dtype_name]
     parallel.initialize(weights.model_only_config(record.config, seq_length=record.seq_length))
     try:
-        full_weights = checkpoint.full_weights(found, record)
+        full_weights = formats.full_weights(found, record)
         staging = _staging(out)
         hf_config = hf.to_hf_config(record.config, record.hf_config, dtype, record.seq_length)
         hf.write(staging, record.config, full_weights, hf_config, dtype, max_shard_bytes)
@@ -292,7 +291,7 @@ def _to_deepspeed(source: Path, out: Path) -> None:
     )
     parallel.initialize(cfg)
     try:
-        full_weights = checkpoint.full_weights(found, record)
+        full_weights = formats.full_weights(found, record)
         staging = _staging(out)
         deepspeed_engine.save_weights(cfg, full_weights, record, staging)
         os.replace(staging, out)

@@ -29,13 +29,13 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from trainer.arguments import positive_int
-from trainer.checkpoint import megatron as checkpoint
+from trainer.checkpoint import formats
 from trainer.config import ConfigError, ModelConfig, TrainConfig, layout_problems
 from trainer.data import DataError
 from trainer.data.datasets import open_indexed_dataset
 from trainer.distributed import parallel
-from trainer.launch import local as standalone
-from trainer.model import llama as model
+from trainer.launch import local
+from trainer.model import llama, loss
 from trainer.model.weights import model_only_config
 
 
@@ -72,12 +72,12 @@ class Score:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        found = checkpoint.resolve(args.checkpoint)
-        record = checkpoint.read_record(found)
+        found = formats.resolve(args.checkpoint)
+        record = formats.read_record(found)
         if record is None:
             raise ScoreError(f"{found} records no model config (saved before checkpoints carried one)")
         sequences = _sequences(args, record.seq_length, record.config.vocab_size)
-        world_size = int(os.environ["WORLD_SIZE"]) if standalone.under_torchrun() else args.tp * args.pp
+        world_size = int(os.environ["WORLD_SIZE"]) if local.under_torchrun() else args.tp * args.pp
         cfg = _config(record.config, args.tp, args.pp, sequences, world_size)
         problems = layout_problems(cfg, world_size, parallel.device_type())
         if problems:
@@ -86,8 +86,8 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as error:
         print(f"score: {error}", file=sys.stderr)
         return 2
-    if not standalone.under_torchrun():
-        standalone.exec_torchrun(world_size, _verb_args(args))
+    if not local.under_torchrun():
+        local.exec_torchrun(world_size, _verb_args(args))
     result = score(found, cfg, sequences)
     if int(os.environ["RANK"]) == 0:
         if args.json:
@@ -187,17 +187,14 @@ def score(checkpoint_path: Path, cfg: TrainConfig, sequences: list[list[int]]) -
     """Under torchrun: build the model at cfg's layout, load the checkpoint's weights, run every sequence."""
     dims = parallel.initialize(cfg)
     try:
-        padded_vocab_size = cfg.model.padded_vocab_size(cfg.model.vocab_size)
-        chunks = model.build_model(
-            cfg, model.transformer_config(cfg, parallel.device_type()), padded_vocab_size
-        )
-        checkpoint.load_weights(checkpoint_path, chunks)
+        chunks = llama.build(cfg).chunks
+        formats.load_weights(checkpoint_path, chunks)
         for chunk in chunks:
             chunk.eval()
         mine = sequences[parallel_state.get_data_parallel_rank() :: dims.dp]
         micro_batches = cfg.schedule.global_batch_size // dims.dp
         with torch.no_grad():
-            losses = get_forward_backward_func()(
+            outputs = get_forward_backward_func()(
                 forward_step_func=functools.partial(_forward_step, cfg.model.vocab_size),
                 data_iterator=_micro_batches(mine, micro_batches, cfg.data.seq_length),
                 model=chunks[0],
@@ -206,14 +203,11 @@ def score(checkpoint_path: Path, cfg: TrainConfig, sequences: list[list[int]]) -
                 micro_batch_size=1,
                 forward_only=True,
             )
-        totals = torch.zeros(2, dtype=torch.float64, device=parallel.device_type())
-        for loss in losses:  # only the last pipeline stage has any
-            totals += loss["score"].to(totals)
-        torch.distributed.all_reduce(totals, group=parallel_state.get_data_parallel_group())
-        torch.distributed.all_reduce(totals, group=parallel_state.get_pipeline_model_parallel_group())
-        return Score(
-            loss=(totals[0] / totals[1]).item(), tokens=int(totals[1].item()), sequences=len(sequences)
-        )
+        totals = torch.zeros(2, dtype=torch.float64)
+        for output in outputs:  # only the last pipeline stage has any
+            totals += output["score"].to(totals)
+        total, tokens = loss.summed_over_ranks(totals)
+        return Score(loss=(total / tokens).item(), tokens=int(tokens.item()), sequences=len(sequences))
     finally:
         parallel.shutdown()
 
@@ -250,6 +244,5 @@ def _summed_loss(batch: dict, vocab_size: int, logits: torch.Tensor):
     per_token = tensor_parallel.vocab_parallel_cross_entropy(
         logits.masked_fill(padding, -math.inf), batch["labels"]
     )
-    mask = batch["loss_mask"].float()
-    total, tokens = (per_token * mask).sum(), mask.sum()
+    total, tokens = loss.masked_sum(per_token, batch["loss_mask"])
     return total, tokens.to(torch.int), {"score": torch.stack([total.double(), tokens.double()])}

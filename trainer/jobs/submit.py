@@ -20,14 +20,14 @@ from botocore.exceptions import ClientError
 
 from trainer.config import ConfigError, TrainConfig, auto_keys, layout_problems, load_config
 from trainer.contract.catalog import instance_type
+from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_CONFIG
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
 ROOT = Path(__file__).resolve().parents[2]
-FSX_DATASETS = "/fsx/datasets/"
-FSX_CHECKPOINTS = "/fsx/checkpoints"
+FSX_DATASETS = DATASETS_DIR + "/"
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 
 
@@ -51,7 +51,7 @@ class Submission:
 
     @property
     def run_dir(self) -> str:
-        return f"{FSX_CHECKPOINTS}/{self.run}"
+        return f"{CHECKPOINTS_DIR}/{self.run}"
 
 
 def git_commit() -> str | None:
@@ -107,7 +107,7 @@ def plan(
     if problems:
         raise SubmitError(problems)
     relative_config = str(config_path.relative_to(ROOT))
-    run_dir = f"{FSX_CHECKPOINTS}/{run}"
+    run_dir = f"{CHECKPOINTS_DIR}/{run}"
     command = ["train", "--config", relative_config, "--set", f"logging.run_dir={run_dir}"]
     for override in overrides:
         command += ["--set", override]
@@ -261,7 +261,7 @@ def submit(submission: Submission, outputs: StackOutputs) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", required=True, help="the stack to run on (dev, staging, prod)")
     parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
-    parser.add_argument("--config", type=Path, default=Path("trainer/configs/llama3-8b.yaml"))
+    parser.add_argument("--config", type=Path, default=Path(DEFAULT_CONFIG))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--nodes", type=int, help="nodes for this job (default: the stack's node count)")
     parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")

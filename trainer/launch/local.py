@@ -20,6 +20,14 @@ def under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ
 
 
+def first_attempt() -> bool:
+    """False in a process torchrun restarted (TORCHELASTIC_RESTART_COUNT, torch.distributed.run) or in a later
+    attempt of a Batch job (AWS_BATCH_JOB_ATTEMPT, Batch's job environment variables): those resume."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    attempt = int(os.environ.get("AWS_BATCH_JOB_ATTEMPT", "1") or 1)
+    return restart == 0 and attempt <= 1
+
+
 def processes(cfg: TrainConfig, nproc: int | None) -> int:
     if nproc:
         return nproc

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.transformer import TransformerConfig
 
 from trainer.config import TrainConfig
+from trainer.distributed.parallel import device_type
 
 try:
     import transformer_engine  # noqa: F401
@@ -82,6 +84,25 @@ def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
 def _virtual_stages(cfg: TrainConfig) -> int | None:
     vp = cfg.parallel.virtual_pipeline_model_parallel_size
     return vp if vp > 1 else None
+
+
+@dataclass(frozen=True)
+class Built:
+    """This rank's model chunks (one per virtual pipeline stage), their megatron config, the padded vocabulary."""
+
+    chunks: list[GPTModel]
+    config: TransformerConfig
+    padded_vocab_size: int
+
+
+def build(cfg: TrainConfig) -> Built:
+    """The one model recipe every path uses (both engines, score, conversions, checkpoint readers): pad the
+    vocabulary, configure megatron-core for this device, build this rank's chunks, initialize them from the seed.
+    cfg.model.vocab_size must be set (trainer.config.resolved_model fills it from the tokenizer)."""
+    m = cfg.model
+    padded_vocab_size = m.padded_vocab_size(m.vocab_size)
+    config = transformer_config(cfg, device_type())
+    return Built(build_model(cfg, config, padded_vocab_size), config, padded_vocab_size)
 
 
 def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: int) -> list[GPTModel]:

@@ -23,6 +23,7 @@ from rich.table import Table
 from trainer.arguments import positive_float, positive_int
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
 from trainer.contract.catalog import INSTANCE_TYPES, InstanceType, instance_type
+from trainer.contract.stack import StackFileError, stack_cluster
 from trainer.model.flops import parameter_counts
 from trainer.plan.performance import Assumptions
 from trainer.plan.search import GIB, Candidate, Plan, search
@@ -140,14 +141,11 @@ def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
     if args.stack:
         if args.instance:
             raise PlanError("give --stack or --instance, not both (the stack names its instance type)")
-        from infra.config import StackConfigError, load_stack_config
-
         try:
-            stack = load_stack_config(args.stack)
-        except (StackConfigError, FileNotFoundError) as error:
+            stack_instance, stack_nodes = stack_cluster(args.stack)
+        except StackFileError as error:
             raise PlanError(f"--stack {args.stack}: {error}") from None
-        nodes = args.nodes or stack.node_count
-        return instance_type(stack.instance_type), nodes
+        return instance_type(stack_instance), args.nodes or stack_nodes
     if args.instance is None or args.nodes is None:
         raise PlanError("say where it runs: --instance TYPE --nodes N, or --stack ENV")
     return instance_type(args.instance), args.nodes

@@ -1,0 +1,198 @@
+"""The checkpoint directory protocol, whatever the engine's format inside each checkpoint:
+
+    iter_0000200/   one checkpoint, written by the engine into iter_0000200.tmp, then sealed with manifest.json
+                    (every file's size; small files' SHA-256) and renamed into place when every rank has finished
+    latest          the name of the newest complete checkpoint, rewritten last
+A crash never leaves a half-written `iter_*` directory; old ones are renamed away before they are deleted. A
+directory that does not match its manifest (a copy cut short, a truncated file, garbage) is skipped with a
+warning, never loaded. A save that fails on any rank fails on every rank, and `latest` keeps naming the previous
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+# Files up to this size are hashed as well as measured (dist_checkpointing's metadata and common state; at scale
+# the tensor files are too big to hash at save time).
+_HASHED_MAX_BYTES = 16 * 2**20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or holds another model than the one asked for."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that did not complete on every rank; nothing was published and the previous checkpoint stands."""
+
+
+@dataclass
+class Progress:
+    """Where training stands: what a resumed run continues from."""
+
+    step: int = 0
+    consumed_samples: int = 0
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
+
+
+def checkpoint_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def checkpoint_dirs(directory: Path) -> list[Path]:
+    """Directories named as checkpoints, oldest first (an unfinished save still carries its .tmp suffix)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"iter_\d{7}", p.name))
+
+
+def _file_record(path: Path) -> dict:
+    size = path.stat().st_size
+    if size > _HASHED_MAX_BYTES:
+        return {"bytes": size}
+    return {"bytes": size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def write_manifest(checkpoint: Path, step: int) -> None:
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): _file_record(p) for p in files}}
+    write_atomically(checkpoint / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint directory, measured against the manifest its save wrote last; None when
+    every file it lists is there with its size (and, for small files, its hash)."""
+    try:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+        if not all(isinstance(record, dict) and "bytes" in record for record in files.values()):
+            raise ValueError("a file without its size")
+    except FileNotFoundError:
+        return f"no {MANIFEST} (a save or a copy that did not finish, or not a trainer checkpoint)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"unreadable {MANIFEST} ({type(error).__name__}: {error})"
+    for name, expected in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        found = _file_record(path) if "sha256" in expected else {"bytes": path.stat().st_size}
+        if found["bytes"] != expected["bytes"]:
+            return f"{name} is {found['bytes']} bytes, the save wrote {expected['bytes']}"
+        if found != expected:
+            return f"{name} does not hold what the save wrote (SHA-256 differs)"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_on_rank0(message: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0 and message not in _warned:  # once per process
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def latest_checkpoint(directory: Path, warn: Callable[[str], None] = _warn_on_rank0) -> Path | None:
+    """The intact checkpoint `latest` names, else the newest intact one; damaged ones are skipped with a warning."""
+    found = checkpoint_dirs(directory)
+    pointer = directory / LATEST
+    named = directory / pointer.read_text().strip() if pointer.is_file() else None
+    for candidate in sorted(found, key=lambda path: (path == named, path.name), reverse=True):
+        problem = damage(candidate)
+        if problem is None:
+            return candidate
+        warn(f"skipping checkpoint {candidate}: {problem}")
+    return None
+
+
+def stage(directory: Path, step: int) -> Path:
+    """The empty `iter_NNNNNNN.tmp` directory every rank writes step's checkpoint into (any engine's format)."""
+    staging = directory / (checkpoint_name(step) + ".tmp")
+    if torch.distributed.get_rank() == 0:
+        for unfinished in directory.glob("iter_*.tmp"):  # left by a crash mid-save
+            shutil.rmtree(unfinished)
+        staging.mkdir(parents=True)
+    torch.distributed.barrier()
+    return staging
+
+
+def publish(staging: Path, step: int, keep_last: int) -> Path:
+    """Once every rank has written `staging` (and agreed so): rank 0 seals, renames and points `latest` at it,
+    and prunes; every rank learns whether that worked."""
+    final = staging.with_suffix("")
+    failure = None
+    if torch.distributed.get_rank() == 0:
+        try:
+            _publish(staging, final, step, keep_last)
+        except OSError as error:
+            failure = error
+    agree_or_raise(failure, f"publishing {final}", staging)
+    return final
+
+
+def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
+    """Seal the staging directory with its manifest, rename it into place, point `latest` at it, prune."""
+    directory = final.parent
+    write_manifest(staging, step)
+    # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
+    replaced = final.with_name(final.name + ".replaced.tmp")
+    if final.exists():
+        final.rename(replaced)
+    staging.rename(final)
+    write_atomically(directory / LATEST, final.name + "\n")
+    shutil.rmtree(replaced, ignore_errors=True)
+    # Only intact checkpoints count and go: a damaged one may be someone's copy in progress.
+    older = [path for path in checkpoint_dirs(directory) if path != final and damage(path) is None]
+    for old in older[: max(0, len(older) - (keep_last - 1))]:
+        # Renamed first, so that a crash mid-delete leaves a .tmp directory, not a damaged checkpoint.
+        doomed = old.rename(old.with_name(old.name + ".pruned.tmp"))
+        shutil.rmtree(doomed)
+
+
+def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:
+    """Every rank learns whether any rank failed; if one did, all raise, after rank 0 clears the staging
+    directory (freeing the space a full disk needs back). The previous checkpoint and `latest` stay as they were."""
+    reports: list[dict[int, str]] = [{}] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(reports, _failures(failure) if failure is not None else {})
+    failed = {rank: cause for report in reports for rank, cause in report.items()}
+    if not failed:
+        return
+    if torch.distributed.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    # An OS error (ENOSPC, EIO, ...) says what to fix; the other ranks' errors only echo it.
+    rank = next((r for r in sorted(failed) if "[Errno" in failed[r]), min(failed))
+    previous = latest_checkpoint(staging.parent, warn=lambda _: None)
+    kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint"
+    raise CheckpointSaveError(
+        f"{doing} failed on rank {rank}: {failed[rank]}. Nothing was published: {kept}. Fix that (free space "
+        "on that file system, or set checkpoint.dir to another) and run again to resume"
+    )
+
+
+def _failures(error: BaseException) -> dict[int, str]:
+    """The failing ranks and their errors in one line each (dist_checkpointing gathers every rank's failures
+    into a CheckpointException keyed by rank)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return {
+            rank: str(exc).removeprefix("Worker failure: ").splitlines()[0] or type(exc).__name__
+            for rank, (exc, _) in error.failures.items()
+        }
+    return {torch.distributed.get_rank(): str(error).splitlines()[0] if str(error) else type(error).__name__}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

@@ -1,0 +1,15 @@
+"""The container contract, from image/container.env: paths inside every training container and the command a
+job runs by default. infra/ (job definition, host user data), trainer/jobs/ (submit, upload) and the preflight
+read these names; the entrypoint reads the same file."""
+
+from __future__ import annotations
+
+from trainer.contract.image import container_environment
+
+_SETTINGS = container_environment()
+
+FSX_MOUNT: str = _SETTINGS["TRAINSTACK_FSX_MOUNT"]  # the same path on the host and in the container
+DATASETS_DIR: str = _SETTINGS["TRAINSTACK_DATASETS_DIR"]  # linked to the datasets bucket (auto-import)
+CHECKPOINTS_DIR: str = _SETTINGS["TRAINSTACK_CHECKPOINT_ROOT"]  # linked to the checkpoints bucket (auto-export)
+DEFAULT_CONFIG: str = _SETTINGS["TRAINSTACK_DEFAULT_CONFIG"]  # relative to the image's working directory
+DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]

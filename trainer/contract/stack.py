@@ -1,0 +1,43 @@
+"""Which cluster a stack describes, read from its checked-in `Pulumi.<env>.yaml`: the part of a stack's config
+that the trainer's tools (the planner's --stack) need without Pulumi. infra/config.py validates the whole file,
+reading it through read_stack_file and taking its defaults for these two keys from here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "trainstack"
+DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
+DEFAULT_NODE_COUNT = 1
+
+
+class StackFileError(ValueError):
+    """No such stack file."""
+
+
+def stack_names(root: Path = ROOT) -> list[str]:
+    """The stacks checked in as `Pulumi.<stack>.yaml`."""
+    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in root.glob("Pulumi.*.yaml"))
+
+
+def read_stack_file(stack: str, root: Path = ROOT) -> dict[str, Any]:
+    """The `config:` mapping of `Pulumi.<stack>.yaml`, unvalidated."""
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        known = ", ".join(stack_names(root)) or "none"
+        raise StackFileError(f"no stack file {path.name} in {root}; stacks: {known}")
+    document = yaml.safe_load(path.read_text()) or {}
+    return dict(document.get("config") or {})
+
+
+def stack_cluster(stack: str, root: Path = ROOT) -> tuple[str, int]:
+    """The stack's instance type and node count (the stack's own defaults where its file leaves them out)."""
+    values = read_stack_file(stack, root)
+    return (
+        str(values.get(f"{NAMESPACE}:instanceType", DEFAULT_INSTANCE_TYPE)),
+        int(values.get(f"{NAMESPACE}:nodeCount", DEFAULT_NODE_COUNT)),
+    )

@@ -1,0 +1,160 @@
+"""`engine: megatron`: the trainer's Llama under megatron-core tensor, pipeline and data parallelism.
+
+One step: every micro-batch of the global batch through the pipeline schedule (1F1B, or interleaved with virtual
+stages), gradients reduced over DP by megatron's DDP, then clip and AdamW through megatron's optimizer (the
+distributed optimizer shards its fp32 state over DP). A step whose loss or gradient norm is not finite applies
+nothing, the LR schedule included.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from torch.utils.data import Dataset
+
+from trainer import faults
+from trainer.checkpoint import formats
+from trainer.checkpoint import megatron as megatron_checkpoint
+from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.store import Progress
+from trainer.config import TrainConfig
+from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
+from trainer.distributed import parallel
+from trainer.distributed.optimizer import build_optimizer, build_scheduler
+from trainer.distributed.parallel import ParallelDims
+from trainer.model import llama, loss
+
+
+@dataclass
+class MegatronEngine:
+    """What one training process holds: its model chunks, optimizer, LR schedule and data."""
+
+    cfg: TrainConfig
+    dims: ParallelDims
+    chunks: list[torch.nn.Module]  # one per virtual pipeline stage, each under megatron's DDP
+    optimizer: MegatronOptimizer
+    scheduler: OptimizerParamScheduler
+    train_data: Dataset
+    valid_data: Dataset
+    padded_vocab_size: int
+    model_record: ModelRecord
+
+    def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
+        return self._batches(self.train_data, consumed_samples)
+
+    def train_step(
+        self, batches: list[Iterator], step: int | None = None
+    ) -> tuple[float, float, float, bool]:
+        """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW."""
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        mean_loss = self.forward_backward(batches)
+        if step is not None:
+            faults.inject_in_step(step, self.chunks)
+        lr = self.optimizer.param_groups[0]["lr"]
+        # Every rank gets the same loss and norm (both are reduced over the ranks), so all decide alike.
+        self.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
+        grad_norm = float(self.optimizer.get_grad_norm())
+        if not faults.SkipCounter.finite(mean_loss, grad_norm):
+            return mean_loss, grad_norm, lr, True
+        self.optimizer.step()  # megatron's bf16 path has no grad scaler: it would apply a non-finite step
+        self.scheduler.step(increment=1)
+        return mean_loss, grad_norm, lr, False
+
+    def evaluate(self) -> float:
+        batches = self._batches(self.valid_data, 0)
+        losses = [
+            self.forward_backward(batches, forward_only=True) for _ in range(self.cfg.schedule.eval_iters)
+        ]
+        return sum(losses) / len(losses)
+
+    def forward_backward(self, batches: list[Iterator], *, forward_only: bool = False) -> float:
+        """One global batch's micro-batches through the pipeline schedule; the mean loss per token."""
+        s, chunks = self.cfg.schedule, self.chunks
+        outputs = get_forward_backward_func()(
+            forward_step_func=_forward_step,
+            data_iterator=batches if len(chunks) > 1 else batches[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=s.global_batch_size // (s.micro_batch_size * self.dims.dp),
+            seq_length=self.cfg.data.seq_length,
+            micro_batch_size=s.micro_batch_size,
+            forward_only=forward_only,
+        )
+        totals = torch.zeros(2, device=parallel.device_type())
+        for output in outputs:  # only the last pipeline stage has any
+            totals += output["lm loss"].to(totals.device)
+        return loss.global_mean(totals)
+
+    def save(self, progress: Progress) -> Path:
+        return megatron_checkpoint.save(
+            self.cfg.checkpoint_dir,
+            self.chunks,
+            self.optimizer,
+            self.scheduler,
+            progress,
+            self.dims,
+            self.cfg.checkpoint.keep_last,
+            self.model_record,
+        )
+
+    def load(self, path: Path, *, weights_only: bool = False) -> Progress:
+        """Everything `save` wrote; with weights_only, or from a weights-only or another engine's checkpoint, the
+        weights alone: training starts at step 0."""
+        if weights_only or formats.format_of(path) is not megatron_checkpoint or not _resumable(path):
+            formats.load_weights(path, self.chunks)
+            self.optimizer.reload_model_params()  # its fp32 master weights were copied from the initialization
+            return Progress()
+        return megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+
+    def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
+        return micro_batch_streams(
+            dataset,
+            consumed_samples,
+            self.cfg,
+            data_parallel_rank=parallel_state.get_data_parallel_rank(),
+            data_parallel_size=self.dims.dp,
+            streams=self.dims.vp,
+            device=parallel.device_type(),
+        )
+
+
+def _resumable(path: Path) -> bool:
+    """Whether a megatron checkpoint holds an optimizer and LR schedule (not a weights-only one)."""
+    return "scheduler" in formats.saved_state(path)
+
+
+def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
+    """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
+    train_data, valid_data = train_and_valid(cfg)
+    cfg = with_resolved_model(cfg)
+    # Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
+    built = llama.build(cfg)
+    chunks = parallel.wrap_data_parallel(built.chunks, cfg, built.config)
+    optimizer = build_optimizer(cfg, chunks)
+    parallel.connect_schedule(built.config, chunks, optimizer, cfg)
+    scheduler = build_scheduler(cfg, optimizer)
+    record = ModelRecord(cfg.model, cfg.data.seq_length)
+    return MegatronEngine(
+        cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
+    )
+
+
+def _forward_step(batches, chunk):
+    batch = next(batches)
+    per_token_loss = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return per_token_loss, functools.partial(_loss_sum, batch["loss_mask"])
+
+
+def _loss_sum(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
+    """Summed loss and token count; megatron's schedule divides by both counts to get the mean."""
+    total, tokens = loss.masked_sum(per_token_loss, loss_mask)
+    return total, tokens.to(torch.int), {"lm loss": torch.stack([total.detach(), tokens])}
