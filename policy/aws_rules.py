@@ -186,11 +186,15 @@ def validate_mnp_default_group(args: StackValidationArgs, report_violation: Repo
                 if not any(allows_all_traffic_with_itself(g, direction, args.resources) for g in groups)
             ]
             if missing:
+                state = (
+                    "is not managed by this stack"
+                    if not groups
+                    else f"lacks all-traffic {' and '.join(missing)} with itself"
+                )
                 report_violation(
                     f"Compute environment '{environment.name}' names no security groups, so the network interface "
                     "Batch gives each multi-node job container (awsvpc) uses the default security group of VPC "
-                    f"'{vpc.name}', which {'is not managed by this stack' if not groups else 'lacks'} "
-                    f"all-traffic {' and '.join(missing)} with itself: the containers cannot reach each other. "
+                    f"'{vpc.name}', which {state}: the containers may not reach each other. "
                     "Manage it: aws.ec2.DefaultSecurityGroup(vpc_id=vpc.id, ingress=[{'protocol': '-1', "
                     "'from_port': 0, 'to_port': 0, 'self': True}], egress=[<the same>, <HTTPS out>]).",
                     environment.urn,
