@@ -84,12 +84,21 @@ def targets_reservation(template: PolicyResource) -> bool:
     return bool(target)
 
 
+def _decoded(user_data: str) -> str:
+    """User data as text: launch templates take it base64-encoded; plain text is returned as it is."""
+    try:
+        return base64.b64decode(user_data, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return user_data
+
+
+def is_mime_multipart(user_data: str) -> bool:
+    return email.message_from_string(_decoded(user_data)).is_multipart()
+
+
 def user_data_script(user_data: str) -> str:
     """The shell script(s) in user data as the node runs it: plain, base64, or base64 MIME multi-part."""
-    try:
-        text = base64.b64decode(user_data, validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        text = user_data
+    text = _decoded(user_data)
     message = email.message_from_string(text)
     if not message.is_multipart():
         return text
@@ -165,6 +174,36 @@ security_groups_one_place = StackValidationPolicy(
         "interfaces (CreateComputeEnvironment 400; aws/aws-cdk#21577)."
     ),
     validate=validate_security_groups_one_place,
+)
+
+
+# --- Batch: launch template user data in MIME multi-part ----------------------------------------------------
+
+
+def validate_user_data_mime(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    templates = {
+        t.urn: t
+        for environment in of_type(args.resources, [aws_types.BATCH_COMPUTE_ENVIRONMENT])
+        for t in launch_templates(environment)
+    }
+    for template in templates.values():
+        user_data = template.props.get("userData")
+        if user_data and not is_mime_multipart(user_data):
+            report_violation(
+                f"Launch template '{template.name}' of a Batch compute environment has user data that is not a MIME "
+                "multi-part archive: Batch merges its own part into it and refuses any other format. Wrap the "
+                "script: Content-Type: multipart/mixed with one text/x-shellscript part (email.mime.multipart).",
+                template.urn,
+            )
+
+
+user_data_mime = StackValidationPolicy(
+    name="batch-user-data-mime-multipart",
+    description=(
+        "Launch templates of Batch compute environments carry user data in the MIME multi-part archive format "
+        '(EC2 API RequestLaunchTemplateData.UserData; Batch user guide, "Amazon EC2 user data in launch templates").'
+    ),
+    validate=validate_user_data_mime,
 )
 
 

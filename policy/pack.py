@@ -30,6 +30,7 @@ POLICIES: list[Policy] = [
     # AWS's own cross-resource rules (policy/aws_rules.py), each citing the document or API error it encodes.
     aws_rules.security_groups_one_place,
     aws_rules.mnp_default_group,
+    aws_rules.user_data_mime,
     aws_rules.at_most_five_groups,
     aws_rules.efa_placement,
     aws_rules.mnp_on_demand,

@@ -424,6 +424,32 @@ def test_stop_timeout_at_or_below_the_grace_is_reported(resource, violations, sc
     assert name == "gpu" and says in message
 
 
+# --- batch-user-data-mime-multipart (EC2 API RequestLaunchTemplateData.UserData) -------------------------------
+
+
+def test_mime_user_data_passes(resource, violations):
+    resources = stop_timeout_stack(resource, "#!/bin/bash\ntrue", "120")
+    assert violations(aws_rules.user_data_mime, *resources) == []
+
+
+def test_plain_script_user_data_is_reported(resource, violations):
+    plain = resource(
+        T["template"],
+        {"userData": base64.b64encode(b"#!/bin/bash\ntrue\n").decode()},
+        name="plain",
+    )
+    env = resource(
+        T["env"], {"computeResources": {"type": "EC2"}}, name="env", fed_by={"computeResources": [plain]}
+    )
+    [(name, message)] = violations(aws_rules.user_data_mime, plain, env)
+    assert name == "plain" and "not a MIME multi-part archive" in message
+
+
+def test_user_data_outside_batch_is_not_judged(resource, violations):
+    plain = resource(T["template"], {"userData": base64.b64encode(b"#!/bin/bash\ntrue\n").decode()})
+    assert violations(aws_rules.user_data_mime, plain) == []
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("30s", 30.0), ("3m", 180.0), ("1h30m", 5400.0), ("1.5h", 5400.0), ("90", None), ("", None)],
