@@ -9,15 +9,18 @@ Everything that depends on the instance type (EFA interfaces, uverbs devices, vC
   command, by default `train --config trainer/configs/llama3-8b.yaml`;
 - `/fsx` from the host (user data mounts FSx there): datasets under /fsx/datasets, checkpoints under
   /fsx/checkpoints/<run>; the NCCL/EFA environment from image/efa.env;
-- retries only when the host failed (`Host EC2*` status reasons); an application error ends the job.
+- retries only when the host failed (`Host EC2*` status reasons); an application error ends the job;
+- a timeout per attempt (`trainstack:jobTimeoutHours`) and the trainer's SIGTERM grace
+  (`TRAINSTACK_STOP_GRACE_SECONDS`), which the ECS agent's stop timeout on the nodes exceeds.
+
+Security groups live on the launch template's network interfaces only: Batch refuses a compute environment that
+names security groups when its launch template defines network interfaces. The containers of a multi-node job
+get their own network interface (awsvpc), which then uses the VPC's default security group (infra/network.py).
 """
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
-from email.mime.multipart import MIMEMultipart
-from email.mime.text import MIMEText
 from typing import TYPE_CHECKING, Any
 
 import pulumi
@@ -25,9 +28,10 @@ import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
+from infra.node_bootstrap import node_user_data
 from trainer.contract.catalog import InstanceType
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT
-from trainer.contract.image import efa_environment, image_pins
+from trainer.contract.image import efa_environment
 
 if TYPE_CHECKING:
     from infra.identity import Identity
@@ -65,25 +69,6 @@ def efa_network_interfaces(
     ]
 
 
-def node_user_data(fsx_dns_name: str, fsx_mount_name: str) -> str:
-    """Base64 MIME multi-part user data (Batch merges it with its own): EFA driver, Lustre client, /fsx mounted."""
-    efa_installer = image_pins()["EFA_INSTALLER_VERSION"]
-    script = f"""#!/bin/bash
-set -euxo pipefail
-# The host needs only the EFA kernel driver; the image brings libfabric and aws-ofi-nccl (same installer version).
-curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz https://efa-installer.amazonaws.com/aws-efa-installer-{efa_installer}.tar.gz
-tar -xzf /tmp/aws-efa-installer.tar.gz -C /tmp
-(cd /tmp/aws-efa-installer && ./efa_installer.sh --yes --minimal)
-dnf install -y lustre-client
-mkdir -p {FSX_MOUNT}
-echo "{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT} lustre defaults,noatime,flock,_netdev 0 0" >> /etc/fstab
-mount {FSX_MOUNT}
-"""
-    message = MIMEMultipart(boundary="==trainstack-node==")  # a fixed boundary keeps the template stable
-    message.attach(MIMEText(script, "x-shellscript"))
-    return base64.b64encode(message.as_string().encode()).decode()
-
-
 def job_container(
     cfg: StackConfig, image: Any, job_role_arn: Any, execution_role_arn: Any, log_group: Any
 ) -> dict[str, Any]:
@@ -95,6 +80,8 @@ def job_container(
         **efa_environment(),
         "TRAINSTACK_INSTANCE_TYPE": cfg.instance_type,
         "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
+        # The grace the ECS agent's stop timeout (node user data) is derived from: one number for both.
+        "TRAINSTACK_STOP_GRACE_SECONDS": str(cfg.stop_grace_seconds),
     }
     return {
         "image": image,
@@ -158,11 +145,6 @@ class Cluster(pulumi.ComponentResource):
         prefix = cfg.name_prefix
 
         self.security_group = self._efa_security_group(args, child)
-        placement_group = (
-            aws.ec2.PlacementGroup(f"{prefix}-gpu", strategy="cluster", opts=child)
-            if cfg.uses_placement_group
-            else None
-        )
         self.launch_template = self._launch_template(f"{prefix}-gpu", args, **self._reserved_capacity(cfg))
         self.compute_environment = self._environment(
             f"{prefix}-gpu",
@@ -170,7 +152,7 @@ class Cluster(pulumi.ComponentResource):
             self.launch_template,
             type="EC2",
             allocation_strategy="BEST_FIT_PROGRESSIVE",
-            placement_group=placement_group.name if placement_group else None,
+            placement_group=self._placement_group(cfg, child),
         )
         self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment)
 
@@ -200,6 +182,7 @@ class Cluster(pulumi.ComponentResource):
                 }
             ),
             retry_strategy=RETRY_ON_HOST_FAILURE,
+            timeout={"attempt_duration_seconds": cfg.job_timeout_seconds},
             opts=child,
         )
         outputs = {
@@ -245,27 +228,50 @@ class Cluster(pulumi.ComponentResource):
             description="AWS APIs, ECR, S3, package repositories",
             **own,
         )
+        # Lustre both ways between clients and servers (FSx for Lustre user guide, "File system access control with
+        # Amazon VPC"): security group rules are per direction, and Pulumi removes the default allow-all egress.
+        fsx = args.lustre.security_group.id
         for low, high in LUSTRE_PORTS:
+            lustre = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "opts": child}
             aws.vpc.SecurityGroupEgressRule(
                 f"{prefix}-efa-to-fsx-{low}",
-                referenced_security_group_id=args.lustre.security_group.id,
-                ip_protocol="tcp",
-                from_port=low,
-                to_port=high,
+                security_group_id=group.id,
+                referenced_security_group_id=fsx,
                 description="Lustre client to FSx",
-                **own,
+                **lustre,
+            )
+            aws.vpc.SecurityGroupIngressRule(
+                f"{prefix}-efa-from-fsx-{low}",
+                security_group_id=group.id,
+                referenced_security_group_id=fsx,
+                description="Lustre: FSx servers to their clients",
+                **lustre,
             )
             aws.vpc.SecurityGroupIngressRule(
                 f"{prefix}-fsx-from-efa-{low}",
-                security_group_id=args.lustre.security_group.id,
+                security_group_id=fsx,
                 referenced_security_group_id=group.id,
-                ip_protocol="tcp",
-                from_port=low,
-                to_port=high,
                 description="Lustre clients: the GPU nodes",
-                opts=child,
+                **lustre,
+            )
+            aws.vpc.SecurityGroupEgressRule(
+                f"{prefix}-fsx-to-efa-{low}",
+                security_group_id=fsx,
+                referenced_security_group_id=group.id,
+                description="Lustre: FSx servers to their clients",
+                **lustre,
             )
         return group
+
+    @staticmethod
+    def _placement_group(cfg: StackConfig, child: pulumi.ResourceOptions) -> pulumi.Input[str] | None:
+        """The cluster placement group Batch launches EFA nodes into (Batch guide, "Compute environment
+        considerations for MNP"): the stack's own; an On-Demand Capacity Reservation's, which must be the group
+        the reservation was made in (EC2 guide, "Capacity Reservations for cluster placement groups"); none for a
+        Capacity Block, which places its instances itself."""
+        if cfg.creates_placement_group:
+            return aws.ec2.PlacementGroup(cfg.name_prefix + "-gpu", strategy="cluster", opts=child).name
+        return cfg.reservation_placement_group
 
     @staticmethod
     def _reserved_capacity(cfg: StackConfig) -> dict[str, Any]:
@@ -308,7 +314,9 @@ class Cluster(pulumi.ComponentResource):
             ],
             user_data=pulumi.Output.all(
                 args.lustre.file_system.dns_name, args.lustre.file_system.mount_name
-            ).apply(lambda fsx: node_user_data(*fsx)),
+            ).apply(lambda fsx: node_user_data(*fsx, cfg.stop_grace_seconds)),
+            # A node whose bootstrap fails shuts itself down: terminate it rather than keep a stopped instance.
+            instance_initiated_shutdown_behavior="terminate",
             tag_specifications=[
                 {"resource_type": kind, "tags": cfg.tags}
                 for kind in ("instance", "volume", "network-interface")
@@ -331,7 +339,9 @@ class Cluster(pulumi.ComponentResource):
                 "max_vcpus": cfg.node_count * cfg.instance.vcpus,
                 "instance_types": [cfg.instance_type],
                 "subnets": [args.network.cluster_subnet.id],
-                "security_group_ids": [self.security_group.id],
+                # No security_group_ids: the launch template's interfaces carry them. CreateComputeEnvironment
+                # answers 400 "Either compute environment Security Groups or Network Interfaces in Launch
+                # template are exclusively allowed" to both (aws/aws-cdk#21577).
                 "instance_role": args.identity.instance_profile.arn,
                 # A pinned version: a changed template rolls the instances instead of drifting silently.
                 "launch_template": {
@@ -376,6 +386,7 @@ class Cluster(pulumi.ComponentResource):
             propagate_tags=True,
             container_properties=pulumi.Output.json_dumps(container),
             retry_strategy=RETRY_ON_HOST_FAILURE,
+            timeout={"attempt_duration_seconds": cfg.job_timeout_seconds},
             opts=child,
         )
         return {"spot_job_queue": queue.name, "spot_job_definition": definition.arn}

@@ -27,6 +27,7 @@ from trainer.contract.stack import (
     NAMESPACE,
     ROOT,
     StackFileError,
+    stack_names,  # noqa: F401  (infra's tools and tests list the stacks through infra.config)
 )
 from trainer.contract.stack import read_stack_file as _read_stack_file
 
@@ -52,6 +53,13 @@ FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
 # Commercial-partition regions: the launch template and key policy build `arn:aws:` ARNs.
 _REGION = re.compile(r"^(us|eu|ap|ca|sa|me|af|il|mx)-[a-z]+-\d$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+# EC2 CreatePlacementGroup: a name of up to 255 ASCII characters.
+_PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+# The trainer's default SIGTERM grace (trainer/launch/batch.py --stop-grace-seconds); tests/infra asserts they agree.
+DEFAULT_STOP_GRACE_SECONDS = 120
+# A hung job must not hold the nodes forever; a longer run resubmits and resumes from its newest checkpoint.
+DEFAULT_JOB_TIMEOUT_HOURS = 72
 
 
 class StackConfigError(ValueError):
@@ -93,6 +101,7 @@ class StackConfig(BaseModel):
     fsx_kms_encryption: bool | None = None
     placement_group: bool | None = None
     capacity_reservation_id: str | None = None
+    reservation_placement_group: str | None = None
     capacity_block: bool = False
     spot: bool = False
     log_retention_days: int = 30
@@ -101,6 +110,8 @@ class StackConfig(BaseModel):
     root_volume_gib: int = Field(default=200, ge=100)
     protect_data: bool = False
     image: str | None = None
+    stop_grace_seconds: int = Field(default=DEFAULT_STOP_GRACE_SECONDS, ge=1)
+    job_timeout_hours: int = Field(default=DEFAULT_JOB_TIMEOUT_HOURS, ge=1)
 
     @field_validator("region")
     @classmethod
@@ -174,6 +185,13 @@ class StackConfig(BaseModel):
         if reservation is not None and not _CAPACITY_RESERVATION.match(reservation):
             raise _problem("not a capacity reservation id like cr-0123456789abcdef0")
         return reservation
+
+    @field_validator("reservation_placement_group")
+    @classmethod
+    def _placement_group_name(cls, name: str | None) -> str | None:
+        if name is not None and not _PLACEMENT_GROUP_NAME.match(name):
+            raise _problem("not a placement group name (1 to 255 printable ASCII characters, no spaces)")
+        return name
 
     @field_validator("log_retention_days")
     @classmethod
@@ -251,16 +269,40 @@ class StackConfig(BaseModel):
         return problems
 
     def _capacity_problems(self) -> list[str]:
+        """EFA nodes of a multi-node job need a cluster placement group (Batch guide, "Compute environment
+        considerations for MNP"); an On-Demand Capacity Reservation made in a cluster placement group launches
+        only into that group (EC2 guide, "Capacity Reservations for cluster placement groups"); a Capacity
+        Block places its instances itself."""
         problems = []
-        if self.capacity_reservation_id and self.placement_group:
+        reservation, block = self.capacity_reservation_id, self.capacity_block
+        if reservation and self.placement_group:
             problems.append(
                 f"{_key('placement_group')} = True: a capacity reservation ({_key('capacity_reservation_id')} = "
-                f"{self.capacity_reservation_id!r}) already fixes placement; remove {_key('placement_group')}"
+                f"{reservation!r}) already fixes placement; remove {_key('placement_group')}"
             )
-        if self.capacity_block and not self.capacity_reservation_id:
+        if self.placement_group is False and not reservation:
+            problems.append(
+                f"{_key('placement_group')} = False: EFA nodes of a multi-node job need a cluster placement group "
+                f"(or a reservation that fixes placement, {_key('capacity_reservation_id')}); remove the key"
+            )
+        if block and not reservation:
             problems.append(
                 f"{_key('capacity_block')} = True: needs {_key('capacity_reservation_id')}, the Capacity Block's "
                 "reservation id (cr-...)"
+            )
+        if reservation and not block and self.reservation_placement_group is None:
+            problems.append(
+                f"{_key('capacity_reservation_id')} = {reservation!r}: an On-Demand Capacity Reservation for EFA "
+                f"nodes must be made in a cluster placement group; name it in {_key('reservation_placement_group')} "
+                "(aws ec2 describe-capacity-reservations: PlacementGroupArn)"
+            )
+        if self.reservation_placement_group is not None and (not reservation or block):
+            why = (
+                "a Capacity Block places its instances itself" if block else "no capacity reservation is set"
+            )
+            problems.append(
+                f"{_key('reservation_placement_group')} = {self.reservation_placement_group!r}: {why}; "
+                f"remove {_key('reservation_placement_group')}"
             )
         return problems
 
@@ -289,11 +331,14 @@ class StackConfig(BaseModel):
         return (self.fsx_throughput_per_tib or 250) if self.fsx_persistent else None
 
     @property
-    def uses_placement_group(self) -> bool:
-        """A cluster placement group, unless a capacity reservation decides placement."""
-        return (
-            self.placement_group if self.placement_group is not None else self.capacity_reservation_id is None
-        )
+    def creates_placement_group(self) -> bool:
+        """The stack creates its cluster placement group, unless a capacity reservation decides placement."""
+        return self.capacity_reservation_id is None
+
+    @property
+    def job_timeout_seconds(self) -> int:
+        """Batch's attemptDurationSeconds for every job definition."""
+        return self.job_timeout_hours * 3600
 
     @property
     def subnet_cidrs(self) -> tuple[list[str], list[str]]:

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
-from infra.identity import policy_document
+from infra.iam import policy_document
 
 if TYPE_CHECKING:
     from infra.keys import Keys

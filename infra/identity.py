@@ -14,47 +14,19 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
+from infra.iam import (
+    ECR_PULL_ACTIONS,
+    LOG_WRITE_ACTIONS,
+    WILDCARD_RESOURCE_ACTIONS,
+    allow,
+    policy_document,
+    service_trust_policy,
+)
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
     from infra.keys import Keys
     from infra.registry import Registry
-
-# Actions without resource-level permissions: AWS accepts them only with "Resource": "*".
-WILDCARD_RESOURCE_ACTIONS = (
-    "ecr:GetAuthorizationToken",
-    "ecs:DiscoverPollEndpoint",
-    "ec2:DescribeTags",
-    "ssmmessages:CreateControlChannel",
-    "ssmmessages:CreateDataChannel",
-    "ssmmessages:OpenControlChannel",
-    "ssmmessages:OpenDataChannel",
-)
-
-ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
-LOG_WRITE_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]
-
-
-def policy_document(*statements: dict[str, Any]) -> pulumi.Output[str]:
-    """An IAM policy JSON document; statements may hold Outputs (ARNs)."""
-    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": list(statements)})
-
-
-def allow(sid: str, actions: list[str], resources: list[Any], **extra: Any) -> dict[str, Any]:
-    return {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources, **extra}
-
-
-def service_trust_policy(service: str, account_id: pulumi.Input[str] | None = None) -> pulumi.Output[str]:
-    """Trust for one AWS service principal; with an account, only on that account's behalf (confused deputy)."""
-    statement: dict[str, Any] = {
-        "Effect": "Allow",
-        "Principal": {"Service": service},
-        "Action": "sts:AssumeRole",
-    }
-    if account_id is not None:
-        statement["Condition"] = {"StringEquals": {"aws:SourceAccount": account_id}}
-    return policy_document(statement)
-
 
 @dataclass
 class IdentityArgs:

@@ -1,13 +1,15 @@
 """The stack's customer-managed KMS key: rotation on, an alias, and a policy that lets only its services use it.
 
 Who may use the key, and how:
-- the account's administrators manage it (no encrypt/decrypt for them through this statement);
+- the account's administrators manage it, each action listed (no encrypt/decrypt, no grants through this statement);
 - principals of this account encrypt and decrypt only through S3, FSx, ECR and EC2 (`kms:ViaService`), so the job
-  role reads checkpoints through S3 but cannot call KMS directly;
+  role reads checkpoints through S3 but cannot call KMS directly; `kms:CreateGrant` only under that condition
+  (AWS KMS developer guide, "kms:ViaService"), for services that hold a grant while they work (EBS, FSx);
 - CloudWatch Logs, only for the stack's log groups (the `aws:logs:arn` encryption context);
 - the service-linked roles that act for us without IAM policies of ours: Auto Scaling and Batch (encrypted EBS root
   volumes of GPU nodes) and FSx's S3 access role (data repository associations with SSE-KMS buckets). They are
-  matched by `aws:PrincipalArn` so the key can be created before those roles exist in a fresh account.
+  matched by `aws:PrincipalArn` so the key can be created before those roles exist in a fresh account; their
+  `kms:CreateGrant` only with `kms:GrantIsForAWSResource` (AWS KMS developer guide, "kms:GrantIsForAWSResource").
 """
 
 from __future__ import annotations
@@ -18,25 +20,35 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
-from infra.identity import policy_document
+from infra.iam import policy_document
 
 CRYPTO_ACTIONS = ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"]
+# Key administration, each action named (AWS KMS developer guide, "Default key policy" / "Allows key administrators
+# to administer the KMS key"), without the guide's `kms:Create*`: it includes kms:CreateGrant, with which any
+# principal of the account allowed by IAM could grant itself Decrypt. Grants are given only through services below.
 ADMIN_ACTIONS = [
     "kms:CancelKeyDeletion",
-    "kms:Create*",
-    "kms:Delete*",
-    "kms:Describe*",
-    "kms:Disable*",
-    "kms:Enable*",
-    "kms:Get*",
-    "kms:List*",
-    "kms:Put*",
-    "kms:Revoke*",
+    "kms:CreateAlias",
+    "kms:DeleteAlias",
+    "kms:DescribeKey",
+    "kms:DisableKey",
+    "kms:DisableKeyRotation",
+    "kms:EnableKey",
+    "kms:EnableKeyRotation",
+    "kms:GetKeyPolicy",
+    "kms:GetKeyRotationStatus",
+    "kms:ListGrants",
+    "kms:ListKeyPolicies",
+    "kms:ListKeyRotations",
+    "kms:ListResourceTags",
+    "kms:PutKeyPolicy",
+    "kms:RevokeGrant",
     "kms:RotateKeyOnDemand",
     "kms:ScheduleKeyDeletion",
     "kms:TagResource",
     "kms:UntagResource",
-    "kms:Update*",
+    "kms:UpdateAlias",
+    "kms:UpdateKeyDescription",
 ]
 # Services that encrypt the stack's data with the key on a caller's behalf.
 VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")

@@ -15,10 +15,32 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
-from infra.identity import LOG_WRITE_ACTIONS, allow, policy_document, service_trust_policy
+from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document, service_trust_policy
 
 if TYPE_CHECKING:
     from infra.keys import Keys
+
+
+# The default group is what the containers of a multi-node job use: Batch runs them in awsvpc mode, and their network
+# interface takes the compute environment's security groups or, with none, the VPC's default group (Batch guide,
+# "Compute environment considerations for MNP"); our compute environment may name none, since its launch template
+# defines network interfaces. So it admits exactly what those containers need, from and to each other (the
+# rendezvous and NCCL's bootstrap over the main node's container address) and HTTPS out (AWS endpoints, S3, ECR).
+# Lustre and EFA traffic leave from the host's own interfaces (the EFA group), never from a container's.
+TASK_SELF_RULE = {
+    "protocol": "-1",
+    "from_port": 0,
+    "to_port": 0,
+    "self": True,
+    "description": "Multi-node job containers (awsvpc) to each other",
+}
+TASK_HTTPS_RULE = {
+    "protocol": "tcp",
+    "from_port": 443,
+    "to_port": 443,
+    "cidr_blocks": ["0.0.0.0/0"],
+    "description": "Multi-node job containers to AWS endpoints, S3 and ECR",
+}
 
 
 @dataclass
@@ -29,7 +51,7 @@ class NetworkArgs:
 
 
 class Network(pulumi.ComponentResource):
-    """VPC, subnets, NAT, S3 gateway and interface endpoints, a locked default security group, flow logs."""
+    """VPC, subnets, NAT, S3 gateway and interface endpoints, the job containers' default security group, flow logs."""
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("trainstack:network:Network", name, None, opts)
@@ -44,8 +66,13 @@ class Network(pulumi.ComponentResource):
             enable_dns_support=True,
             opts=child,
         )
-        # No rules: nothing may use the default group by accident (CIS 5.4).
-        aws.ec2.DefaultSecurityGroup(f"{prefix}-default", vpc_id=self.vpc.id, opts=child)
+        self.default_security_group = aws.ec2.DefaultSecurityGroup(
+            f"{prefix}-default",
+            vpc_id=self.vpc.id,
+            ingress=[TASK_SELF_RULE],
+            egress=[TASK_SELF_RULE, TASK_HTTPS_RULE],
+            opts=child,
+        )
         gateway = aws.ec2.InternetGateway(f"{prefix}-igw", vpc_id=self.vpc.id, opts=child)
 
         public_routes = aws.ec2.RouteTable(

@@ -32,3 +32,9 @@ VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 VPC_ENDPOINT_ROUTE_TABLE_ASSOCIATION = (
     "aws:ec2/vpcEndpointRouteTableAssociation:VpcEndpointRouteTableAssociation"
 )
+
+PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+DEFAULT_SECURITY_GROUP = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+BATCH_COMPUTE_ENVIRONMENT = "aws:batch/computeEnvironment:ComputeEnvironment"
+BATCH_JOB_DEFINITION = "aws:batch/jobDefinition:JobDefinition"
+KMS_KEY_POLICY = "aws:kms/keyPolicy:KeyPolicy"

@@ -20,7 +20,7 @@ from typing import Any
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
 
-from infra.identity import WILDCARD_RESOURCE_ACTIONS
+from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from policy.resources import as_list
 
 DOCUMENT_INPUTS = ("policy", "assumeRolePolicy")

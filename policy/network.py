@@ -71,23 +71,49 @@ no_internet_ingress = ResourceValidationPolicy(
 # --- EFA: all traffic from and to the group itself ------------------------------------------------------------
 
 
-def _allows_all_traffic_with_itself(
+Rule = tuple[Any, Any, Any]  # (protocol, from port, to port) as the engine hands them over
+
+
+def peer_rules(
+    group: PolicyResource, peer: PolicyResource, direction: str, resources: Sequence[PolicyResource]
+) -> list[Rule]:
+    """Every rule of `group` in `direction` ('ingress' or 'egress') whose peer is the group `peer`, in the three
+    forms: inline (`self` only: other peers are ids, unknown in a preview), vpc.SecurityGroup*Rule and
+    ec2.SecurityGroupRule; peers are matched through property dependencies."""
+    itself = peer.urn == group.urn
+    found: list[Rule] = []
+    if itself:
+        found += [
+            (r.get("protocol"), r.get("fromPort"), r.get("toPort"))
+            for r in group.props.get(direction) or []
+            if r.get("self") is True
+        ]
+    standalone = aws_types.INGRESS_RULE if direction == "ingress" else aws_types.EGRESS_RULE
+    for rule in referrers(resources, [standalone], "securityGroupId", group):
+        if feeds(rule, "referencedSecurityGroupId", peer):
+            found.append((rule.props.get("ipProtocol"), rule.props.get("fromPort"), rule.props.get("toPort")))
+    for rule in referrers(resources, [aws_types.SECURITY_GROUP_RULE], "securityGroupId", group):
+        props = rule.props
+        to_peer = (itself and props.get("self") is True) or feeds(rule, "sourceSecurityGroupId", peer)
+        if props.get("type") == direction and to_peer:
+            found.append((props.get("protocol"), props.get("fromPort"), props.get("toPort")))
+    return found
+
+
+def allows_all_traffic_with_itself(
     group: PolicyResource, direction: str, resources: Sequence[PolicyResource]
 ) -> bool:
     """The group has a rule for all protocols whose peer is the group itself, in `direction`."""
-    inline = [rule for rule in group.props.get(direction) or [] if rule.get("self") is True]
-    if any(rule.get("protocol") in ALL_TRAFFIC for rule in inline):
-        return True
-    standalone = aws_types.INGRESS_RULE if direction == "ingress" else aws_types.EGRESS_RULE
-    for rule in referrers(resources, [standalone], "securityGroupId", group):
-        if rule.props.get("ipProtocol") in ALL_TRAFFIC and feeds(rule, "referencedSecurityGroupId", group):
-            return True
-    for rule in referrers(resources, [aws_types.SECURITY_GROUP_RULE], "securityGroupId", group):
-        props = rule.props
-        to_itself = props.get("self") is True or feeds(rule, "sourceSecurityGroupId", group)
-        if props.get("type") == direction and props.get("protocol") in ALL_TRAFFIC and to_itself:
-            return True
-    return False
+    return any(protocol in ALL_TRAFFIC for protocol, _, _ in peer_rules(group, group, direction, resources))
+
+
+def covers_tcp(rules: Sequence[Rule], low: int, high: int) -> bool:
+    """One of `rules` admits TCP ports low..high (all traffic does too)."""
+    return any(
+        protocol in ALL_TRAFFIC
+        or (str(protocol).lower() in ("tcp", "6") and start is not None and start <= low and high <= end)
+        for protocol, start, end in rules
+    )
 
 
 def validate_efa_self_traffic(args: StackValidationArgs, report_violation: ReportViolation) -> None:
@@ -112,7 +138,7 @@ def validate_efa_self_traffic(args: StackValidationArgs, report_violation: Repor
             ("ingress", "SecurityGroupIngressRule", "from"),
             ("egress", "SecurityGroupEgressRule", "to"),
         ):
-            if not _allows_all_traffic_with_itself(group, direction, args.resources):
+            if not allows_all_traffic_with_itself(group, direction, args.resources):
                 report_violation(
                     f"Security group '{group.name}' on the EFA interfaces of {', '.join(templates)} has no "
                     f"all-traffic {direction} rule {peer} itself (EFA's SRD traffic needs it; 0.0.0.0/0 rules "

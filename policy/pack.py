@@ -6,7 +6,7 @@ blocks, so tests and the offline runner import the policies from here.
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policy import encryption, iam, launch_templates, network, protection, s3
+from policy import aws_rules, encryption, iam, launch_templates, network, protection, s3
 
 PACK_NAME = "trainstack-guardrails"
 # Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
@@ -27,4 +27,16 @@ POLICIES: list[Policy] = [
     encryption.key_rotation,
     network.s3_gateway_endpoint,
     protection.prod_data_protected,
+    # AWS's own cross-resource rules (policy/aws_rules.py), each citing the document or API error it encodes.
+    aws_rules.security_groups_one_place,
+    aws_rules.mnp_default_group,
+    aws_rules.user_data_mime,
+    aws_rules.at_most_five_groups,
+    aws_rules.efa_placement,
+    aws_rules.mnp_on_demand,
+    aws_rules.efa_only_not_primary,
+    aws_rules.lustre_both_ways,
+    aws_rules.job_timeout,
+    aws_rules.stop_timeout,
+    aws_rules.create_grant_for_services,
 ]

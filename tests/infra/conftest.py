@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from infra.config import StackConfig, load_stack_config, parse_stack_config, read_stack_file, stack_names
+from infra.config import StackConfig, load_stack_config, parse_stack_config, read_stack_file
 from infra.mocks import PlannedResource
 from infra.preview import Plan, run_program
+from trainer.contract.stack import stack_names
 
 
 class Planned:

@@ -101,11 +101,28 @@ ROWS = {
     ),
     "stack-capacity-reservation-with-placement-group": Row(
         "prod",
-        {"trainstack:capacityReservationId": "cr-0123456789abcdef0", "trainstack:placementGroup": True},
+        {
+            "trainstack:capacityReservationId": "cr-0123456789abcdef0",
+            "trainstack:reservationPlacementGroup": "odcr-cluster",
+            "trainstack:placementGroup": True,
+        },
         (
             "trainstack:placementGroup = True: a capacity reservation "
             "(trainstack:capacityReservationId = 'cr-0123456789abcdef0') already fixes placement",
         ),
+    ),
+    "stack-capacity-reservation-without-its-placement-group": Row(
+        "prod",
+        {"trainstack:capacityReservationId": "cr-0123456789abcdef0"},
+        (
+            "trainstack:capacityReservationId = 'cr-0123456789abcdef0': an On-Demand Capacity Reservation for EFA "
+            "nodes must be made in a cluster placement group; name it in trainstack:reservationPlacementGroup",
+        ),
+    ),
+    "stack-placement-group-off": Row(
+        "dev",
+        {"trainstack:placementGroup": False},
+        ("trainstack:placementGroup = False: EFA nodes of a multi-node job need a cluster placement group",),
     ),
     "stack-log-retention-days": Row(
         "dev",

@@ -79,7 +79,8 @@ def test_defaults_fill_in_a_minimal_stack():
         "SCRATCH_2",
     )
     assert config.subnet_cidrs == (["10.0.0.0/20", "10.0.16.0/20"], ["10.0.240.0/24", "10.0.241.0/24"])
-    assert config.uses_placement_group and not config.fsx_uses_stack_key
+    assert config.creates_placement_group and not config.fsx_uses_stack_key
+    assert (config.stop_grace_seconds, config.job_timeout_seconds) == (120, 72 * 3600)
     assert config.tags == {"project": "trainstack", "stack": "test", "owner": "ml-platform"}
 
 

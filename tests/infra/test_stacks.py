@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from infra.identity import WILDCARD_RESOURCE_ACTIONS
+from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
@@ -77,7 +77,11 @@ def test_no_security_group_admits_the_internet(stack):
     assert rules, "the stack has ingress rules to check"
     assert not [r for r in rules if r.get("cidrIpv4") == "0.0.0.0/0" or r.get("cidrIpv6") == "::/0"]
     assert not [g.name for g in stack.all("ec2.SecurityGroup") if g.inputs.get("ingress")]
-    assert stack.one("ec2.DefaultSecurityGroup").inputs.get("ingress", []) == []
+    # The default group (the job containers' group) admits only itself.
+    assert [
+        {k: r[k] for k in ("protocol", "self")}
+        for r in stack.one("ec2.DefaultSecurityGroup").inputs["ingress"]
+    ] == [{"protocol": "-1", "self": True}]
 
 
 def test_job_definition_passes_one_uverbs_device_per_efa_interface(stack):
@@ -127,6 +131,7 @@ def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_
         **efa_environment(),
         "TRAINSTACK_INSTANCE_TYPE": stack.config.instance_type,
         "TRAINSTACK_CHECKPOINT_ROOT": "/fsx/checkpoints",
+        "TRAINSTACK_STOP_GRACE_SECONDS": str(stack.config.stop_grace_seconds),
     }
     assert CHECKPOINTS_DIR == "/fsx/checkpoints"
     assert environment["NCCL_NET"] == "AWS Libfabric"
@@ -164,7 +169,8 @@ def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_
     resources = stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
     cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
     assert resources["subnets"] == [cluster_subnet.id]
-    assert resources["securityGroupIds"] == [stack.efa_group.id]
+    # Batch refuses compute environment security groups beside launch template interfaces (aws/aws-cdk#21577).
+    assert "securityGroupIds" not in resources
     assert resources["placementGroup"] == stack.one("ec2.PlacementGroup").name
     assert stack.one("ec2.PlacementGroup").inputs["strategy"] == "cluster"
     assert resources["launchTemplate"] == {"launchTemplateId": stack.launch_template.id, "version": "1"}

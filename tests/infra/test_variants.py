@@ -34,13 +34,19 @@ def test_capacity_block_replaces_the_placement_group(capacity_block):
 
 
 def test_capacity_reservation_without_block_targets_it_on_demand(variant):
-    reserved = variant("prod", **{"trainstack:capacityReservationId": BLOCK})
+    reserved = variant(
+        "prod",
+        **{"trainstack:capacityReservationId": BLOCK, "trainstack:reservationPlacementGroup": "odcr-cluster"},
+    )
     template = reserved.launch_template.inputs
     assert template["capacityReservationSpecification"] == {
         "capacityReservationTarget": {"capacityReservationId": BLOCK}
     }
     assert "instanceMarketOptions" not in template
+    # The reservation's own cluster placement group (EC2 guide, "Capacity Reservations for cluster placement groups").
     assert reserved.all("ec2.PlacementGroup") == []
+    environment = reserved.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
+    assert environment["placementGroup"] == "odcr-cluster"
 
 
 def test_configured_image_replaces_the_latest_placeholder(variant):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.identity import WILDCARD_RESOURCE_ACTIONS
+from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from policy.iam import no_wildcard_action, no_wildcard_resource
 
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"

@@ -16,7 +16,7 @@ from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from infra.identity import WILDCARD_RESOURCE_ACTIONS
+from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from policy.pack import PACK_NAME, POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]

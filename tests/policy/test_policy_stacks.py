@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import stack_names
 from policy.offline import evaluate
+from trainer.contract.stack import stack_names
 
 
 @pytest.mark.parametrize("stack", stack_names())
@@ -57,6 +57,27 @@ def test_every_checked_in_stack_passes_every_policy(planned, stack):
             "s3-cmk-encryption",
             "trainstack-prod-checkpoints",
         ),
+        (
+            "staging",
+            "DefaultSecurityGroup",
+            "trainstack-staging-default",
+            "batch-mnp-containers-default-security-group",
+            "trainstack-staging-gpu",
+        ),
+        (
+            "prod",
+            "SecurityGroupEgressRule",
+            "trainstack-prod-fsx-to-efa-988",
+            "fsx-lustre-ports-both-ways",
+            "trainstack-prod-fsx",
+        ),
+        (
+            "dev",
+            "SecurityGroupIngressRule",
+            "trainstack-dev-efa-from-fsx-1018",
+            "fsx-lustre-ports-both-ways",
+            "trainstack-dev-efa",
+        ),
     ],
 )
 def test_removing_a_guardrail_resource_from_a_stack_is_reported(
@@ -70,3 +91,19 @@ def test_removing_a_guardrail_resource_from_a_stack_is_reported(
     assert len(resources) == len(planned(stack)) - 1
     found = [(v.policy, v.urn.rsplit("::", 1)[1]) for v in evaluate(resources, stack)]
     assert found == [(policy, reported)]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {
+            "trainstack:capacityReservationId": "cr-0123456789abcdef0",
+            "trainstack:reservationPlacementGroup": "odcr",
+        },
+        {"trainstack:capacityReservationId": "cr-0123456789abcdef0", "trainstack:capacityBlock": True},
+        {"trainstack:stopGraceSeconds": 900, "trainstack:jobTimeoutHours": 1},
+    ],
+    ids=["odcr-in-its-placement-group", "capacity-block", "long-grace-short-timeout"],
+)
+def test_reserved_capacity_and_timing_variants_pass_every_policy(planned, changes):
+    assert [(v.policy, v.urn, v.message) for v in evaluate(planned("prod", **changes), "prod")] == []

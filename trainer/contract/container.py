@@ -10,6 +10,7 @@ _SETTINGS = container_environment()
 
 FSX_MOUNT: str = _SETTINGS["TRAINSTACK_FSX_MOUNT"]  # the same path on the host and in the container
 DATASETS_DIR: str = _SETTINGS["TRAINSTACK_DATASETS_DIR"]  # linked to the datasets bucket (auto-import)
-CHECKPOINTS_DIR: str = _SETTINGS["TRAINSTACK_CHECKPOINT_ROOT"]  # linked to the checkpoints bucket (auto-export)
+# Linked to the checkpoints bucket (auto-export).
+CHECKPOINTS_DIR: str = _SETTINGS["TRAINSTACK_CHECKPOINT_ROOT"]
 DEFAULT_CONFIG: str = _SETTINGS["TRAINSTACK_DEFAULT_CONFIG"]  # relative to the image's working directory
 DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]

@@ -1,0 +1,44 @@
+"""IAM policy documents: the statement helpers and the action lists every component that writes a policy uses
+(identity's roles, the key policy, the bucket policies, flow logs). Only the actions in
+`WILDCARD_RESOURCE_ACTIONS`, which AWS does not let a policy scope to a resource, appear with `"Resource": "*"`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+# Actions without resource-level permissions: AWS accepts them only with "Resource": "*".
+WILDCARD_RESOURCE_ACTIONS = (
+    "ecr:GetAuthorizationToken",
+    "ecs:DiscoverPollEndpoint",
+    "ec2:DescribeTags",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+)
+
+ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+LOG_WRITE_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]
+
+
+def policy_document(*statements: dict[str, Any]) -> pulumi.Output[str]:
+    """An IAM policy JSON document; statements may hold Outputs (ARNs)."""
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": list(statements)})
+
+
+def allow(sid: str, actions: list[str], resources: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resources, **extra}
+
+
+def service_trust_policy(service: str, account_id: pulumi.Input[str] | None = None) -> pulumi.Output[str]:
+    """Trust for one AWS service principal; with an account, only on that account's behalf (confused deputy)."""
+    statement: dict[str, Any] = {
+        "Effect": "Allow",
+        "Principal": {"Service": service},
+        "Action": "sts:AssumeRole",
+    }
+    if account_id is not None:
+        statement["Condition"] = {"StringEquals": {"aws:SourceAccount": account_id}}
+    return policy_document(statement)
