@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from infra.keys import Keys
     from infra.registry import Registry
 
+
 @dataclass
 class IdentityArgs:
     config: StackConfig

@@ -52,3 +52,13 @@ def test_make_image_passes_every_pin_as_a_build_arg():
     for key, value in image_pins().items():
         assert f"--build-arg {key}={value}" in dry_run
     assert "-f image/Dockerfile" in dry_run and "-t trainstack:test" in dry_run
+
+
+def test_the_container_contract_is_read_from_container_env_not_repeated():
+    from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, FSX_MOUNT
+
+    code = "\n".join(INSTRUCTIONS)
+    assert FSX_MOUNT not in code and CHECKPOINTS_DIR not in code and DATASETS_DIR not in code
+    assert not any(line.startswith("CMD") for line in INSTRUCTIONS), "the default command is container.env's"
+    entrypoint = (ROOT / "image" / "entrypoint.sh").read_text()
+    assert '"${here}/container.env"' in entrypoint and "TRAINSTACK_DEFAULT_CONFIG" in entrypoint

@@ -194,6 +194,46 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
     assert (checkpoints / LATEST).read_text() == "iter_0000012\n"
 
 
+@pytest.mark.slow
+def test_fresh_starts_over_once_and_a_restarted_rank_resumes_instead(tmp_path, tiny_config):
+    straight = Training(tmp_path, "straight", tiny_config, *SHORT)
+    _completed(straight)
+    # The run directory already holds a finished run: --fresh drops it, then rank 0 dies in step 10 and torchrun
+    # restarts the ranks with the same command line, --fresh included.
+    (tmp_path / "straight.log").rename(tmp_path / "straight-first.log")
+    again = Training(
+        tmp_path,
+        "straight",
+        tiny_config,
+        *SHORT,
+        fault="kill step=10 rank=0 restart=0",
+        options=("--fresh", "--max-restarts", "1"),
+    )
+    output = _completed(again)
+    assert output.count("resumed from") == 1, output[-4000:]  # the first attempt started over, the restart not
+    assert f"resumed from {again.checkpoints / 'iter_0000008'} (step 8" in output
+    assert (again.checkpoints / LATEST).read_text() == "iter_0000012\n"
+
+
+@pytest.mark.parametrize(
+    ("environment", "first"),
+    [
+        ({}, True),
+        ({"TORCHELASTIC_RESTART_COUNT": "0", "AWS_BATCH_JOB_ATTEMPT": "1"}, True),
+        ({"TORCHELASTIC_RESTART_COUNT": "1"}, False),
+        ({"AWS_BATCH_JOB_ATTEMPT": "2"}, False),
+    ],
+)
+def test_only_the_first_attempt_counts_as_first(monkeypatch, environment, first):
+    from trainer.launch.local import first_attempt
+
+    for name in ("TORCHELASTIC_RESTART_COUNT", "AWS_BATCH_JOB_ATTEMPT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert first_attempt() is first
+
+
 GRACE = ("--stop-grace-seconds", "120")
 ENTRYPOINT = (str(ROOT / "image" / "entrypoint.sh"), "--skip-preflight", "--nproc-per-node", "1", *GRACE)
 MAKE_TRAIN = (sys.executable, "-m", "trainer")

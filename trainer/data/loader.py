@@ -10,9 +10,12 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
+from trainer.distributed.parallel import device_type
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
+
+    from trainer.distributed.parallel import ParallelDims
 
 
 def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -33,31 +36,24 @@ def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def micro_batch_streams(
-    dataset: Dataset,
-    consumed_samples: int,
-    cfg: TrainConfig,
-    *,
-    data_parallel_rank: int,
-    data_parallel_size: int,
-    streams: int,
-    device: str,
+    dataset: Dataset, consumed_samples: int, cfg: TrainConfig, dims: ParallelDims
 ) -> list[Iterator[dict]]:
-    """This DP rank's micro-batches from `consumed_samples` on, on the device; `streams` identical ones (one per
-    virtual pipeline stage: megatron's interleaved schedule reads one iterator per model chunk)."""
-    s = cfg.schedule
+    """This DP rank's micro-batches from `consumed_samples` on, on the device: one identical stream per virtual
+    pipeline stage (megatron's interleaved schedule reads one iterator per model chunk)."""
+    from megatron.core import (
+        parallel_state,  # megatron's groups: both engines start them (parallel.initialize)
+    )
+
+    s, device = cfg.schedule, device_type()
+    rank = parallel_state.get_data_parallel_rank()
 
     def stream() -> Iterator[dict]:
         for batch in sample_batches(
-            dataset,
-            consumed_samples,
-            s.global_batch_size,
-            s.micro_batch_size,
-            data_parallel_rank,
-            data_parallel_size,
+            dataset, consumed_samples, s.global_batch_size, s.micro_batch_size, rank, dims.dp
         ):
             yield {field: tensor.to(device) for field, tensor in batch.items()}
 
-    return [stream() for _ in range(streams)]
+    return [stream() for _ in range(dims.vp)]
 
 
 def resolved_model(cfg: TrainConfig) -> ModelConfig:

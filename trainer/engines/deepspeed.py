@@ -23,7 +23,6 @@ from pathlib import Path
 import deepspeed
 import torch
 from deepspeed.utils import safe_set_full_fp32_param
-from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import Dataset
 
@@ -60,15 +59,7 @@ class DeepSpeedEngine:
         return self._batches(self.train_data, consumed_samples)
 
     def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
-        return micro_batch_streams(
-            dataset,
-            consumed_samples,
-            self.cfg,
-            data_parallel_rank=parallel_state.get_data_parallel_rank(),
-            data_parallel_size=self.dims.dp,
-            streams=1,
-            device=parallel.device_type(),
-        )
+        return micro_batch_streams(dataset, consumed_samples, self.cfg, self.dims)
 
     @property
     def micro_batches_per_step(self) -> int:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from megatron.core import parallel_state
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -116,15 +115,7 @@ class MegatronEngine:
         return megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
 
     def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
-        return micro_batch_streams(
-            dataset,
-            consumed_samples,
-            self.cfg,
-            data_parallel_rank=parallel_state.get_data_parallel_rank(),
-            data_parallel_size=self.dims.dp,
-            streams=self.dims.vp,
-            device=parallel.device_type(),
-        )
+        return micro_batch_streams(dataset, consumed_samples, self.cfg, self.dims)
 
 
 def _resumable(path: Path) -> bool:

@@ -59,7 +59,7 @@ def model_only_config(
     global_batch_size: int = 1,
 ) -> TrainConfig:
     """A config that builds `model` at (TP, PP) in fp32 for conversion or evaluation. parallel.initialize and
-    model.build_model read a TrainConfig; these paths never read its data files, optimizer or LR schedule."""
+    model.llama.build read a TrainConfig; these paths never read its data files, optimizer or LR schedule."""
     return TrainConfig(
         name="model-only",
         precision="fp32",
