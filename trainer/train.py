@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from torch.utils.data import Dataset
 
-from trainer import checkpoint, faults, launch, model, parallel, standalone
+from trainer import checkpoint, faults, launch, model, monitoring, parallel, standalone
 from trainer.arguments import positive_int
 from trainer.arithmetic import model_flops_per_sequence
 from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, validate_run
@@ -35,6 +35,7 @@ from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
+from trainer.monitoring import registry as metric
 from trainer.optimizer import build_optimizer, build_scheduler
 from trainer.parallel import ParallelDims
 
@@ -213,6 +214,7 @@ def train(
         _remove_run_outputs(cfg)
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
+    monitoring.start(cfg.monitoring, cfg.name, stage=_pipeline_stage(), device_type=parallel.device_type())
     run = build(cfg, dims)
     progress = _resume(run, console)
     if progress.step >= s.train_iters:
@@ -235,12 +237,14 @@ def train(
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
+            monitoring.begin_step()
             try:
                 loss, grad_norm, lr, skipped = run.train_step(batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
             step_time = time.perf_counter() - started
+            monitoring.end_step(step_time)
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
@@ -269,12 +273,22 @@ def train(
                 _save(run, progress, console)
                 saved_step = step
     finally:
+        monitoring.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
 
 
+def _pipeline_stage() -> int:
+    return (
+        parallel_state.get_pipeline_model_parallel_rank()
+        if parallel_state.model_parallel_is_initialized()
+        else 0
+    )
+
+
 def _save(run: Run, progress: checkpoint.Progress, console: Console) -> None:
-    saved = run.save(progress)
+    with monitoring.timed(metric.CHECKPOINT_SAVE):
+        saved = run.save(progress)
     console.print(f"step {progress.step}: saved {saved}")
 
 
@@ -292,7 +306,8 @@ def train_step(
     for chunk in run.chunks:
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
-    loss = forward_backward(run, batches)
+    with monitoring.timed(metric.FORWARD_BACKWARD_TIME):
+        loss = forward_backward(run, batches)
     if step is not None:
         faults.inject_in_step(step, run.chunks)
     lr = run.optimizer.param_groups[0]["lr"]
@@ -329,7 +344,8 @@ def forward_backward(run: Run, batches: list[Iterator], *, forward_only: bool = 
 
 
 def _forward_step(batches, chunk):
-    batch = next(batches)
+    with monitoring.timed(metric.DATA_WAIT_TIME):
+        batch = next(batches)
     per_token_loss = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return per_token_loss, functools.partial(_loss_sum, batch["loss_mask"])
 
@@ -390,7 +406,8 @@ def _resume(run: Run, console: Console) -> checkpoint.Progress:
     start = found[0]
     if start is None:
         return checkpoint.Progress()
-    progress = run.load(start.path, weights_only=start.weights_only)
+    with monitoring.timed(metric.CHECKPOINT_LOAD):
+        progress = run.load(start.path, weights_only=start.weights_only)
     source = checkpoint.read_record(start.path)
     if source is not None and source.hf_config:  # carried along, so that an export writes it back
         run.model_record = replace(run.model_record, hf_config=source.hf_config)
