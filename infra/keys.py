@@ -19,6 +19,7 @@ import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.identity import policy_document
+from infra.monitoring import topic_key_statement
 
 CRYPTO_ACTIONS = ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"]
 ADMIN_ACTIONS = [
@@ -134,4 +135,5 @@ class Keys(pulumi.ComponentResource):
                 "Resource": "*",
                 "Condition": {**linked_roles, "Bool": {"kms:GrantIsForAWSResource": "true"}},
             },
+            topic_key_statement(),  # the alarm topic (infra/monitoring.py)
         )

@@ -32,3 +32,6 @@ VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 VPC_ENDPOINT_ROUTE_TABLE_ASSOCIATION = (
     "aws:ec2/vpcEndpointRouteTableAssociation:VpcEndpointRouteTableAssociation"
 )
+
+METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+SNS_TOPIC = "aws:sns/topic:Topic"

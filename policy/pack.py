@@ -6,7 +6,7 @@ blocks, so tests and the offline runner import the policies from here.
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policy import encryption, iam, launch_templates, network, protection, s3
+from policy import encryption, iam, launch_templates, monitoring, network, protection, s3
 
 PACK_NAME = "trainstack-guardrails"
 # Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
@@ -27,4 +27,6 @@ POLICIES: list[Policy] = [
     encryption.key_rotation,
     network.s3_gateway_endpoint,
     protection.prod_data_protected,
+    monitoring.alarm_has_action,
+    monitoring.topic_encrypted,
 ]

@@ -9,7 +9,7 @@ import pytest
 
 from infra.cluster import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from infra.identity import WILDCARD_RESOURCE_ACTIONS
-from infra.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
+from infra.outputs import MONITORING_OUTPUTS, SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 from trainer.catalog import instance_type
 from trainer.image_settings import efa_environment, image_pins
 
@@ -439,7 +439,7 @@ def test_prod_protects_its_data(prod):
 
 def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
     assert missing_outputs(stack.plan.outputs) == []
-    expected = {*STACK_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
+    expected = {*STACK_OUTPUTS, *MONITORING_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs
     assert (outputs["instance_type"], outputs["node_count"]) == (
