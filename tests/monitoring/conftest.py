@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.trainer.conftest import tiny_corpus  # noqa: F401  (a fixture: the trainer tests' prepared corpus)
+
 
 def ensure_prometheus() -> None:
     """Debian's prometheus package gives /usr/bin/prometheus and promtool; install it when absent (root, as in CI)."""

@@ -42,7 +42,7 @@ def run_promtool_test(promtool, tmp_path, series, alerts, eval_time="30m"):
 
 def stalled_alert(ago="19m 0s"):
     return {
-        "exp_labels": {"severity": "page", "run": "r", "job": "local"},
+        "exp_labels": {"severity": "page", "run": "r", "job_id": "local"},
         "exp_annotations": {
             "summary": "Run r (job local) has made no step for 10 minutes",
             "description": f"The last step completed {ago} ago.",
@@ -59,27 +59,27 @@ def test_rules_pass_promtool_check(promtool, tmp_path):
 
 def test_stall_alert_fires_when_steps_stop(promtool, tmp_path):
     # A step a minute (timestamps 60 s apart) for 10 minutes, then the same timestamp: no new step for 20 minutes.
-    series = [{"series": f'{STEP_TIME}{{run="r",job="local"}}', "values": "60+60x10 660x20"}]
+    series = [{"series": f'{STEP_TIME}{{run="r",job_id="local"}}', "values": "60+60x10 660x20"}]
     result = run_promtool_test(promtool, tmp_path, series, [stalled_alert()])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_stall_alert_fires_when_the_process_is_gone(promtool, tmp_path):
-    series = [{"series": f'{STEP_TIME}{{run="r",job="local"}}', "values": "60+60x10"}]  # then nothing
+    series = [{"series": f'{STEP_TIME}{{run="r",job_id="local"}}', "values": "60+60x10"}]  # then nothing
     result = run_promtool_test(promtool, tmp_path, series, [stalled_alert()])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_stall_alert_silent_on_a_healthy_run(promtool, tmp_path):
-    series = [{"series": f'{STEP_TIME}{{run="r",job="local"}}', "values": "60+60x40"}]
+    series = [{"series": f'{STEP_TIME}{{run="r",job_id="local"}}', "values": "60+60x40"}]
     result = run_promtool_test(promtool, tmp_path, series, [])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_stall_alert_silent_once_the_run_completed(promtool, tmp_path):
     series = [
-        {"series": f'{STEP_TIME}{{run="r",job="local"}}', "values": "60+60x10"},
-        {"series": 'trainstack_run_completed{run="r",job="local"}', "values": "_x9 1"},
+        {"series": f'{STEP_TIME}{{run="r",job_id="local"}}', "values": "60+60x10"},
+        {"series": 'trainstack_run_completed{run="r",job_id="local"}', "values": "_x9 1"},
     ]
     result = run_promtool_test(promtool, tmp_path, series, [])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -87,6 +87,6 @@ def test_stall_alert_silent_once_the_run_completed(promtool, tmp_path):
 
 def test_a_wrong_expectation_fails(promtool, tmp_path):
     """The harness can fail: expecting no alert on the stalled series is reported by promtool."""
-    series = [{"series": f'{STEP_TIME}{{run="r",job="local"}}', "values": "60+60x10 660x20"}]
+    series = [{"series": f'{STEP_TIME}{{run="r",job_id="local"}}', "values": "60+60x10 660x20"}]
     result = run_promtool_test(promtool, tmp_path, series, [])
     assert result.returncode != 0 and "TrainingStalled" in result.stdout + result.stderr

@@ -89,7 +89,7 @@ def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     labels = {
         "run": run,
-        "job": os.environ.get("AWS_BATCH_JOB_ID", "local"),
+        "job_id": os.environ.get("AWS_BATCH_JOB_ID", "local"),
         "node": socket.gethostname(),
         "rank": str(rank),
         "stage": str(stage),

@@ -21,7 +21,7 @@ from trainer.monitoring.node import NodeReaders
 class PrometheusExporter:
     def __init__(self, labels: dict[str, str], node: NodeReaders | None) -> None:
         disable_created_metrics()  # no `_created` series beside each counter: nothing here reads them
-        self.labels = labels  # run, job, node, rank, stage
+        self.labels = labels  # run, job_id, node, rank, stage
         self.registry = CollectorRegistry(auto_describe=True)
         self.families: dict[r.Metric, Gauge | Counter] = {}
         for metric in r.METRICS:

@@ -16,7 +16,9 @@ from typing import Literal
 PREFIX = "trainstack"
 # Where a run's metrics live in CloudWatch; the stack's alarms and dashboard read the same namespace.
 CLOUDWATCH_NAMESPACE = "trainstack"
-RUN_LABELS = ("run", "job")
+# `job_id`, the Batch job: not `job`, which Prometheus sets on every series to the scrape job's name (a target
+# label; an exposed `job` would become `exported_job`).
+RUN_LABELS = ("run", "job_id")
 RANK_LABELS = (*RUN_LABELS, "node", "rank", "stage")
 NODE_LABELS = (*RUN_LABELS, "node")
 GPU_LABELS = (*NODE_LABELS, "gpu")

@@ -24,7 +24,7 @@ def alert_rules(
     min_tokens_per_second: float | None = None,
     throughput_minutes: int = 30,
 ) -> dict[str, Any]:
-    run = "run, job"
+    run = "run, job_id"
     last_step = f"max by ({run}) (max_over_time({r.LAST_STEP_TIME.full_name}[{LOOKBACK}]))"
     completed = f"max by ({run}) (max_over_time({r.RUN_COMPLETED.full_name}[{LOOKBACK}])) == 1"
     rules: list[dict[str, Any]] = [
@@ -34,7 +34,7 @@ def alert_rules(
             "expr": f"time() - {last_step} > {stall_minutes * 60} unless on ({run}) ({completed})",
             "labels": {"severity": "page"},
             "annotations": {
-                "summary": "Run {{ $labels.run }} (job {{ $labels.job }}) has made no step for "
+                "summary": "Run {{ $labels.run }} (job {{ $labels.job_id }}) has made no step for "
                 f"{stall_minutes} minutes",
                 "description": "The last step completed {{ $value | humanizeDuration }} ago.",
             },
