@@ -81,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
             world_size = standalone.processes(cfg, args.nproc)
         validate_run(cfg, world_size, parallel.device_type())
         problems = checkpoint.start_problems(cfg, resolved_model(cfg), fresh=args.fresh)
+        problems += monitoring.listen_problems(cfg.monitoring, parallel.device_type(), world_size)
         if problems:
             raise ConfigError(problems)
     except ConfigError as error:

@@ -60,7 +60,7 @@ def test_prod_pages_on_low_mfu_and_dev_has_no_floor():
     assert set(alarms(planned("dev"))) == {"training-stalled", "fsx-nearly-full"}
 
 
-def test_fsx_alarm_is_ten_percent_of_the_file_system(variant):
+def test_fsx_alarm_is_ten_percent_of_the_file_system():
     stack = planned("prod")
     fsx = alarms(stack)["fsx-nearly-full"].inputs
     assert (fsx["namespace"], fsx["metricName"], fsx["statistic"]) == (

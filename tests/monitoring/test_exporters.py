@@ -144,3 +144,20 @@ def test_a_busy_port_names_the_key_to_change(monkeypatch):
         config = MonitoringConfig(prometheus="on", prometheus_port=port, prometheus_address="127.0.0.1")
         with pytest.raises(OSError, match=r"monitoring.prometheus_port.*--set monitoring.prometheus_port=N"):
             monitor.start(config, "r", stage=0, device_type="cpu")
+
+
+def test_a_taken_port_is_refused_before_any_work(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = MonitoringConfig(prometheus="on", prometheus_port=port - 1, prometheus_address="127.0.0.1")
+        [problem] = monitor.listen_problems(config, "cpu", world_size=2)  # ranks 0 and 1: port - 1 and port
+        assert problem.startswith(
+            f"monitoring.prometheus_port = {port - 1}: local rank 1 needs 127.0.0.1:{port}"
+        )
+        assert "--set monitoring.prometheus_port=N" in problem
+        monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun worker checks only its own port
+        assert monitor.listen_problems(config, "cpu", world_size=2) == []
+    assert monitor.listen_problems(MonitoringConfig(), "cpu", world_size=2) == []  # off on CPU by default

@@ -4,6 +4,6 @@ read from the node (node.py), and turned into alert rules and dashboards (rules.
 The training loop calls the process-wide functions below; docs/monitoring.md says how to watch a run.
 """
 
-from trainer.monitoring.monitor import begin_step, end_step, record, start, stop, timed
+from trainer.monitoring.monitor import begin_step, end_step, listen_problems, record, start, stop, timed
 
-__all__ = ["begin_step", "end_step", "record", "start", "stop", "timed"]
+__all__ = ["begin_step", "end_step", "listen_problems", "record", "start", "stop", "timed"]

@@ -94,9 +94,11 @@ def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -
         "rank": str(rank),
         "stage": str(stage),
     }
-    node = NodeReaders() if local_rank == 0 else None
+    serve = _on(config.prometheus, auto=device_type == "cuda")
+    push = _on(config.cloudwatch, auto=under_aws_batch())
+    node = NodeReaders() if local_rank == 0 and (serve or push) else None  # one reader per node
     prometheus = cloudwatch = None
-    if _on(config.prometheus, auto=device_type == "cuda"):
+    if serve:
         from trainer.monitoring.prometheus import PrometheusExporter
 
         prometheus = PrometheusExporter(labels, node)
@@ -109,7 +111,7 @@ def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -
                 f"({error}); choose a free port with --set monitoring.prometheus_port=N, or "
                 "--set monitoring.prometheus=off"
             ) from error
-    if _on(config.cloudwatch, auto=under_aws_batch()):
+    if push:
         dimensions = {
             "JobQueue": os.environ.get("AWS_BATCH_JQ_NAME", "local"),
             "Run": run,
@@ -120,6 +122,27 @@ def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -
     _active = Monitor(labels, prometheus=prometheus, cloudwatch=cloudwatch, node=node)
     _active.record({r.RESTARTS: _restarts()} if rank == 0 else {})
     return _active
+
+
+def listen_problems(config: MonitoringConfig, device_type: str, world_size: int) -> list[str]:
+    """The Prometheus ports this launch needs that are taken, checked before any work: a torchrun worker checks its
+    own (prometheus_port + LOCAL_RANK), the launcher every local rank's."""
+    if not _on(config.prometheus, auto=device_type == "cuda"):
+        return []
+    local_ranks = [int(os.environ["LOCAL_RANK"])] if "LOCAL_RANK" in os.environ else range(world_size)
+    problems = []
+    for local_rank in local_ranks:
+        port = config.prometheus_port + local_rank
+        with socket.socket() as probe:
+            try:
+                probe.bind((config.prometheus_address, port))
+            except OSError as error:
+                problems.append(
+                    f"monitoring.prometheus_port = {config.prometheus_port}: local rank {local_rank} needs "
+                    f"{config.prometheus_address}:{port}, which is taken ({error.strerror}); choose a free range "
+                    "with --set monitoring.prometheus_port=N, or --set monitoring.prometheus=off"
+                )
+    return problems
 
 
 def stop(*, completed: bool) -> None:
