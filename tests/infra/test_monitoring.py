@@ -114,7 +114,8 @@ def test_dashboard_shows_the_run_the_nodes_and_fsx():
 def test_stall_alarm_path_against_moto():
     """Put the trainer's Steps, create the alarm as the stack does, drive its state; the alarm names the topic.
 
-    moto 5.2.5 stores alarms and metric data but does not evaluate alarms (no state change from data), so the
+    moto 5.2.5 stores alarms and metric data but does not evaluate alarms (moto/cloudwatch/models.py: an alarm's
+    state changes only in Alarm.update_state, which only set_alarm_state calls), so the
     state transition is driven with set_alarm_state, the API AWS documents for testing alarm actions; moto has no
     describe_alarm_history either. That AWS evaluates the alarm and delivers to the topic only a real account shows."""
     stack = planned("dev")
