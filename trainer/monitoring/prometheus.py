@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,6 +25,7 @@ class PrometheusExporter:
         self.labels = labels  # run, job_id, node, rank, stage
         self.registry = CollectorRegistry(auto_describe=True)
         self.families: dict[r.Metric, Gauge | Counter] = {}
+        self.children: dict[r.Metric, Any] = {}  # this process's labelled series, looked up once
         for metric in r.METRICS:
             if metric in r.NODE_METRICS:
                 continue  # NodeCollector reads them at scrape time
@@ -40,10 +42,12 @@ class PrometheusExporter:
         self.server, _ = start_http_server(port, addr=address, registry=self.registry)
 
     def record(self, metric: r.Metric, value: float) -> None:
-        family = self.families.get(metric)
-        if family is None:
-            return
-        child = family.labels(*(self.labels[label] for label in metric.labels))
+        child = self.children.get(metric)
+        if child is None:
+            family = self.families.get(metric)
+            if family is None:
+                return
+            child = self.children[metric] = family.labels(*(self.labels[label] for label in metric.labels))
         if metric.kind == "counter":
             child.inc(value)
         else:
