@@ -215,7 +215,7 @@ def train(
         _remove_run_outputs(cfg)
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
-    monitoring.start(cfg.monitoring, cfg.name, stage=_pipeline_stage(), device_type=parallel.device_type())
+    monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     run = build(cfg, dims)
     progress = _resume(run, console)
     if progress.step >= s.train_iters:
@@ -277,14 +277,6 @@ def train(
         monitoring.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
-
-
-def _pipeline_stage() -> int:
-    return (
-        parallel_state.get_pipeline_model_parallel_rank()
-        if parallel_state.model_parallel_is_initialized()
-        else 0
-    )
 
 
 def _save(run: Run, progress: checkpoint.Progress, console: Console) -> None:

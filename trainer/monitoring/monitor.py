@@ -82,7 +82,7 @@ class Monitor:
 _active: Monitor | None = None
 
 
-def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -> Monitor:
+def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | None = None) -> Monitor:
     """This process's monitor, from the config and the launch environment (torchrun's RANK / LOCAL_RANK, Batch's
     AWS_BATCH_* variables); it serves or writes only what the config (or its `auto`) turns on."""
     global _active
@@ -92,7 +92,7 @@ def start(config: MonitoringConfig, run: str, *, stage: int, device_type: str) -
         "job_id": os.environ.get("AWS_BATCH_JOB_ID", "local"),
         "node": socket.gethostname(),
         "rank": str(rank),
-        "stage": str(stage),
+        "stage": str(_pipeline_stage() if stage is None else stage),
     }
     serve = _on(config.prometheus, auto=device_type == "cuda")
     push = _on(config.cloudwatch, auto=under_aws_batch())
@@ -180,6 +180,15 @@ def timed(metric: r.Metric) -> Iterator[None]:
     finally:
         if _active is not None:
             _active.add_phase(metric, time.perf_counter() - started)
+
+
+def _pipeline_stage() -> int:
+    """This rank's pipeline stage from megatron-core's process groups (0 before they exist, and for DeepSpeed)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0
+    return parallel_state.get_pipeline_model_parallel_rank()
 
 
 def _on(switch: str, *, auto: bool) -> bool:

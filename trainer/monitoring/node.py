@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from trainer.monitoring import registry as r
 
 # Linux efa driver (drivers/infiniband/hw/efa/efa_verbs.c, EFA_DEFINE_PORT_STATS): port counter file -> metric.
@@ -53,6 +51,8 @@ class Sample:
 
 
 def host_memory() -> list[Sample]:
+    import psutil  # a trainer requirement; infra/ imports this package without it
+
     memory = psutil.virtual_memory()
     return [
         Sample(r.HOST_MEMORY_USED, {}, float(memory.total - memory.available)),
