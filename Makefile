@@ -71,6 +71,21 @@ bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from
 bench-gpu: $(VENV)/.train-installed ## GPU benchmark (needs CUDA): ~1B Llama, MFU, all-reduce sweep -> runs/bench/bench-gpu.json
 	$(PY) -m trainer bench --gpu $(ARGS)
 
+# make monitoring: the Prometheus alert rules, Grafana dashboard and a scrape config for this machine's ranks, all
+# generated from trainer/monitoring/registry.py; make prometheus serves them (Debian's prometheus package) on PROM_PORT.
+PROM_PORT ?= 9091
+
+.PHONY: monitoring
+monitoring: $(VENV)/.dev-installed ## Prometheus rules, Grafana dashboard JSON, scrape config -> runs/monitoring/ (ARGS: --min-mfu ...)
+	$(PY) -m trainer.monitoring --out runs/monitoring $(ARGS)
+	@if command -v promtool >/dev/null; then promtool check config runs/monitoring/prometheus.yml; fi
+
+.PHONY: prometheus
+prometheus: monitoring ## A Prometheus on 127.0.0.1:PROM_PORT scraping `make train ARGS="--set monitoring.prometheus=on"`
+	@command -v prometheus >/dev/null || { echo "make prometheus: needs Prometheus: apt-get install -y prometheus" >&2; exit 127; }
+	cd runs/monitoring && prometheus --config.file=prometheus.yml --storage.tsdb.path=data \
+	  --web.listen-address=127.0.0.1:$(PROM_PORT)
+
 .PHONY: test
 test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)
 	$(PY) -m pytest

@@ -16,6 +16,7 @@ from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
 from infra.identity import Identity, IdentityArgs  # noqa: E402
 from infra.keys import Keys, KeysArgs  # noqa: E402
 from infra.lustre import Lustre, LustreArgs  # noqa: E402
+from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
 
@@ -33,6 +34,7 @@ registry = Registry("registry", RegistryArgs(cfg, keys), opts)
 identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, registry), opts)
 lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
 cluster = Cluster("cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry), opts)
+monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 
 outputs = {  # the names trainer/contract/outputs.py lists
     "region": cfg.region,
@@ -47,6 +49,7 @@ outputs = {  # the names trainer/contract/outputs.py lists
     "node_count": cfg.node_count,
     "gpus_per_node": cfg.instance.gpus,
     **cluster.outputs,  # job_queue, job_definition, log_group (+ the spot queue and definition)
+    **monitoring.outputs,  # alarm_topic_arn, dashboard_name
 }
 for name, value in outputs.items():
     pulumi.export(name, value)

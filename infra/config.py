@@ -50,6 +50,10 @@ INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ssm", "ssmmessages"
 FSX_FIRST_STEP_GIB, FSX_STEP_GIB = 1200, 2400
 FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
 
+# A one-minute alarm looks back at most a day (CloudWatch PutMetricAlarm: EvaluationPeriods x Period <= 86,400 s).
+MAX_ALARM_MINUTES = 1440
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
 # Commercial-partition regions: the launch template and key policy build `arn:aws:` ARNs.
 _REGION = re.compile(r"^(us|eu|ap|ca|sa|me|af|il|mx)-[a-z]+-\d$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
@@ -112,6 +116,13 @@ class StackConfig(BaseModel):
     image: str | None = None
     stop_grace_seconds: int = Field(default=DEFAULT_STOP_GRACE_SECONDS, ge=1)
     job_timeout_hours: int = Field(default=DEFAULT_JOB_TIMEOUT_HOURS, ge=1)
+    # Alerting (infra/monitoring.py, docs/monitoring.md): who the alarm topic emails, and when alarms fire.
+    alarm_emails: list[str] = []
+    stall_alarm_minutes: int = Field(default=15, ge=2, le=MAX_ALARM_MINUTES)
+    min_mfu: float | None = Field(default=None, gt=0, lt=1)
+    min_tokens_per_second: float | None = Field(default=None, gt=0)
+    throughput_alarm_minutes: int = Field(default=30, ge=1, le=MAX_ALARM_MINUTES)
+    fsx_free_capacity_alarm_percent: int = Field(default=10, ge=1, le=50)
 
     @field_validator("region")
     @classmethod
@@ -192,6 +203,14 @@ class StackConfig(BaseModel):
         if name is not None and not _PLACEMENT_GROUP_NAME.match(name):
             raise _problem("not a placement group name (1 to 255 printable ASCII characters, no spaces)")
         return name
+
+    @field_validator("alarm_emails")
+    @classmethod
+    def _emails(cls, emails: list[str]) -> list[str]:
+        bad = [email for email in emails if not _EMAIL.match(email)]
+        if bad:
+            raise _problem(f"{bad[0]!r} is not an email address; list addresses such as oncall@example.com")
+        return emails
 
     @field_validator("log_retention_days")
     @classmethod

@@ -15,6 +15,7 @@ Who may use the key, and how:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -57,6 +58,25 @@ SERVICE_LINKED_ROLES = (
     "aws-service-role/batch.amazonaws.com/AWSServiceRoleForBatch",
     "aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*",
 )
+
+
+# Services that publish to the topic; with an encrypted topic each needs kms:GenerateDataKey* and kms:Decrypt on
+# its key (SNS Developer Guide, "Enable compatibility between event sources from AWS services and encrypted topics").
+TOPIC_PUBLISHERS = ("cloudwatch.amazonaws.com", "events.amazonaws.com")
+
+
+def topic_key_statement() -> dict[str, Any]:
+    """The key-policy statement this key policy adds: alarms and EventBridge may encrypt messages for the topic.
+
+    No aws:SourceArn condition: EventBridge's KMS requests carry none (EventBridge User Guide, encrypted SNS
+    targets), and one would drop every failed-job message without an error."""
+    return {
+        "Sid": "AlarmsAndEventsPublishToEncryptedTopic",
+        "Effect": "Allow",
+        "Principal": {"Service": list(TOPIC_PUBLISHERS)},
+        "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+        "Resource": "*",
+    }
 
 
 @dataclass
@@ -146,4 +166,5 @@ class Keys(pulumi.ComponentResource):
                 "Resource": "*",
                 "Condition": {**linked_roles, "Bool": {"kms:GrantIsForAWSResource": "true"}},
             },
+            topic_key_statement(),  # the alarm topic (infra/monitoring.py)
         )

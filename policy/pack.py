@@ -6,7 +6,7 @@ blocks, so tests and the offline runner import the policies from here.
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policy import aws_rules, encryption, iam, launch_templates, network, protection, s3
+from policy import aws_rules, encryption, iam, launch_templates, monitoring, network, protection, s3
 
 PACK_NAME = "trainstack-guardrails"
 # Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
@@ -39,4 +39,6 @@ POLICIES: list[Policy] = [
     aws_rules.job_timeout,
     aws_rules.stop_timeout,
     aws_rules.create_grant_for_services,
+    monitoring.alarm_has_action,
+    monitoring.topic_encrypted,
 ]

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements"
-PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(\[[a-z,]+\])?==([0-9][A-Za-z0-9.+\-]*)$")
+# A version may carry an epoch (PEP 440 `N!`): grafana-foundation-sdk numbers its builds so.
+PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(\[[a-z,]+\])?==((?:[0-9]+!)?[0-9][A-Za-z0-9.+\-]*)$")
 
 
 def requirement_lines(path: Path) -> list[str]:

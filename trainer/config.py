@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.monitoring.config import MonitoringConfig
+
 
 class ConfigError(Exception):
     """A trainer config that cannot run; one line per problem."""
@@ -171,6 +173,9 @@ class TrainConfig(_Section):
     schedule: ScheduleConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
+    monitoring: MonitoringConfig = (
+        MonitoringConfig()
+    )  # metrics endpoints and CloudWatch lines: docs/monitoring.md
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

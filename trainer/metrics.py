@@ -16,7 +16,9 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from trainer.contract import metrics as registry
 from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
+from trainer.monitoring import monitor as monitoring
 
 JSONL_KEYS = (
     "step",
@@ -50,7 +52,8 @@ def peak_memory_gib() -> float:
 
 
 class MetricsLogger:
-    """Writes each logged step to the console, `<run>/metrics.jsonl` and TensorBoard; used on one rank only."""
+    """Writes each logged step to the console, `<run>/metrics.jsonl`, TensorBoard and this process's metrics
+    exporters (trainer/monitoring: Prometheus, CloudWatch); used on one rank only."""
 
     def __init__(
         self,
@@ -90,6 +93,9 @@ class MetricsLogger:
         )
         self.progress.start()
         self.train_iters = train_iters
+        self.skipped_steps = (
+            0  # the total at the last logged step: the exporters' counter grows by the difference
+        )
         self.line_every = max(1, train_iters // 20)  # every metric in a line every 5 %; the bar has the rest
 
     def log(
@@ -121,6 +127,7 @@ class MetricsLogger:
             for key, value in scalars.items():
                 if key != "step" and value is not None and math.isfinite(value):
                     self.tensorboard.add_scalar(key, value, step)
+        self._export(step, record, skipped_steps)
         if loss is not None:
             mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
             status = (
@@ -134,6 +141,24 @@ class MetricsLogger:
                 self.console.print(f"step {step}/{self.train_iters}: {status}")
         if val_loss is not None:
             self.console.print(f"step {step}: validation loss {val_loss:.4f}")
+
+    def _export(self, step: int, record: dict, skipped_steps: int | None) -> None:
+        skipped = None
+        if skipped_steps is not None:
+            skipped, self.skipped_steps = skipped_steps - self.skipped_steps, skipped_steps
+        tflops = record["tflops_per_device"]
+        monitoring.record(
+            {
+                registry.STEP: step,
+                registry.TRAINING_LOSS: record["loss"],
+                registry.VALIDATION_LOSS: record.get("val_loss"),
+                registry.TOKENS_PER_SECOND: record["tokens_per_s"],
+                registry.MODEL_FLOPS: tflops * 1e12 if tflops is not None else None,
+                registry.MFU: record["mfu"],
+                registry.GRADIENT_NORM: record["grad_norm"],
+                registry.SKIPPED_STEPS: skipped,
+            }
+        )
 
     def close(self) -> None:
         self.progress.stop()

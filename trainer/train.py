@@ -28,6 +28,7 @@ from trainer.checkpoint import formats
 from trainer.checkpoint.start import start_problems, starting_checkpoint
 from trainer.checkpoint.store import CheckpointSaveError, Progress, latest_checkpoint
 from trainer.config import ConfigError, TrainConfig, data_problems, layout_problems, load_config
+from trainer.contract import metrics as metric
 from trainer.data.loader import resolved_model
 from trainer.distributed import parallel
 from trainer.distributed.parallel import ParallelDims
@@ -36,6 +37,7 @@ from trainer.launch import local
 from trainer.launch.batch import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
+from trainer.monitoring import monitor as monitoring
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
             + engines.problems(cfg, world_size)
         )
         problems = problems or start_problems(cfg, resolved_model(cfg), fresh=fresh)
+        problems += monitoring.listen_problems(cfg.monitoring, parallel.device_type(), world_size)
         if problems:
             raise ConfigError(problems)
     except ConfigError as error:
@@ -136,6 +139,7 @@ def train(
         _remove_run_outputs(cfg)
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
+    monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     run = engines.build(cfg, dims)
     progress = _resume(run, console)
     if progress.step >= s.train_iters:
@@ -158,12 +162,14 @@ def train(
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
+            monitoring.begin_step()
             try:
                 loss, grad_norm, lr, skipped = run.train_step(batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
             step_time = time.perf_counter() - started
+            monitoring.end_step(step_time)
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
@@ -192,6 +198,7 @@ def train(
                 _save(run, progress, console)
                 saved_step = step
     finally:
+        monitoring.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
 
@@ -203,7 +210,8 @@ def _max_over_ranks(value: float) -> float:
 
 
 def _save(run: Engine, progress: Progress, console: Console) -> None:
-    saved = run.save(progress)
+    with monitoring.timed(metric.CHECKPOINT_SAVE):
+        saved = run.save(progress)
     console.print(f"step {progress.step}: saved {saved}")
 
 
@@ -225,7 +233,8 @@ def _resume(run: Engine, console: Console) -> Progress:
     start = found[0]
     if start is None:
         return Progress()
-    progress = run.load(start.path, weights_only=start.weights_only)
+    with monitoring.timed(metric.CHECKPOINT_LOAD):
+        progress = run.load(start.path, weights_only=start.weights_only)
     source = formats.read_record(start.path)
     if source is not None and source.hf_config:  # carried along, so that an export writes it back
         run.model_record = replace(run.model_record, hf_config=source.hf_config)

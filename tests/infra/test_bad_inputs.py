@@ -129,6 +129,14 @@ ROWS = {
         {"trainstack:logRetentionDays": 10},
         ("trainstack:logRetentionDays = 10: CloudWatch Logs allows only 1, 3, 5, 7, 14, 30",),
     ),
+    "stack-alarm-email-invalid": Row(
+        "prod",
+        {"trainstack:alarmEmails": ["oncall"]},
+        ("trainstack:alarmEmails = ['oncall']: 'oncall' is not an email address", "oncall@example.com"),
+    ),
+    "stack-min-mfu-above-one": Row(
+        "prod", {"trainstack:minMfu": 1.5}, ("trainstack:minMfu = 1.5: Input should be less than 1",)
+    ),
     "stack-unknown-key": Row(
         "dev",
         {"trainstack:nodeCont": 2},

@@ -11,7 +11,7 @@ from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
-from trainer.contract.outputs import SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
+from trainer.contract.outputs import MONITORING_OUTPUTS, SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
 
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 
@@ -445,7 +445,7 @@ def test_prod_protects_its_data(prod):
 
 def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
     assert missing_outputs(stack.plan.outputs) == []
-    expected = {*STACK_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
+    expected = {*STACK_OUTPUTS, *MONITORING_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs
     assert (outputs["instance_type"], outputs["node_count"]) == (

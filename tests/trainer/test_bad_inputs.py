@@ -151,6 +151,14 @@ ROWS: dict[str, Row] = {
         f"{TRAIN} --nproc 4 --set parallel.data_parallel_size=3",
         ("world size 4 != parallel.tensor_model_parallel_size x", "launch 3 processes or set"),
     ),
+    "train-monitoring-switch-invalid": Row(
+        f"{TRAIN} --set monitoring.prometheus=loud",
+        ("monitoring.prometheus = 'loud': Input should be 'auto', 'on' or 'off'",),
+    ),
+    "train-monitoring-port-privileged": Row(
+        f"{TRAIN} --set monitoring.prometheus_port=80",
+        ("monitoring.prometheus_port = 80: Input should be greater than or equal to 1024",),
+    ),
     "train-world-size-not-divisible-by-tp-x-pp": Row(
         f"{TRAIN} --nproc 3 --set parallel.tensor_model_parallel_size=2",
         ("world size 3 is not divisible by parallel.tensor_model_parallel_size x", "= 2 x 1 = 2"),

@@ -210,7 +210,9 @@ def test_fresh_starts_over_once_and_a_restarted_rank_resumes_instead(tmp_path, t
         options=("--fresh", "--max-restarts", "1"),
     )
     output = _completed(again)
-    assert output.count("resumed from") == 1, output[-4000:]  # the first attempt started over, the restart not
+    assert output.count("resumed from") == 1, output[
+        -4000:
+    ]  # the first attempt started over, the restart not
     assert f"resumed from {again.checkpoints / 'iter_0000008'} (step 8" in output
     assert (again.checkpoints / LATEST).read_text() == "iter_0000012\n"
 

@@ -25,6 +25,10 @@ STACK_OUTPUTS: tuple[str, ...] = (
 SPOT_OUTPUTS: tuple[str, ...] = ("spot_job_queue", "spot_job_definition")
 
 
+# Alerting and the dashboard (infra/monitoring.py); not required by the job tools.
+MONITORING_OUTPUTS: tuple[str, ...] = ("alarm_topic_arn", "dashboard_name")
+
+
 def missing_outputs(outputs: dict[str, object]) -> list[str]:
     """The required output names absent from a `pulumi stack output --json` document, in declaration order."""
     return [name for name in STACK_OUTPUTS if name not in outputs]

@@ -25,11 +25,13 @@ from trainer.checkpoint import megatron as megatron_checkpoint
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
+from trainer.contract import metrics as metric
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import parallel
 from trainer.distributed.optimizer import build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, loss
+from trainer.monitoring import monitor as monitoring
 
 
 @dataclass
@@ -56,7 +58,8 @@ class MegatronEngine:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        mean_loss = self.forward_backward(batches)
+        with monitoring.timed(metric.FORWARD_BACKWARD_TIME):
+            mean_loss = self.forward_backward(batches)
         if step is not None:
             faults.inject_in_step(step, self.chunks)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -140,7 +143,8 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
 
 
 def _forward_step(batches, chunk):
-    batch = next(batches)
+    with monitoring.timed(metric.DATA_WAIT_TIME):
+        batch = next(batches)
     per_token_loss = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return per_token_loss, functools.partial(_loss_sum, batch["loss_mask"])
 

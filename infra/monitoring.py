@@ -1,0 +1,297 @@
+"""Alerting and the run dashboard: an SNS topic encrypted with the stack key, CloudWatch alarms that page it, an
+EventBridge rule for failed Batch jobs, and a CloudWatch dashboard of the trainer's metrics beside FSx's.
+
+The trainer's metrics arrive as CloudWatch embedded-metric-format lines in the job's log stream
+(trainer/monitoring/cloudwatch.py), in namespace `trainstack` with dimension `JobQueue` (AWS_BATCH_JQ_NAME), so
+one alarm per stack watches whatever run its queue holds. Metric names are read from trainer/contract/metrics.py.
+
+- Training stalled: the queue's `Steps` summed per minute stays below 1 for `stallAlarmMinutes`; missing data counts
+  as breaching, so a job that died silently (no lines at all) pages too. An idle queue therefore reads as stalled:
+  the topic hears it once, when the last run ends (docs/monitoring.md).
+- Slow training: `MFU` or `TokensPerSecond` below `minMfu` / `minTokensPerSecond` for `throughputAlarmMinutes`
+  (only when a floor is configured; no data here is not breaching, the stall alarm covers silence).
+- Job failed: Batch's "Batch Job State Change" events with status FAILED for the stack's queue (Batch User Guide,
+  "Job state change events": `detail.jobQueue` is the queue's ARN) go to the topic.
+- FSx nearly full: `FreeDataStorageCapacity` (AWS/FSx, dimension FileSystemId; its Sum is the file system's free
+  bytes, FSx for Lustre User Guide "metrics and dimensions") below `fsxFreeCapacityAlarmPercent` of the capacity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import StackConfig
+from infra.iam import policy_document
+from trainer.contract import metrics as metrics
+from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS
+
+if TYPE_CHECKING:
+    from infra.cluster import Cluster
+    from infra.keys import Keys
+    from infra.lustre import Lustre
+
+NAMESPACE = metrics.CLOUDWATCH_NAMESPACE
+PERIOD_S = 60
+FSX_PERIOD_S = 300
+
+
+@dataclass
+class MonitoringArgs:
+    config: StackConfig
+    account_id: pulumi.Input[str]
+    keys: Keys
+    lustre: Lustre
+    cluster: Cluster
+
+
+class Monitoring(pulumi.ComponentResource):
+    def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainstack:monitoring:Monitoring", name, None, opts)
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        prefix = cfg.name_prefix
+        queue = args.cluster.job_queue
+        file_system = args.lustre.file_system
+
+        self.topic = aws.sns.Topic(f"{prefix}-alarms", kms_master_key_id=args.keys.key.arn, opts=child)
+        self.subscriptions = [
+            aws.sns.TopicSubscription(
+                f"{prefix}-alarms-{index}", topic=self.topic.arn, protocol="email", endpoint=email, opts=child
+            )
+            for index, email in enumerate(cfg.alarm_emails)
+        ]
+        self.failed_jobs = aws.cloudwatch.EventRule(
+            f"{prefix}-job-failed",
+            description=f"trainstack {cfg.stack}: a job on the GPU queue failed",
+            event_pattern=queue.arn.apply(failed_job_pattern),
+            opts=child,
+        )
+        aws.cloudwatch.EventTarget(
+            f"{prefix}-job-failed", rule=self.failed_jobs.name, arn=self.topic.arn, opts=child
+        )
+        aws.sns.TopicPolicy(
+            f"{prefix}-alarms",
+            arn=self.topic.arn,
+            policy=self._topic_policy(cfg, args.account_id, self.topic.arn, self.failed_jobs.arn),
+            opts=child,
+        )
+        alarm = {"alarm_actions": [self.topic.arn], "ok_actions": [self.topic.arn], "opts": child}
+        on_queue = {"JobQueue": queue.name}
+        self.alarms = [
+            aws.cloudwatch.MetricAlarm(
+                f"{prefix}-training-stalled",
+                alarm_description=f"No training step on {cfg.stack}'s GPU queue for {cfg.stall_alarm_minutes} min",
+                namespace=NAMESPACE,
+                metric_name=metrics.STEPS.cloudwatch,
+                dimensions=on_queue,
+                statistic="Sum",
+                period=PERIOD_S,
+                evaluation_periods=cfg.stall_alarm_minutes,
+                threshold=1,
+                comparison_operator="LessThanThreshold",
+                treat_missing_data="breaching",
+                **alarm,
+            )
+        ]
+        for metric, floor, what in (
+            (metrics.MFU, cfg.min_mfu, "MFU"),
+            (metrics.TOKENS_PER_SECOND, cfg.min_tokens_per_second, "tokens/s"),
+        ):
+            if floor is None:
+                continue
+            self.alarms.append(
+                aws.cloudwatch.MetricAlarm(
+                    f"{prefix}-{metric.name.replace('_', '-')}-low",
+                    alarm_description=(
+                        f"{what} below {floor:g} for {cfg.throughput_alarm_minutes} min on {cfg.stack}'s GPU queue"
+                    ),
+                    namespace=NAMESPACE,
+                    metric_name=metric.cloudwatch,
+                    dimensions=on_queue,
+                    statistic="Average",
+                    period=PERIOD_S,
+                    evaluation_periods=cfg.throughput_alarm_minutes,
+                    threshold=floor,
+                    comparison_operator="LessThanThreshold",
+                    treat_missing_data="notBreaching",
+                    **alarm,
+                )
+            )
+        free_bytes = cfg.fsx_storage_capacity_gib * 2**30 * cfg.fsx_free_capacity_alarm_percent / 100
+        self.alarms.append(
+            aws.cloudwatch.MetricAlarm(
+                f"{prefix}-fsx-nearly-full",
+                alarm_description=(
+                    f"FSx for Lustre of {cfg.stack} has under {cfg.fsx_free_capacity_alarm_percent} % free"
+                ),
+                namespace="AWS/FSx",
+                metric_name="FreeDataStorageCapacity",
+                dimensions={"FileSystemId": file_system.id},
+                statistic="Sum",
+                period=FSX_PERIOD_S,
+                evaluation_periods=1,
+                threshold=free_bytes,
+                comparison_operator="LessThanThreshold",
+                treat_missing_data="missing",
+                **alarm,
+            )
+        )
+        self.dashboard = aws.cloudwatch.Dashboard(
+            f"{prefix}-training",
+            dashboard_name=f"{prefix}-training",
+            dashboard_body=pulumi.Output.all(queue.name, file_system.id).apply(
+                lambda values: json.dumps(dashboard_body(cfg.region, *values))
+            ),
+            opts=child,
+        )
+        self.outputs = {"alarm_topic_arn": self.topic.arn, "dashboard_name": self.dashboard.dashboard_name}
+        self.register_outputs(self.outputs)
+
+    @staticmethod
+    def _topic_policy(
+        cfg: StackConfig, account: pulumi.Input[str], topic: pulumi.Input[str], rule_arn: pulumi.Input[str]
+    ) -> Any:
+        alarms = pulumi.Output.concat(
+            "arn:aws:cloudwatch:", cfg.region, ":", account, ":alarm:", cfg.name_prefix, "-*"
+        )
+        return policy_document(
+            {
+                "Sid": "StackAlarmsPublish",
+                "Effect": "Allow",
+                "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                "Action": "sns:Publish",
+                "Resource": topic,
+                "Condition": {
+                    "ArnLike": {"aws:SourceArn": alarms},
+                    "StringEquals": {"aws:SourceAccount": account},
+                },
+            },
+            {
+                "Sid": "FailedJobRulePublishes",
+                "Effect": "Allow",
+                "Principal": {"Service": "events.amazonaws.com"},
+                "Action": "sns:Publish",
+                "Resource": topic,
+                "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
+            },
+        )
+
+
+def failed_job_pattern(queue_arn: str) -> str:
+    """EventBridge pattern: this queue's jobs entering FAILED (Batch User Guide, "Job state change events")."""
+    return json.dumps(
+        {
+            "source": ["aws.batch"],
+            "detail-type": ["Batch Job State Change"],
+            "detail": {"status": ["FAILED"], "jobQueue": [queue_arn]},
+        }
+    )
+
+
+def _search(dimensions: list[str], metric: metrics.Metric, queue: str, statistic: str) -> dict[str, str]:
+    """A SEARCH expression: every series of `metric` under the queue, one line per Run / Rank / Node."""
+    schema = ",".join([NAMESPACE, *dimensions])
+    expression = f"SEARCH('{{{schema}}} MetricName=\"{metric.cloudwatch}\" JobQueue=\"{queue}\"', '{statistic}', {PERIOD_S})"
+    return {"expression": expression, "label": metric.cloudwatch}
+
+
+def _widget(title: str, series: list[dict], region: str, x: int, y: int, **properties: Any) -> dict[str, Any]:
+    return {
+        "type": "metric",
+        "x": x,
+        "y": y,
+        "width": 12,
+        "height": 6,
+        "properties": {
+            "title": title,
+            "region": region,
+            "view": "timeSeries",
+            "metrics": series,
+            **properties,
+        },
+    }
+
+
+def dashboard_body(region: str, queue: str, file_system_id: str) -> dict[str, Any]:
+    """CloudWatch dashboard body (Dashboard Body Structure and Syntax, CloudWatch API reference): loss, throughput,
+    MFU, step time per rank, GPUs and EFA per node, FSx throughput and free capacity."""
+    run, rank, node = RUN_DIMENSIONS[1], RANK_DIMENSIONS[0], NODE_DIMENSIONS[0]
+
+    def searches(dimensions, statistic, *wanted):
+        return [
+            [{**_search(dimensions, metric, queue, statistic), "id": f"m{i}"}]
+            for i, metric in enumerate(wanted)
+        ]
+
+    fsx = {"FileSystemId": file_system_id}
+    fsx_throughput = [
+        [
+            "AWS/FSx",
+            "DataReadBytes",
+            "FileSystemId",
+            fsx["FileSystemId"],
+            {"id": "read", "stat": "Sum", "visible": False},
+        ],
+        [
+            "AWS/FSx",
+            "DataWriteBytes",
+            "FileSystemId",
+            fsx["FileSystemId"],
+            {"id": "write", "stat": "Sum", "visible": False},
+        ],
+        [{"expression": f"read/{FSX_PERIOD_S}", "label": "read bytes/s", "id": "r"}],
+        [{"expression": f"write/{FSX_PERIOD_S}", "label": "write bytes/s", "id": "w"}],
+    ]
+    return {
+        "widgets": [
+            _widget(
+                "Loss", searches(run, "Average", metrics.TRAINING_LOSS, metrics.VALIDATION_LOSS), region, 0, 0
+            ),
+            _widget("Tokens/s", searches(run, "Average", metrics.TOKENS_PER_SECOND), region, 12, 0),
+            _widget("MFU", searches(run, "Average", metrics.MFU), region, 0, 6),
+            _widget("Step time per rank (s)", searches(rank, "Average", metrics.STEP_TIME), region, 12, 6),
+            _widget(
+                "GPU utilisation, temperature, power (per node)",
+                searches(
+                    node, "Average", metrics.GPU_UTILIZATION, metrics.GPU_TEMPERATURE, metrics.GPU_POWER
+                ),
+                region,
+                0,
+                12,
+            ),
+            _widget(
+                "EFA bytes and retransmits (per node)",
+                searches(
+                    node,
+                    "Sum",
+                    metrics.EFA_TRANSMITTED,
+                    metrics.EFA_RECEIVED,
+                    metrics.EFA_RETRANSMITTED_PACKETS,
+                ),
+                region,
+                12,
+                12,
+            ),
+            _widget("FSx throughput (bytes/s)", fsx_throughput, region, 0, 18, period=FSX_PERIOD_S),
+            _widget(
+                "FSx free capacity (bytes)",
+                [
+                    [
+                        "AWS/FSx",
+                        "FreeDataStorageCapacity",
+                        "FileSystemId",
+                        fsx["FileSystemId"],
+                        {"stat": "Sum"},
+                    ]
+                ],
+                region,
+                12,
+                18,
+                period=FSX_PERIOD_S,
+            ),
+        ]
+    }

@@ -1,0 +1,163 @@
+"""The metric registry's names, the Prometheus endpoint's exposition, and the monitor the training loop calls."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.monitoring.conftest import free_port
+from tests.monitoring.fixtures import efa_sysfs, fake_nvml, h100
+from trainer.contract import metrics as r
+from trainer.monitoring import monitor
+from trainer.monitoring.cloudwatch import EmfWriter
+from trainer.monitoring.config import MonitoringConfig
+from trainer.monitoring.node import Gpus, NodeReaders
+from trainer.monitoring.prometheus import PrometheusExporter
+
+LABELS = {"run": "local", "job_id": "local", "node": "laptop", "rank": "0", "stage": "1"}
+# Prometheus data model: metric and label names match [a-zA-Z_:][a-zA-Z0-9_:]* / [a-zA-Z_][a-zA-Z0-9_]*.
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def test_names_follow_prometheus_conventions():
+    for metric in r.METRICS:
+        assert NAME.match(metric.full_name) and metric.full_name.startswith("trainstack_")
+        assert (metric.kind == "counter") == metric.full_name.endswith("_total"), metric.name
+        assert not re.search(r"_(milliseconds|ms|kib|mib|gib|percent)(_|$)", metric.name), metric.name
+        assert set(metric.labels) >= {"run", "job_id"}
+    assert len({m.full_name for m in r.METRICS}) == len(r.METRICS)
+
+
+def test_a_counter_without_total_is_refused():
+    with pytest.raises(ValueError, match="must end in _total"):
+        r.Metric("steps", "counter", "steps", r.RUN_LABELS)
+
+
+def scrape(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_endpoint_serves_loop_values_and_node_samples_in_exposition_format(tmp_path):
+    node = NodeReaders(
+        Gpus(fake_nvml(h100())), efa_sysfs(tmp_path, {"rdmap16s27": ("efa", {"tx_bytes": 123})})
+    )
+    exporter = PrometheusExporter(LABELS, node)
+    port = free_port()
+    exporter.serve(port, "127.0.0.1")
+    try:
+        exporter.record(r.TRAINING_LOSS, 3.25)
+        exporter.record(r.STEPS, 1)
+        exporter.record(r.STEPS, 1)
+        exporter.record(r.STEP_TIME, 0.5)
+        families = scrape(port)
+    finally:
+        exporter.close()
+    [loss] = families["trainstack_training_loss"].samples
+    assert (loss.labels, loss.value) == ({"run": "local", "job_id": "local"}, 3.25)
+    # The parser gives a counter's family name without _total; its sample keeps it.
+    [steps] = families["trainstack_steps"].samples
+    assert (steps.name, steps.value, families["trainstack_steps"].type) == (
+        "trainstack_steps_total",
+        2,
+        "counter",
+    )
+    [step_time] = families["trainstack_step_duration_seconds"].samples
+    assert step_time.labels == LABELS
+    [gpu_power] = families["trainstack_gpu_power_watts"].samples
+    assert gpu_power.labels == {"run": "local", "job_id": "local", "node": "laptop", "gpu": "0"}
+    [efa] = families["trainstack_efa_transmitted_bytes"].samples
+    assert (efa.labels["device"], efa.value) == ("rdmap16s27", 123)
+    assert not any(name.endswith("_created") for name in families)
+
+
+def test_monitor_times_a_step_and_its_parts():
+    out = io.StringIO()
+    cloudwatch = EmfWriter(
+        {"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out
+    )
+    watch = monitor.Monitor(LABELS, cloudwatch=cloudwatch)
+    watch.begin_step()
+    watch.add_phase(r.DATA_WAIT_TIME, 0.25)
+    watch.add_phase(r.DATA_WAIT_TIME, 0.25)  # two micro-batches
+    watch.add_phase(r.FORWARD_BACKWARD_TIME, 1.5)
+    watch.end_step(2.0)
+    watch.record({r.TRAINING_LOSS: float("nan"), r.GRADIENT_NORM: None, r.TOKENS_PER_SECOND: 10.0})
+    watch.close(completed=True)
+    documents = [json.loads(line) for line in out.getvalue().splitlines()]
+    rank = next(d for d in documents if "StepSeconds" in d)
+    assert (rank["StepSeconds"], rank["ForwardBackwardSeconds"], rank["OptimizerSeconds"]) == (
+        [2.0],
+        [1.5],
+        [0.5],
+    )
+    assert rank["DataWaitSeconds"] == [0.5]
+    run = next(d for d in documents if "Steps" in d)
+    assert run["Steps"] == 1 and run["TokensPerSecond"] == [10.0] and "TrainingLoss" not in run
+
+
+def test_without_a_started_monitor_the_loop_calls_do_nothing():
+    monitor.stop(completed=False)
+    monitor.begin_step()
+    with monitor.timed(r.FORWARD_BACKWARD_TIME):
+        pass
+    monitor.end_step(1.0)
+    monitor.record({r.TRAINING_LOSS: 1.0})
+    assert monitor.active() is None
+
+
+def test_cpu_run_has_no_endpoint_and_no_cloudwatch_unless_asked(monkeypatch):
+    monkeypatch.delenv("AWS_BATCH_JOB_ID", raising=False)
+    started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+    try:
+        assert started.prometheus is None and started.cloudwatch is None
+    finally:
+        monitor.stop(completed=True)
+
+
+def test_under_batch_cloudwatch_is_on_and_restarts_are_counted(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setenv("AWS_BATCH_JOB_ID", "job-1")
+    monkeypatch.setenv("AWS_BATCH_JQ_NAME", "trainstack-prod-gpu")
+    monkeypatch.setenv("AWS_BATCH_JOB_ATTEMPT", "2")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+    assert started.labels["job_id"] == "job-1" and started.cloudwatch is not None
+    monitor.stop(completed=True)
+    [restarts] = [json.loads(line) for line in out.getvalue().splitlines() if "Restarts" in line]
+    assert (restarts["Restarts"], restarts["JobQueue"]) == (2, "trainstack-prod-gpu")
+
+
+def test_a_busy_port_names_the_key_to_change(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = MonitoringConfig(prometheus="on", prometheus_port=port, prometheus_address="127.0.0.1")
+        with pytest.raises(OSError, match=r"monitoring.prometheus_port.*--set monitoring.prometheus_port=N"):
+            monitor.start(config, "r", stage=0, device_type="cpu")
+
+
+def test_a_taken_port_is_refused_before_any_work(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = MonitoringConfig(prometheus="on", prometheus_port=port - 1, prometheus_address="127.0.0.1")
+        [problem] = monitor.listen_problems(config, "cpu", world_size=2)  # ranks 0 and 1: port - 1 and port
+        assert problem.startswith(
+            f"monitoring.prometheus_port = {port - 1}: local rank 1 needs 127.0.0.1:{port}"
+        )
+        assert "--set monitoring.prometheus_port=N" in problem
+        monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun worker checks only its own port
+        assert monitor.listen_problems(config, "cpu", world_size=2) == []
+    assert monitor.listen_problems(MonitoringConfig(), "cpu", world_size=2) == []  # off on CPU by default

@@ -1,0 +1,203 @@
+"""One process's monitoring: the exporters it runs, the labels its values carry, and the calls the loop makes.
+
+The loop records values it already has (no extra collective, no device synchronisation): `record` for what rank 0
+logs, `begin_step` / `end_step` around each optimizer step, `timed` around a phase. With no monitor started (tests
+that call the loop directly, tools) every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+
+from trainer.contract import metrics as r
+from trainer.monitoring.cloudwatch import EmfWriter, under_aws_batch
+from trainer.monitoring.config import MonitoringConfig
+from trainer.monitoring.node import NodeReaders
+
+# Phases timed inside a step: summed over the step's micro-batches, reported when the step ends.
+STEP_PHASES = (r.FORWARD_BACKWARD_TIME, r.DATA_WAIT_TIME, r.PIPELINE_IDLE_TIME)
+
+
+class Monitor:
+    def __init__(
+        self,
+        labels: dict[str, str],
+        *,
+        prometheus=None,  # PrometheusExporter | None
+        cloudwatch: EmfWriter | None = None,
+        node: NodeReaders | None = None,
+    ) -> None:
+        self.labels = labels
+        self.prometheus, self.cloudwatch, self.node = prometheus, cloudwatch, node
+        self.phases: dict[r.Metric, float] = {}
+        self.previous_counters: dict[tuple, float] = {}
+
+    def record(self, values: Mapping[r.Metric, float | None]) -> None:
+        """Gauges take the value; counters grow by it. None (absent) and non-finite values are left out."""
+        for metric, value in values.items():
+            if value is None or value != value or value in (float("inf"), float("-inf")):
+                continue
+            if self.prometheus is not None:
+                self.prometheus.record(metric, value)
+            if self.cloudwatch is not None:
+                self.cloudwatch.add(metric, value)
+        if self.cloudwatch is not None and self.cloudwatch.due():
+            self._flush_cloudwatch()
+
+    def begin_step(self) -> None:
+        self.phases = dict.fromkeys(STEP_PHASES, 0.0)
+
+    def end_step(self, step_time_s: float) -> None:
+        forward_backward = self.phases.get(r.FORWARD_BACKWARD_TIME)
+        phases = {metric: seconds for metric, seconds in self.phases.items() if seconds}
+        optimizer = step_time_s - forward_backward if forward_backward else None
+        # The run's progress comes from rank 0 alone, so that a CloudWatch Sum counts steps, not steps x ranks.
+        progress = {r.LAST_STEP_TIME: time.time(), r.STEPS: 1} if self.labels["rank"] == "0" else {}
+        self.record({r.STEP_TIME: step_time_s, r.OPTIMIZER_TIME: optimizer, **progress, **phases})
+
+    def add_phase(self, metric: r.Metric, seconds: float) -> None:
+        if metric in STEP_PHASES:
+            self.phases[metric] = self.phases.get(metric, 0.0) + seconds
+        else:
+            self.record({metric: seconds})
+
+    def close(self, *, completed: bool) -> None:
+        if completed:
+            self.record({r.RUN_COMPLETED: 1})
+        if self.cloudwatch is not None:
+            self._flush_cloudwatch()
+        if self.prometheus is not None:
+            self.prometheus.close()
+
+    def _flush_cloudwatch(self) -> None:
+        if self.node is not None:
+            self.cloudwatch.add_samples(self.node.samples(), self.previous_counters)
+        self.cloudwatch.flush()
+
+
+_active: Monitor | None = None
+
+
+def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | None = None) -> Monitor:
+    """This process's monitor, from the config and the launch environment (torchrun's RANK / LOCAL_RANK, Batch's
+    AWS_BATCH_* variables); it serves or writes only what the config (or its `auto`) turns on."""
+    global _active
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    labels = {
+        "run": run,
+        "job_id": os.environ.get("AWS_BATCH_JOB_ID", "local"),
+        "node": socket.gethostname(),
+        "rank": str(rank),
+        "stage": str(_pipeline_stage() if stage is None else stage),
+    }
+    serve = _on(config.prometheus, auto=device_type == "cuda")
+    push = _on(config.cloudwatch, auto=under_aws_batch())
+    node = NodeReaders() if local_rank == 0 and (serve or push) else None  # one reader per node
+    prometheus = cloudwatch = None
+    if serve:
+        from trainer.monitoring.prometheus import PrometheusExporter
+
+        prometheus = PrometheusExporter(labels, node)
+        port = config.prometheus_port + local_rank
+        try:
+            prometheus.serve(port, config.prometheus_address)
+        except OSError as error:
+            raise OSError(
+                f"monitoring.prometheus_port: rank {rank} cannot listen on {config.prometheus_address}:{port} "
+                f"({error}); choose a free port with --set monitoring.prometheus_port=N, or "
+                "--set monitoring.prometheus=off"
+            ) from error
+    if push:
+        dimensions = {
+            "JobQueue": os.environ.get("AWS_BATCH_JQ_NAME", "local"),
+            "Run": run,
+            "Rank": str(rank),
+            "Node": labels["node"],
+        }
+        cloudwatch = EmfWriter(dimensions, interval_s=config.cloudwatch_interval_seconds)
+    _active = Monitor(labels, prometheus=prometheus, cloudwatch=cloudwatch, node=node)
+    _active.record({r.RESTARTS: _restarts()} if rank == 0 else {})
+    return _active
+
+
+def listen_problems(config: MonitoringConfig, device_type: str, world_size: int) -> list[str]:
+    """The Prometheus ports this launch needs that are taken, checked before any work: a torchrun worker checks its
+    own (prometheus_port + LOCAL_RANK), the launcher every local rank's."""
+    if not _on(config.prometheus, auto=device_type == "cuda"):
+        return []
+    local_ranks = [int(os.environ["LOCAL_RANK"])] if "LOCAL_RANK" in os.environ else range(world_size)
+    problems = []
+    for local_rank in local_ranks:
+        port = config.prometheus_port + local_rank
+        with socket.socket() as probe:
+            try:
+                probe.bind((config.prometheus_address, port))
+            except OSError as error:
+                problems.append(
+                    f"monitoring.prometheus_port = {config.prometheus_port}: local rank {local_rank} needs "
+                    f"{config.prometheus_address}:{port}, which is taken ({error.strerror}); choose a free range "
+                    "with --set monitoring.prometheus_port=N, or --set monitoring.prometheus=off"
+                )
+    return problems
+
+
+def stop(*, completed: bool) -> None:
+    global _active
+    if _active is not None:
+        _active.close(completed=completed)
+    _active = None
+
+
+def active() -> Monitor | None:
+    return _active
+
+
+def record(values: Mapping[r.Metric, float | None]) -> None:
+    if _active is not None:
+        _active.record(values)
+
+
+def begin_step() -> None:
+    if _active is not None:
+        _active.begin_step()
+
+
+def end_step(step_time_s: float) -> None:
+    if _active is not None:
+        _active.end_step(step_time_s)
+
+
+@contextlib.contextmanager
+def timed(metric: r.Metric) -> Iterator[None]:
+    """Time the block into `metric`: a step phase adds up until end_step, anything else is recorded at once."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if _active is not None:
+            _active.add_phase(metric, time.perf_counter() - started)
+
+
+def _pipeline_stage() -> int:
+    """This rank's pipeline stage from megatron-core's process groups (0 before they exist, and for DeepSpeed)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0
+    return parallel_state.get_pipeline_model_parallel_rank()
+
+
+def _on(switch: str, *, auto: bool) -> bool:
+    return switch == "on" or (switch == "auto" and auto)
+
+
+def _restarts() -> int:
+    """torchrun's restarts of this worker group (TORCHELASTIC_RESTART_COUNT) plus Batch's retries of the job
+    (AWS_BATCH_JOB_ATTEMPT counts from 1)."""
+    torchrun = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    batch = int(os.environ.get("AWS_BATCH_JOB_ATTEMPT", "1")) - 1
+    return torchrun + batch
