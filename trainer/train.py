@@ -37,6 +37,8 @@ from trainer.data.tokenizer import load_tokenizer
 from trainer.distributed import parallel
 from trainer.distributed.optimizer import build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
+from trainer.health import report as health_report
+from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import batch as launch
 from trainer.launch import local as standalone
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
@@ -94,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
         return standalone.run_torchrun(
             world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds
         )
+    prepare_flight_recorder(cfg)  # health: before the process group starts
     dims = parallel.initialize(cfg)
     try:
         train(cfg, dims, console, fresh=args.fresh, stop=stop)
@@ -234,6 +237,7 @@ def train(
     batches = micro_batch_iterators(run.train_data, progress.consumed_samples, run)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     saved_step = progress.step
+    health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
     try:
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
@@ -251,6 +255,7 @@ def train(
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
+            stragglers = health.step_done(step, step_time)  # health: the same list on every rank
             skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(cfg))
             progress.skipped_steps = skips.total
             if skipped:
@@ -259,7 +264,7 @@ def train(
                     f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
                 )
             val_loss = run.evaluate() if step % s.eval_interval == 0 or last else None
-            if step % cfg.logging.log_interval == 0 or val_loss is not None:
+            if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers:
                 memory = _max_over_ranks(peak_memory_gib())
                 _log(
                     logger,
@@ -271,11 +276,13 @@ def train(
                     val_loss=val_loss,
                     peak_memory=memory,
                     skipped_steps=skips.total,
+                    stragglers=stragglers,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
                 _save(run, progress, console)
                 saved_step = step
     finally:
+        health.close()
         if logger is not None:
             logger.close()
 
@@ -387,6 +394,7 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
     (cfg.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    health_report.remove(cfg.run_dir)
 
 
 def _resume(run: Run, console: Console) -> checkpoint.Progress:
