@@ -6,6 +6,7 @@ collective named with the rank that never entered it, and the retry exit code.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import socket
 import threading
@@ -295,3 +296,21 @@ def test_a_hung_rank_ends_the_run_with_dumps_naming_the_collective_and_the_retry
         dump = pickle.loads((hang / "flight_recorder" / f"rank_{rank}").read_bytes())
         assert any(e["profiling_name"] == "gloo:all_reduce" for e in dump["entries"])
     assert json.loads((run.run_dir / "health.json").read_text())["hang"]["never_entered"] == [1]
+
+
+def test_gpu_runs_get_the_nccl_flight_recorder_dumping_into_the_run_directory(tmp_path, monkeypatch):
+    from trainer.health.monitor import prepare_flight_recorder
+
+    names = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+    for name in (*names, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")  # the user's setting wins
+    cfg = load_config("tests/trainer/tiny.yaml", [f"logging.run_dir={tmp_path}"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    prepare_flight_recorder(cfg)
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in os.environ  # CPU: gloo has no dump on timeout
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    prepare_flight_recorder(cfg)
+    assert [os.environ[name] for name in names] == ["20000", "1", "1"]
+    assert os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "hang" / "nccl_trace_rank_")
+    assert (tmp_path / "hang").is_dir()

@@ -53,15 +53,8 @@ class CollectiveCall:
     caller: str  # module.function that called it
     entered: float  # time.monotonic()
 
-    def describe(self) -> str:
-        return f"{self.name} #{self.number} on ranks {_ranks(self.ranks)} (called from {self.caller})"
-
     def record(self) -> dict:
         return {**asdict(self), "ranks": list(self.ranks)}
-
-
-def _ranks(ranks: tuple[int, ...]) -> str:
-    return ", ".join(map(str, ranks))
 
 
 class CollectiveTracker:

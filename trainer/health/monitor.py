@@ -28,18 +28,21 @@ from trainer.health.watchdog import HangWatchdog
 
 
 def prepare_flight_recorder(cfg: TrainConfig) -> None:
-    """Before the process group starts, on GPUs: NCCL's own watchdog (parallel.distributed_timeout_minutes) dumps
-    the flight recorder into <run_dir>/hang/ too. User settings win. torch 2.13 records collectives on gloo
-    as well (2000 entries by default), but only NCCL dumps on its timeout; the hang watchdog dumps both.
-    Names: torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp and FlightRecorder.hpp (torch 2.13)."""
+    """Before the process group starts, on GPUs: NCCL's own timeout (parallel.distributed_timeout_minutes), should
+    it come first, dumps the flight recorder into <run_dir>/hang/ too. Settings already in the environment win.
+    torch 2.13 records gloo's collectives as well (2000 entries by default), but only NCCL dumps on its
+    timeout; the hang watchdog dumps on both. Names and the pairing rule: torch 2.13's
+    torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp and FlightRecorder.hpp, and
+    pytorch.org/docs/stable/torch_nccl_environment_variables.html."""
     if not torch.cuda.is_available():
         return
     hang_dir = cfg.run_dir / "hang"
     hang_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # entries in the ring buffer
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # entries in the ring buffer; > 0 records
+    # Dump on timeout "must be set together with TORCH_NCCL_ENABLE_MONITORING=1 and TORCH_NCCL_TRACE_BUFFER_SIZE > 0".
+    os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    # The dump's path prefix; the rank is appended (default /tmp/nccl_trace_rank_).
-    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(hang_dir / "nccl_trace_rank_"))
+    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(hang_dir / "nccl_trace_rank_"))  # + rank
 
 
 class HealthMonitor:

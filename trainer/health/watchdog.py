@@ -8,7 +8,9 @@ waiting for it) writes into `<run_dir>/hang/`:
 - `rank<R>.txt`: where it is (the collective it is in, or the last it completed) and every thread's Python stack
   (faulthandler.dump_traceback(all_threads=True));
 - `flight_recorder/rank_<R>`: PyTorch's flight recorder of its recent collectives (a pickle,
-  `torch._C._distributed_c10d._dump_fr_trace`; read the directory with torch/distributed/flight_recorder/fr_trace.py);
+  `torch._C._distributed_c10d._dump_fr_trace`; `python -m torch.distributed.flight_recorder.fr_trace DIR -p rank_`
+  analyses NCCL dumps; torch 2.13's analyser fails on gloo's (KeyError in build_collectives), so read those with
+  pickle);
 then publishes where it is through the rendezvous store (a TCP key-value store, alive while collectives hang).
 Rank 0 names the collective and the ranks that never entered it in one line, `hang/summary.json` and
 health.json, and every rank exits with the retry code (trainer/health/retry.py).
@@ -151,8 +153,11 @@ def where(state: dict[str, Any]) -> str:
 
 
 def _describe(call: dict[str, Any]) -> str:
-    ranks = ", ".join(map(str, call["ranks"]))
-    return f"{call['name']} #{call['number']} on ranks {ranks} (called from {call['caller']})"
+    return f"{call['name']} #{call['number']} on {_ranks(call['ranks'])} (called from {call['caller']})"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def hang_summary(
@@ -191,7 +196,7 @@ def hang_summary(
         "collective": collective,
         "entered": entered,
         "never_entered": missing,
-        "message": f"no step for {idle:.0f} s after step {step}: ranks {', '.join(map(str, entered))} wait in "
+        "message": f"no step for {idle:.0f} s after step {step}: {_ranks(entered)} wait{'s' if len(entered) == 1 else ''} in "
         f"{_describe(collective)}; {never}",
     }
 
