@@ -172,6 +172,14 @@ def test_tracker_records_each_collective_its_group_number_and_caller_and_uninsta
         )
         assert 0 < tracker.blocked_since(started) < time.perf_counter() - started
         assert tracker.blocked_since(time.perf_counter()) == 0
+        group = torch.distributed.new_group([0])
+        torch.distributed.all_reduce(torch.ones(1), torch.distributed.ReduceOp.SUM, group)  # group positional
+        torch.distributed.broadcast(torch.ones(1), src=0, group=group)
+        # Counted by members: groups with the same ranks count together, alike on every member.
+        assert (tracker.last_completed.name, tracker.last_completed.number) == (
+            "torch.distributed.broadcast",
+            4,
+        )
         # isend/irecv stay torch's own: P2POp accepts only those two functions.
         torch.distributed.P2POp(torch.distributed.isend, torch.ones(1), 0)
     finally:

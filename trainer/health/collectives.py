@@ -1,8 +1,8 @@
 """Which collective this rank is in, and how long it waited in them: a thin wrapper over torch.distributed.
 
-Each wrapped call records its name, its group's global ranks, its number among this rank's calls on that group
-(members of a group call its collectives in the same order, so (group, number) is the same collective on every
-member), and the trainer or megatron function that called it. The hang watchdog reads that when no step
+Each wrapped call records its name, its group's global ranks, its number among this rank's calls on groups of
+those ranks (members call their groups' collectives in the same order, so (ranks, number) is the same collective
+on every member, also where two groups have the same members), and the trainer or megatron function that called it. The hang watchdog reads that when no step
 completes; the straggler windows subtract the time spent blocked in synchronous calls from the step time, so a
 rank that waits for a slow one is not itself counted slow.
 
@@ -49,7 +49,7 @@ class CollectiveCall:
 
     name: str  # e.g. torch.distributed.all_reduce
     ranks: tuple[int, ...]  # the group's global ranks (for batch_isend_irecv: this rank and its peers)
-    number: int  # its number among this rank's calls on that group, from 1
+    number: int  # its number among this rank's calls on groups of these ranks, from 1
     caller: str  # module.function that called it
     entered: float  # time.monotonic()
 
@@ -91,12 +91,13 @@ class CollectiveTracker:
         return total
 
     def _wrap(self, name: str, original):
-        signature = inspect.signature(original)
+        parameters = list(inspect.signature(original).parameters)
+        group_at = parameters.index("group") if "group" in parameters else None  # its positional index
         qualified = f"torch.distributed.{name}"
 
         @functools.wraps(original)
         def tracked(*args, **kwargs):
-            ranks = self._ranks(name, signature, args, kwargs)
+            ranks = self._ranks(name, group_at, args, kwargs)
             self._counts[ranks] = number = self._counts.get(ranks, 0) + 1
             call = CollectiveCall(qualified, ranks, number, _caller(), time.monotonic())
             self.current = call
@@ -111,11 +112,11 @@ class CollectiveTracker:
 
         return tracked
 
-    def _ranks(self, name: str, signature: inspect.Signature, args, kwargs) -> tuple[int, ...]:
+    def _ranks(self, name: str, group_at: int | None, args, kwargs) -> tuple[int, ...]:
         if name == "batch_isend_irecv":
             ops = args[0] if args else kwargs["p2p_op_list"]
             return tuple(sorted({torch.distributed.get_rank(), *(op.peer for op in ops)}))
-        group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+        group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
         key = id(group)
         if key not in self._group_ranks:
             world = group is None or group is torch.distributed.GroupMember.WORLD
