@@ -32,6 +32,7 @@ from infra.node_bootstrap import node_user_data
 from trainer.contract.catalog import InstanceType
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT
 from trainer.contract.image import efa_environment
+from trainer.contract.retry import RETRY_EXIT_CODE
 
 if TYPE_CHECKING:
     from infra.identity import Identity
@@ -121,6 +122,9 @@ RETRY_ON_HOST_FAILURE = {
     "attempts": RETRY_ATTEMPTS,
     "evaluate_on_exits": [
         {"on_status_reason": "Host EC2*", "action": "RETRY"},
+        # A run that ended for a reason fresh hosts cure (a hang, a node that failed its health checks) exits with
+        # this code (trainer/contract/retry.py). onExitCode: digits, optionally ending in * (Batch API, EvaluateOnExit).
+        {"on_exit_code": str(RETRY_EXIT_CODE), "action": "RETRY"},
         {"on_reason": "*", "action": "EXIT"},
     ],
 }

@@ -157,6 +157,21 @@ class LoggingConfig(_Section):
     peak_tflops_per_device: PositiveFloat | None = None  # None: the instance catalog's, by GPU model
 
 
+class HealthConfig(_Section):
+    """Straggler windows and the hang watchdog (trainer/health/)."""
+
+    # Steps per window; each window ends in one all-gather of every rank's mean step compute time.
+    straggler_interval: PositiveInt = 20
+    # A rank above this x the median rank's compute time for straggler_windows windows in a row is reported.
+    straggler_factor: float = Field(1.5, gt=1)
+    straggler_windows: PositiveInt = 3
+    watchdog: bool = True
+    # With no step or collective completing for max(hang_min_seconds, hang_step_multiple x the median step
+    # time), capped at the process-group timeout, every rank dumps its stacks and the run exits for a retry.
+    hang_min_seconds: PositiveFloat = 300
+    hang_step_multiple: PositiveFloat = 20
+
+
 class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
@@ -173,9 +188,9 @@ class TrainConfig(_Section):
     schedule: ScheduleConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
-    monitoring: MonitoringConfig = (
-        MonitoringConfig()
-    )  # metrics endpoints and CloudWatch lines: docs/monitoring.md
+    # metrics endpoints and CloudWatch lines: docs/monitoring.md
+    monitoring: MonitoringConfig = MonitoringConfig()
+    health: HealthConfig = HealthConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -226,6 +241,14 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
         )
     if o.min_lr > o.lr:
         problems.append(f"optimizer.min_lr = {o.min_lr} is above optimizer.lr = {o.lr}")
+    timeout_s = cfg.parallel.distributed_timeout_minutes * 60
+    if cfg.health.watchdog and cfg.health.hang_min_seconds >= timeout_s:
+        problems.append(
+            f"health.hang_min_seconds = {cfg.health.hang_min_seconds:g} is not below "
+            f"parallel.distributed_timeout_minutes = {cfg.parallel.distributed_timeout_minutes:g} ({timeout_s:g} s): "
+            "a stuck collective would time out before the watchdog dumps the stacks; lower "
+            "health.hang_min_seconds, raise parallel.distributed_timeout_minutes, or set health.watchdog = false"
+        )
     if cfg.checkpoint.finetune and not cfg.checkpoint.load:
         problems.append(
             "checkpoint.finetune = true needs checkpoint.load: the checkpoint whose weights to start from"

@@ -10,6 +10,7 @@ The tests' way in is one environment variable, TRAINSTACK_FAULT, read here and n
 ";", each a kind and where it strikes, e.g. `kill step=13 rank=1 restart=0; enospc step=10`.
     kill          SIGKILL this rank in step N (after its backward pass)
     hang          sleep `seconds` (default 600) in step N, leaving the other ranks waiting in a collective
+    slow          sleep `seconds` (required) in step N and every later step: a straggler
     nan-grad      make step N's gradients NaN
     kill-in-save  SIGKILL this rank while it writes step N's checkpoint (after its first item is on disk)
     enospc        fail the checkpoint write of step N with OSError(ENOSPC), as a full file system does
@@ -118,7 +119,8 @@ def collective_failure(error: BaseException, timeout_minutes: float) -> str | No
     ours = [
         f
         for f in frames
-        if _module(f.filename).startswith("trainer.") and "megatron_compat" not in f.filename
+        if _module(f.filename).startswith("trainer.")
+        and not _module(f.filename).startswith(("trainer.distributed.megatron_compat", "trainer.health."))
     ]
     collective = f"{_module(library[-1].filename)}.{library[-1].name}" if library else "a collective"
     collective = collective.replace("torch.distributed.distributed_c10d.", "torch.distributed.")
@@ -138,7 +140,7 @@ def _module(filename: str) -> str:
 
 
 FAULT_ENV = "TRAINSTACK_FAULT"
-_STEP_FAULTS = ("kill", "hang", "nan-grad")
+_STEP_FAULTS = ("kill", "hang", "nan-grad", "slow")
 _SAVE_FAULTS = ("kill-in-save", "enospc")
 
 
@@ -150,7 +152,7 @@ class Fault:
     step: int
     rank: int = 0
     restart: int | None = None  # TORCHELASTIC_RESTART_COUNT it strikes at; None: every attempt
-    seconds: float = 600.0  # hang only
+    seconds: float = 600.0  # hang and slow
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -163,6 +165,10 @@ class Fault:
         unknown = set(values) - {"step", "rank", "restart", "seconds"}
         if unknown or "step" not in values:
             raise ValueError(f"{FAULT_ENV}: {text!r} needs step=N and takes only rank=, restart=, seconds=")
+        if kind == "slow" and "seconds" not in values:
+            raise ValueError(
+                f"{FAULT_ENV}: {text!r} needs seconds=S: how much longer each of the rank's steps takes"
+            )
         return cls(
             kind,
             int(values["step"]),
@@ -181,11 +187,8 @@ def _striking(kinds: tuple[str, ...], step: int) -> Fault | None:
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for fault in _requested():
-        if (
-            fault.kind in kinds
-            and (fault.step, fault.rank) == (step, rank)
-            and fault.restart in (None, restart)
-        ):
+        strikes = step >= fault.step if fault.kind == "slow" else step == fault.step  # slow: from N on
+        if fault.kind in kinds and strikes and fault.rank == rank and fault.restart in (None, restart):
             return fault
     return None
 
@@ -197,7 +200,7 @@ def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
         return
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif fault.kind == "hang":
+    elif fault.kind in ("hang", "slow"):
         time.sleep(fault.seconds)
     else:
         for chunk in chunks:

@@ -109,6 +109,7 @@ class MetricsLogger:
         skipped_steps: int | None,
         val_loss: float | None = None,
         peak_memory: float = 0.0,
+        stragglers: list[dict] | None = None,
     ) -> None:
         tokens_per_s = tflops = mfu = None
         if step_time_s:
@@ -120,12 +121,14 @@ class MetricsLogger:
         record = {key: _json_number(value) for key, value in zip(JSONL_KEYS, values, strict=True)}
         if val_loss is not None:
             record["val_loss"] = val_loss
+        if stragglers:  # at the end of a straggler window that found one (trainer/health/)
+            record["stragglers"] = stragglers
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
             scalars = {**record, "peak_memory_gib": peak_memory}
             for key, value in scalars.items():
-                if key != "step" and value is not None and math.isfinite(value):
+                if key not in ("step", "stragglers") and value is not None and math.isfinite(value):
                     self.tensorboard.add_scalar(key, value, step)
         self._export(step, record, skipped_steps)
         if loss is not None:

@@ -33,6 +33,8 @@ from trainer.data.loader import resolved_model
 from trainer.distributed import parallel
 from trainer.distributed.parallel import ParallelDims
 from trainer.engines import Engine
+from trainer.health import report as health_report
+from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
 from trainer.launch.batch import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
@@ -101,6 +103,7 @@ def _work(
     cfg: TrainConfig, dims: ParallelDims, console: Console, *, fresh: bool, stop: faults.StopRequest
 ) -> int:
     """One torchrun process: start the process groups, train, and turn the ways a run ends into exit codes."""
+    prepare_flight_recorder(cfg)  # health: before the process group starts
     parallel.initialize(cfg, dims)
     try:
         train(cfg, dims, console, fresh=fresh, stop=stop)
@@ -154,6 +157,7 @@ def train(
     batches = run.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     saved_step = progress.step
+    health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
     try:
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
@@ -173,6 +177,7 @@ def train(
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
+            stragglers = health.step_done(step, step_time)  # health: the same list on every rank
             skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(cfg))
             progress.skipped_steps = skips.total
             if skipped:
@@ -181,7 +186,7 @@ def train(
                     f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
                 )
             val_loss = run.evaluate() if step % s.eval_interval == 0 or last else None
-            if step % cfg.logging.log_interval == 0 or val_loss is not None:
+            if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers:
                 memory = _max_over_ranks(peak_memory_gib())
                 _log(
                     logger,
@@ -193,11 +198,13 @@ def train(
                     val_loss=val_loss,
                     peak_memory=memory,
                     skipped_steps=skips.total,
+                    stragglers=stragglers,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
                 _save(run, progress, console)
                 saved_step = step
     finally:
+        health.close()
         monitoring.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
@@ -223,6 +230,7 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
     (cfg.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    health_report.remove(cfg.run_dir)
 
 
 def _resume(run: Engine, console: Console) -> Progress:

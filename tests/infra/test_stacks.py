@@ -144,13 +144,17 @@ def test_jobs_log_to_a_stack_log_group_with_awslogs(stack):
     assert logging["options"]["awslogs-region"] == stack.config.region
 
 
-def test_jobs_retry_when_the_host_fails_but_not_on_application_errors(stack):
+def test_jobs_retry_when_the_host_fails_or_the_run_asks_but_not_on_application_errors(stack):
+    from trainer.contract.retry import RETRY_EXIT_CODE
+
     strategy = stack.one("batch.JobDefinition", "-train").inputs["retryStrategy"]
     assert strategy["attempts"] > 1
     assert strategy["evaluateOnExits"] == [
         {"onStatusReason": "Host EC2*", "action": "RETRY"},
+        {"onExitCode": str(RETRY_EXIT_CODE), "action": "RETRY"},
         {"onReason": "*", "action": "EXIT"},
     ]
+    assert len(strategy["evaluateOnExits"]) <= 5  # Batch API RetryStrategy: up to 5 EvaluateOnExit objects
 
 
 # --- compute environment, launch template -----------------------------------------------------------------------

@@ -294,6 +294,7 @@ def test_a_stuck_rank_ends_in_a_timeout_that_names_the_collective(tmp_path, tiny
         tiny_config,
         "parallel.pipeline_model_parallel_size=2",
         "parallel.distributed_timeout_minutes=0.05",
+        "health.watchdog=false",  # the process group's timeout alone (with it: test_health.py)
         *SHORT,
         fault="hang step=3 rank=1 seconds=8",
     )

@@ -13,14 +13,18 @@ import contextlib
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from trainer.contract import retry
 from trainer.contract.image import efa_environment
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
@@ -141,6 +145,9 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     # torch 2.13 keeps one rendezvous store across restarts, so restarted ranks could read the dead ones'
     # addresses (pytorch/pytorch#135712): a store per rendezvous round instead.
     environment = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ}
+    # A rank that exits for a retry says so here; torchrun itself exits 1 (trainer/contract/retry.py).
+    exit_request = Path(tempfile.mkdtemp(prefix="trainstack-")) / "exit-request"
+    environment[retry.EXIT_REQUEST_ENV] = str(exit_request)
     _adopt_orphans()
     torchrun = subprocess.Popen(command, env=environment)
     stopping = threading.Event()
@@ -189,7 +196,9 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     leftovers = psutil.Process().children(recursive=True)
     signal_all(leftovers, signal.SIGKILL)
     psutil.wait_procs(leftovers, timeout=10)
-    return status if status >= 0 else 128 - status
+    status = retry.supervised_status(status if status >= 0 else 128 - status, exit_request)
+    shutil.rmtree(exit_request.parent, ignore_errors=True)
+    return status
 
 
 def _adopt_orphans() -> None:
