@@ -16,19 +16,9 @@ from trainer.launch.preflight import (
     check_checkpoint_root,
     check_efa_devices,
     check_gpus,
-    check_nccl_network,
 )
 
 P5 = instance_type("p5.48xlarge")
-HEALTHY_NCCL_LOG = """\
-ip-10-0-1-17:12:12 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.16.0
-ip-10-0-1-17:12:12 [0] NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)
-ip-10-0-1-17:12:12 [0] NCCL INFO Using network AWS Libfabric
-"""
-SOCKET_NCCL_LOG = """\
-ip-10-0-1-17:12:12 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.1.17<0>
-ip-10-0-1-17:12:12 [0] NCCL INFO Using network Socket
-"""
 
 
 def test_gpu_count_must_match_the_catalog():
@@ -56,13 +46,6 @@ def test_checkpoint_root_must_be_a_writable_mounted_file_system(tmp_path):
     (tmp_path / "file").write_text("x")
     unwritable = check_checkpoint_root(tmp_path / "file" / "ckpt", None)
     assert unwritable.status == FAILED and "is not writable" in unwritable.detail
-
-
-def test_nccl_must_choose_efa_on_an_efa_instance():
-    assert check_nccl_network(P5, HEALTHY_NCCL_LOG).status == OK
-    fallback = check_nccl_network(P5, SOCKET_NCCL_LOG)
-    assert fallback.status == FAILED and "NCCL is using Socket instead of EFA" in fallback.detail
-    assert check_nccl_network(P5, "").status == FAILED
 
 
 def test_bus_bandwidth_follows_nccl_tests():

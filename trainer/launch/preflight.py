@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -21,6 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from trainer.contract.catalog import InstanceType, instance_type
+from trainer.contract.image import efa_environment
+from trainer.launch.nccl_log import nccl_network, provider_selections
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
 EFA_DEVICE_DIR = Path("/dev/infiniband")
@@ -76,24 +77,39 @@ def check_checkpoint_root(root: Path, mount_point: Path | None) -> Check:
     return Check("checkpoint root", OK, f"{root} writable" + (f" on {mount_point}" if mount_point else ""))
 
 
-def nccl_network(log_text: str) -> str | None:
-    """The network NCCL chose, from its INFO log: 'AWS Libfabric' (EFA through aws-ofi-nccl), 'Socket', 'IB'."""
-    match = re.search(r"Using network (.+?)\s*$", log_text, re.MULTILINE)
-    return match.group(1) if match else None
-
-
 def check_nccl_network(instance: InstanceType | None, log_text: str) -> Check:
     network = nccl_network(log_text)
     if instance is None or not instance.has_efa:
         return Check("nccl network", OK if network else SKIPPED, network or "no NCCL log (not an EFA node)")
-    if network != "AWS Libfabric" or "Selected Provider is efa" not in log_text:
+    # aws-ofi-nccl names itself after NCCL_NET when NCCL_NET is "AWS Libfabric" (nvidia_plugin_name_fixup,
+    # src/nccl_ofi_interface_nvidia.c/.cpp since v1.13.0-aws), so the name must be image/efa.env's NCCL_NET.
+    wanted = efa_environment()["NCCL_NET"]
+    selections = provider_selections(log_text)
+    if network != wanted or not selections:
         return Check(
             "nccl network",
             FAILED,
-            f"NCCL is using {network or 'no network it reported'} instead of EFA (AWS Libfabric, provider efa): "
-            "the image needs aws-ofi-nccl (EFA installer) and the container the /dev/infiniband devices",
+            f"NCCL is using {network or 'no network it reported'} instead of EFA ({wanted}, provider efa): "
+            "the image needs aws-ofi-nccl (EFA installer, NCCL_NET_PLUGIN in image/efa.env) and the container "
+            "the /dev/infiniband devices",
         )
-    return Check("nccl network", OK, "AWS Libfabric, provider efa")
+    wrong = [s for s in selections if s.provider != "efa" or s.nics != instance.efa_interfaces]
+    if wrong:
+        found = ", ".join(sorted({f"{s.provider} with {s.nics} nics" for s in wrong}))
+        return Check(
+            "nccl network",
+            FAILED,
+            f"aws-ofi-nccl selected {found}; {instance.name} needs provider efa on all "
+            f"{instance.efa_interfaces} EFA interfaces",
+        )
+    fabric = selections[0].fabric
+    return Check(
+        "nccl network",
+        OK,
+        f"{network}, provider efa"
+        + (f", fabric {fabric}" if fabric else "")
+        + f", {selections[0].nics} nics",
+    )
 
 
 def bus_bandwidth_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
