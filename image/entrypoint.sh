@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Container entrypoint on every node of a Batch job, and for single-node or local runs.
-# Exports the NCCL/EFA environment from efa.env (values already set by the job or the user win), then hands over
+# Exports the NCCL/EFA environment from efa.env (non-empty values already set by the job or the user win; the
+# Dockerfile empties the base image's own defaults), then hands over
 # to `python -m trainer launch`, which maps the Batch node variables to a torchrun rendezvous, runs the preflight
 # and runs torchrun. exec makes the launcher PID 1, so SIGTERM from Batch reaches it, and it passes it to the ranks.
 set -euo pipefail
@@ -9,7 +10,7 @@ here=$(dirname "$(readlink -f "$0")")
 while IFS= read -r line; do
     [[ $line =~ ^([A-Z_][A-Z0-9_]*)=(.*)$ ]] || continue
     key=${BASH_REMATCH[1]}
-    [[ -v $key ]] || eval "export ${key}=${BASH_REMATCH[2]}"
+    [[ -n ${!key:-} ]] || eval "export ${key}=${BASH_REMATCH[2]}"
 done < "${here}/efa.env"
 
 exec python -m trainer launch "$@"

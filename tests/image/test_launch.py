@@ -145,3 +145,12 @@ def test_launch_really_runs_torchrun_locally(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("preflight: passed") == 2  # the launcher's own preflight, then the verb
     assert "gloo, 2 ranks" in result.stdout
+
+
+def test_entrypoint_replaces_the_base_images_emptied_plugin_default():
+    """The Dockerfile empties NGC's NCCL_NET_PLUGIN default; efa.env's value must then apply."""
+    result = run_entrypoint(
+        "--dry-run", "--nproc-per-node", "8", "train", env={**batch_env(0, 2), "NCCL_NET_PLUGIN": ""}
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"# NCCL_NET_PLUGIN={efa_environment()['NCCL_NET_PLUGIN']}" in result.stdout.splitlines()

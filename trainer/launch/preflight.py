@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainer.contract.catalog import InstanceType, instance_type
 from trainer.contract.image import efa_environment
+from trainer.launch.interfaces import bootstrap_interface, is_link_local, system_interfaces
 from trainer.launch.nccl_log import nccl_network, provider_selections
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
@@ -59,6 +60,23 @@ def check_efa_devices(instance: InstanceType | None, device_dir: Path = EFA_DEVI
             "template's network interfaces",
         )
     return Check("efa devices", OK, f"{len(found)} uverbs devices")
+
+
+def check_bootstrap_interface(
+    instance: InstanceType | None, ifname_setting: str, interfaces: list[tuple[str, str]]
+) -> Check:
+    if instance is None or not instance.has_efa:
+        return Check("bootstrap if", SKIPPED, "not an EFA node: NCCL's socket bootstrap is local")
+    chosen = bootstrap_interface(ifname_setting, interfaces)
+    if chosen is None or is_link_local(chosen[1]):
+        listed = ", ".join(f"{n} {a}" for n, a in interfaces)
+        return Check(
+            "bootstrap if",
+            FAILED,
+            f"NCCL_SOCKET_IFNAME={ifname_setting} picks {chosen[0] + ' ' + chosen[1] if chosen else 'nothing'} "
+            f"of {listed}: the other nodes cannot reach a link-local address (exclude it in image/efa.env)",
+        )
+    return Check("bootstrap if", OK, f"{chosen[0]} {chosen[1]} (NCCL_SOCKET_IFNAME={ifname_setting})")
 
 
 def check_checkpoint_root(root: Path, mount_point: Path | None) -> Check:
@@ -137,6 +155,11 @@ def _local_checks(args: argparse.Namespace, instance: InstanceType | None, cuda_
     return [
         check_gpus(instance, cuda_devices),
         check_efa_devices(instance),
+        check_bootstrap_interface(
+            instance,
+            os.environ.get("NCCL_SOCKET_IFNAME") or efa_environment()["NCCL_SOCKET_IFNAME"],
+            system_interfaces(),
+        ),
         check_checkpoint_root(root, mount),
     ]
 
