@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.contract.exit_codes import NODE_FAULT
 from trainer.contract.image import efa_environment
 from trainer.launch.batch import LaunchError, Rendezvous, rendezvous_from_env
 
@@ -154,3 +155,17 @@ def test_entrypoint_replaces_the_base_images_emptied_plugin_default():
     )
     assert result.returncode == 0, result.stderr
     assert f"# NCCL_NET_PLUGIN={efa_environment()['NCCL_NET_PLUGIN']}" in result.stdout.splitlines()
+
+
+def test_launch_returns_the_preflights_retry_code_that_torchrun_drops(tmp_path):
+    """torchrun exits 1 for any failed rank; the job's retry strategy needs the preflight's NODE_FAULT."""
+    result = run_entrypoint(
+        "--nproc-per-node",
+        "2",
+        "train",
+        "--config",
+        "c.yaml",
+        env={"TRAINSTACK_INSTANCE_TYPE": "p5.48xlarge", "TRAINSTACK_CHECKPOINT_ROOT": str(tmp_path)},
+    )
+    assert result.returncode == NODE_FAULT, result.stderr[-2000:]
+    assert f"launch: preflight failed (exit {NODE_FAULT}); not starting train" in result.stderr
