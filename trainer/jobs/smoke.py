@@ -45,7 +45,7 @@ def plan(outputs: StackOutputs, tag: str, run: str | None) -> Submission:
     run = run or f"smoke-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     if not RUN_NAME.match(run):
         problems.append(
-            f"RUN={run!r}: use letters, digits, '-' and '_' (at most 100, starting with one of the first two)"
+            f"RUN={run!r}: use letters, digits, '-' and '_' (at most 100, starting with a letter or digit)"
         )
     if problems:
         raise SubmitError(problems)

@@ -27,9 +27,8 @@ class Check:
     name: str
     status: str
     detail: str
-    node_fault: bool = (
-        False  # a failure of this node's hardware or mounts: the node leaves service, the job retries
-    )
+    # A failure of this node's own hardware or mounts: the node leaves service and the job retries elsewhere.
+    node_fault: bool = False
 
 
 def check_gpus(instance: InstanceType | None, cuda_devices: int) -> Check:

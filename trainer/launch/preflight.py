@@ -260,8 +260,10 @@ def main(args: argparse.Namespace) -> int:
         elif rank == 0:
             checks.append(Check("bandwidth", SKIPPED, "one node, or no floor: NVLink/shared memory only"))
         if nodes >= 2:
-            job = os.environ.get("AWS_BATCH_JOB_ID") or f"local-{os.environ.get('MASTER_PORT', '0')}"
-            shared = args.shared_dir or args.checkpoint_root.resolve() / ".preflight" / job.replace("#", "-")
+            # A node's AWS_BATCH_JOB_ID may carry its node index (<job>#<node>): the directory must be the job's.
+            job = os.environ.get("AWS_BATCH_JOB_ID", "").partition("#")[0] or "local"
+            attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT") or os.environ.get("MASTER_PORT", "0")
+            shared = args.shared_dir or args.checkpoint_root.resolve() / ".preflight" / f"{job}-{attempt}"
             if (storage := _shared_storage(dist, shared, node, nodes, local_rank)) is not None:
                 checks.append(storage)
             dist.barrier()
