@@ -2,6 +2,9 @@
 node taking itself out of service: IMDSv2 served by a real HTTP server, Auto Scaling and EC2 by moto."""
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -10,11 +13,22 @@ import boto3
 import pynvml
 import pytest
 from moto import mock_aws
+from moto.server import ThreadedMotoServer
 
+from trainer.contract.exit_codes import NODE_FAULT
 from trainer.launch.checks import FAILED, OK, check_gpu_health
 from trainer.launch.gpu_health import read_gpus
-from trainer.launch.quarantine import TOKEN_HEADER, TOKEN_TTL_HEADER, instance_identity, take_out_of_service
+from trainer.launch.preflight import STATUS_FILE_ENV
+from trainer.launch.quarantine import (
+    IMDS_ENDPOINT_ENV,
+    TOKEN_HEADER,
+    TOKEN_TTL_HEADER,
+    instance_identity,
+    take_out_of_service,
+)
 
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
 READINGS = json.loads((Path(__file__).parent / "fixtures" / "nvml_readings.json").read_text())
 REGION = "us-east-1"
 
@@ -119,13 +133,13 @@ def aws(monkeypatch):
         yield
 
 
-def _group_with_one_instance() -> str:
-    ec2 = boto3.client("ec2", region_name=REGION)
+def _group_with_one_instance(endpoint: str | None = None) -> str:
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=endpoint)
     template = ec2.create_launch_template(
         LaunchTemplateName="batch-ce",
         LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "t3.micro"},
     )["LaunchTemplate"]["LaunchTemplateId"]
-    autoscaling = boto3.client("autoscaling", region_name=REGION)
+    autoscaling = boto3.client("autoscaling", region_name=REGION, endpoint_url=endpoint)
     autoscaling.create_auto_scaling_group(
         AutoScalingGroupName="AWSBatch-gpu-ce-asg",
         LaunchTemplate={"LaunchTemplateId": template},
@@ -162,3 +176,43 @@ def test_an_instance_outside_any_group_is_terminated(aws):
     )
     (reservation,) = ec2.describe_instances(InstanceIds=[instance["InstanceId"]])["Reservations"]
     assert reservation["Instances"][0]["State"]["Name"] in ("shutting-down", "terminated")
+
+
+def test_a_faulty_node_in_batch_leaves_service_and_exits_with_the_retry_code(imds, tmp_path, monkeypatch):
+    """The preflight's own path: a CPU host posing as p5 (a GPU-count node fault) inside a Batch job, its IMDS a
+    local server, Auto Scaling a moto server."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    try:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        instance_id = _group_with_one_instance(endpoint)
+        monkeypatch.setattr(Imds, "instance_id", instance_id)
+        status = tmp_path / "status"
+        result = subprocess.run(
+            [*TORCHRUN, "-m", "trainer", "preflight", "--checkpoint-root", str(tmp_path / "ckpt")],
+            env={
+                **os.environ,
+                "TRAINSTACK_INSTANCE_TYPE": "p5.48xlarge",
+                "AWS_BATCH_JOB_ID": "0123abcd#0",
+                IMDS_ENDPOINT_ENV: imds,
+                STATUS_FILE_ENV: str(status),
+            },
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert status.read_text() == str(NODE_FAULT), result.stdout + result.stderr
+        assert (
+            f"out of service   {instance_id} marked Unhealthy in Auto Scaling group AWSBatch-gpu-ce-asg"
+            in (result.stdout)
+        )
+        (described,) = boto3.client(
+            "autoscaling", region_name=REGION, endpoint_url=endpoint
+        ).describe_auto_scaling_instances(InstanceIds=[instance_id])["AutoScalingInstances"]
+        assert described["HealthStatus"].upper() == "UNHEALTHY"
+    finally:
+        server.stop()

@@ -9,17 +9,22 @@ instance is not spared). An instance outside any group is terminated.
 
 from __future__ import annotations
 
+import os
 import urllib.request
 
 from trainer.jobs.aws import client
 
 IMDS = "http://169.254.169.254"
+# botocore's own setting for another metadata endpoint (AWS SDKs and Tools Reference Guide, "IMDS credential
+# provider"); tests point it at a local server.
+IMDS_ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 
 
-def instance_identity(imds: str = IMDS, timeout_s: float = 2.0) -> tuple[str, str]:
+def instance_identity(imds: str | None = None, timeout_s: float = 2.0) -> tuple[str, str]:
     """(instance id, region) of this instance, from IMDSv2; raises OSError where there is no IMDS."""
+    imds = (imds or os.environ.get(IMDS_ENDPOINT_ENV) or IMDS).rstrip("/")
     request = urllib.request.Request(
         f"{imds}/latest/api/token", method="PUT", headers={TOKEN_TTL_HEADER: "60"}
     )
