@@ -154,6 +154,12 @@ logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1]: the main node
 cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id: stop a job (SIGTERM: the trainer checkpoints, then exits)
 	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
 
+.PHONY: smoke
+smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag]: 2-node preflight job (EFA, bandwidth floor, Lustre, S3 export); JOB=id RUN=name reports on one
+	$(PY) -m trainer smoke $(STACK_ARGS) $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
+	  $(if $(JOB),--job "$(JOB)") $(if $(NOWAIT),--no-wait) $(if $(EXPORT_TIMEOUT),--export-timeout-s "$(EXPORT_TIMEOUT)") \
+	  $(if $(POLL),--poll-s "$(POLL)")
+
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository
 	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")

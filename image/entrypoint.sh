@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Container entrypoint on every node of a Batch job, and for single-node or local runs.
-# Exports the NCCL/EFA environment (efa.env) and the container contract (container.env; values already set by
-# the job or the user win), then hands over
+# Exports the NCCL/EFA environment (efa.env) and the container contract (container.env); non-empty values
+# already set by the job or the user win (the Dockerfile empties the base image's own defaults). Then it hands over
 # to `python -m trainer launch`, which maps the Batch node variables to a torchrun rendezvous, runs the preflight
 # and runs torchrun. exec makes the launcher PID 1, so SIGTERM from Batch reaches it, and it passes it to the ranks.
 set -euo pipefail
@@ -11,7 +11,7 @@ for settings in "${here}/efa.env" "${here}/container.env"; do
     while IFS= read -r line; do
         [[ $line =~ ^([A-Z_][A-Z0-9_]*)=(.*)$ ]] || continue
         key=${BASH_REMATCH[1]}
-        [[ -v $key ]] || eval "export ${key}=${BASH_REMATCH[2]}"
+        [[ -n ${!key:-} ]] || eval "export ${key}=${BASH_REMATCH[2]}"
     done < "${settings}"
 done
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.contract.image import efa_environment
+from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
 from trainer.launch.batch import LaunchError, Rendezvous, rendezvous_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,8 +141,33 @@ def test_launch_really_runs_torchrun_locally(tmp_path):
         "preflight",
         "--checkpoint-root",
         str(tmp_path / "ckpt"),
-        env={"NCCL_NET": "Socket"},
+        # The launcher's own preflight checks the contract's checkpoint root (image/container.env: /fsx in the
+        # image); a run outside the image names its own.
+        env={"NCCL_NET": "Socket", "TRAINSTACK_CHECKPOINT_ROOT": str(tmp_path / "ckpt")},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("preflight: passed") == 2  # the launcher's own preflight, then the verb
     assert "gloo, 2 ranks" in result.stdout
+
+
+def test_entrypoint_replaces_the_base_images_emptied_plugin_default():
+    """The Dockerfile empties NGC's NCCL_NET_PLUGIN default; efa.env's value must then apply."""
+    result = run_entrypoint(
+        "--dry-run", "--nproc-per-node", "8", "train", env={**batch_env(0, 2), "NCCL_NET_PLUGIN": ""}
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"# NCCL_NET_PLUGIN={efa_environment()['NCCL_NET_PLUGIN']}" in result.stdout.splitlines()
+
+
+def test_launch_returns_the_preflights_retry_code_that_torchrun_drops(tmp_path):
+    """torchrun exits 1 for any failed rank; the job's retry strategy needs the preflight's NODE_FAULT."""
+    result = run_entrypoint(
+        "--nproc-per-node",
+        "2",
+        "train",
+        "--config",
+        "c.yaml",
+        env={"TRAINSTACK_INSTANCE_TYPE": "p5.48xlarge", "TRAINSTACK_CHECKPOINT_ROOT": str(tmp_path)},
+    )
+    assert result.returncode == NODE_FAULT, result.stderr[-2000:]
+    assert f"launch: preflight failed (exit {NODE_FAULT}); not starting train" in result.stderr

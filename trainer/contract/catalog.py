@@ -31,6 +31,11 @@ class InstanceType:
         return self.efa_interfaces > 0
 
     @property
+    def bus_bandwidth_floor(self) -> BusBandwidthFloor | None:
+        """The preflight's all-reduce floor across nodes (EFA types only)."""
+        return BUS_BANDWIDTH_FLOORS.get(self.name)
+
+    @property
     def uverbs_devices(self) -> list[str]:
         """The /dev/infiniband/uverbsN device nodes an EFA instance exposes, one per EFA interface."""
         return [f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces)]
@@ -49,6 +54,56 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         InstanceType("g5.xlarge", "A10G", 1, 22, 4, 16, 1, 0, 10, 70.0, 0.0),
         InstanceType("g5.2xlarge", "A10G", 1, 22, 8, 32, 1, 0, 10, 70.0, 0.0),
     )
+}
+
+# The preflight times an all-reduce of this many bytes on GPUs (trainer/launch/preflight.py) and compares its
+# nccl-tests bus bandwidth with the floor below, which is taken at the same message size.
+ALLREDUCE_MESSAGE_BYTES = 256 * 2**20
+# A floor is this fraction of the lowest published 2-node nccl-tests all_reduce_perf bus bandwidth at that size:
+# published runs differ by software versions (NCCL, aws-ofi-nccl, EFA installer), so the lowest one is what a
+# healthy cluster has been shown to reach, and the margin absorbs the preflight's short timing.
+FLOOR_FRACTION = 0.75
+NCCL_TESTS_README = "awslabs/awsome-distributed-training micro-benchmarks/nccl-tests/README.md"
+NCCL_TESTS_BATCH_README = (
+    "awslabs/awsome-distributed-training micro-benchmarks/nccl-tests/aws-batch/README.md"
+)
+
+
+@dataclass(frozen=True)
+class BusBandwidthFloor:
+    floor_gbps: float  # nccl-tests busbw, GB/s, of an ALLREDUCE_MESSAGE_BYTES all-reduce across >= 2 nodes
+    published_gbps: tuple[
+        float, ...
+    ]  # the published 2-node figures it derives from, at ALLREDUCE_MESSAGE_BYTES
+    source: str
+
+
+def _floor(published: tuple[float, ...], source: str) -> BusBandwidthFloor:
+    return BusBandwidthFloor(round(FLOOR_FRACTION * min(published), 1), published, source)
+
+
+# p4de and p5: published figures (tests/fixtures/nccl_tests_allreduce_published.json holds the rows). No published
+# figure was found for p4d, p5e, p5en or p6-b200: each takes the floor of the published type with the same EFA
+# bandwidth per instance (network_gbps, checked against describe-instance-types' NetworkPerformance), which is
+# conservative where the newer GPUs and NVLink only raise the bus bandwidth.
+_P4DE = _floor((69.89,), f"{NCCL_TESTS_README}: 2x p4de.24xlarge")
+_P5 = _floor(
+    (342.81, 167.17, 418.91),
+    f"{NCCL_TESTS_README}: 2x p5.48xlarge (Slurm; EKS with EFA installer 1.28.0); {NCCL_TESTS_BATCH_README}: p5",
+)
+
+
+def _borrowed(published: str, floor: BusBandwidthFloor) -> BusBandwidthFloor:
+    return BusBandwidthFloor(floor.floor_gbps, (), f"none published; {published}'s floor ({floor.source})")
+
+
+BUS_BANDWIDTH_FLOORS: dict[str, BusBandwidthFloor] = {
+    "p4d.24xlarge": _borrowed("p4de.24xlarge", _P4DE),
+    "p4de.24xlarge": _P4DE,
+    "p5.48xlarge": _P5,
+    "p5e.48xlarge": _borrowed("p5.48xlarge", _P5),
+    "p5en.48xlarge": _borrowed("p5.48xlarge", _P5),
+    "p6-b200.48xlarge": _borrowed("p5.48xlarge", _P5),
 }
 
 EFA_INSTANCE_TYPES: tuple[str, ...] = tuple(name for name, t in INSTANCE_TYPES.items() if t.has_efa)

@@ -162,26 +162,38 @@ def config_changed_since(tag: str, config_path: Path) -> bool:
 
 def aws_problems(submission: Submission, cfg: TrainConfig, outputs: StackOutputs, tag: str) -> list[str]:
     """Checks against the stack's AWS resources: queue state, image in ECR, datasets in S3."""
-    problems = []
+    return queue_problems(outputs) + image_problems(outputs, tag) + dataset_problems(cfg, outputs)
+
+
+def queue_problems(outputs: StackOutputs) -> list[str]:
     batch = client("batch", outputs.region)
     queues = batch.describe_job_queues(jobQueues=[outputs["job_queue"]])["jobQueues"]
     if not queues:
-        problems.append(f"job queue {outputs['job_queue']!r} does not exist in {outputs.region}; run make up")
-    elif queues[0]["state"] != "ENABLED" or queues[0].get("status") not in (None, "VALID"):
-        problems.append(
+        return [f"job queue {outputs['job_queue']!r} does not exist in {outputs.region}; run make up"]
+    if queues[0]["state"] != "ENABLED" or queues[0].get("status") not in (None, "VALID"):
+        return [
             f"job queue {outputs['job_queue']!r} is {queues[0]['state']} ({queues[0].get('status')}): "
             f"enable it (aws batch update-job-queue --job-queue {outputs['job_queue']} --state ENABLED)"
-        )
+        ]
+    return []
+
+
+def image_problems(outputs: StackOutputs, tag: str) -> list[str]:
     ecr = client("ecr", outputs.region)
     try:
         ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
     except ClientError as error:
         if error.response["Error"]["Code"] != "ImageNotFoundException":
             raise
-        problems.append(
+        return [
             f"IMAGE={tag}: no such tag in {outputs['ecr_repository_url']}; "
             f"build and push it: make image && make push STACK={outputs.stack}"
-        )
+        ]
+    return []
+
+
+def dataset_problems(cfg: TrainConfig, outputs: StackOutputs) -> list[str]:
+    problems = []
     s3 = client("s3", outputs.region)
     bucket = outputs["datasets_bucket"]
     wanted = [(f"data.prefixes[{i}]", p, (".bin", ".idx")) for i, p in enumerate(cfg.data.prefixes)]

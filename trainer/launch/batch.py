@@ -26,6 +26,7 @@ from pathlib import Path
 
 from trainer.contract import retry
 from trainer.contract.image import efa_environment
+from trainer.launch.preflight import STATUS_FILE_ENV, launcher_status
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
 NUM_NODES = "AWS_BATCH_JOB_NUM_NODES"
@@ -255,7 +256,11 @@ def main(args: argparse.Namespace) -> int:
         print(shlex.join(run))
         return 0
     if not args.skip_preflight:
-        status = subprocess.run(preflight, check=False).returncode
+        with tempfile.TemporaryDirectory(prefix="trainstack-preflight-") as scratch:
+            status_file = Path(scratch) / "status"
+            env = {**os.environ, STATUS_FILE_ENV: str(status_file)}
+            status = subprocess.run(preflight, check=False, env=env).returncode
+            status = launcher_status(status_file, status) if status else 0
         if status != 0:
             print(f"launch: preflight failed (exit {status}); not starting {args.verb[0]}", file=sys.stderr)
             return status

@@ -1,104 +1,58 @@
-"""`python -m trainer preflight`: is this node fit to train? Run on every rank by `trainer launch` before training.
+"""`python -m trainer preflight`: is every node fit to train? Run on every rank by `trainer launch` before training,
+and by `make smoke` as a job of its own.
 
-Checks, against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the Batch job definition): the GPUs CUDA
-sees, the EFA devices passed into the container, the checkpoint root (on /fsx in the cluster) mounted and
-writable, and an all-reduce across every rank reporting bus bandwidth. On GPUs NCCL must have chosen the AWS
-Libfabric (EFA) network; a run that would silently fall back to TCP sockets fails here instead. On CPU it runs
-what applies (gloo all-reduce, checkpoint root) and says what it skipped.
+Checks (trainer/launch/checks.py), against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the Batch job
+definition): the GPUs CUDA sees and their NVML health, the EFA devices passed into the container, the interface NCCL
+bootstraps over, the checkpoint root (on /fsx in the cluster: Lustre, writable), an all-reduce across every rank
+against the catalog's bus bandwidth floor (below it, a pairwise test names the slow node), a token each node
+writes under the checkpoint root and every other node reads, and NCCL's choice of the AWS Libfabric (EFA) network.
+On CPU it runs what applies (gloo all-reduce, checkpoint root, shared tokens) and says what it skipped.
+
+Rank 0 prints one line per node and check. A node whose own hardware or mounts failed takes itself out of service
+(trainer/launch/quarantine.py) and every rank exits with NODE_FAULT, which the job's retry strategy retries on
+fresh hosts; other failures (configuration, image) exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
+import secrets
 import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
-from trainer.contract.catalog import InstanceType, instance_type
+from trainer.contract.catalog import ALLREDUCE_MESSAGE_BYTES, InstanceType, instance_type
+from trainer.contract.container import FSX_MOUNT
+from trainer.contract.image import efa_environment
+from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT  # a node unfit to train
+from trainer.launch.checks import (
+    FAILED,
+    OK,
+    SKIPPED,
+    Check,
+    bus_bandwidth_gbps,
+    check_bandwidth,
+    check_bootstrap_interface,
+    check_checkpoint_root,
+    check_efa_devices,
+    check_gpu_health,
+    check_gpus,
+    check_nccl_network,
+)
+from trainer.launch.interfaces import system_interfaces
+from trainer.launch.pairwise import judge, measure_pairs, pair_rounds
+from trainer.launch.storage import MOUNTINFO, unseen_tokens, write_token
 
-OK, SKIPPED, FAILED = "ok", "skipped", "failed"
-EFA_DEVICE_DIR = Path("/dev/infiniband")
 NCCL_LOG_PATTERN = "trainstack-preflight-nccl.%h.%p.log"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str
-    detail: str
-
-
-def check_gpus(instance: InstanceType | None, cuda_devices: int) -> Check:
-    if instance is None:
-        if cuda_devices == 0:
-            return Check("gpus", SKIPPED, "no CUDA device and no TRAINSTACK_INSTANCE_TYPE: running on CPU")
-        return Check("gpus", OK, f"{cuda_devices} visible (no TRAINSTACK_INSTANCE_TYPE to compare with)")
-    expected = f"{instance.gpus} x {instance.gpu_model} on {instance.name}"
-    if cuda_devices != instance.gpus:
-        return Check("gpus", FAILED, f"expected {expected}, CUDA sees {cuda_devices}")
-    return Check("gpus", OK, expected)
-
-
-def check_efa_devices(instance: InstanceType | None, device_dir: Path = EFA_DEVICE_DIR) -> Check:
-    if instance is None or not instance.has_efa:
-        return Check("efa devices", SKIPPED, "no EFA instance type given (TRAINSTACK_INSTANCE_TYPE)")
-    found = sorted(device_dir.glob("uverbs*"))
-    if len(found) != instance.efa_interfaces:
-        return Check(
-            "efa devices",
-            FAILED,
-            f"{instance.name} has {instance.efa_interfaces} EFA interfaces but {len(found)} {device_dir}/uverbs* "
-            "devices are in the container: check the job definition's linuxParameters.devices and the launch "
-            "template's network interfaces",
-        )
-    return Check("efa devices", OK, f"{len(found)} uverbs devices")
-
-
-def check_checkpoint_root(root: Path, mount_point: Path | None) -> Check:
-    if mount_point is not None and not os.path.ismount(mount_point):
-        return Check(
-            "checkpoint root", FAILED, f"{mount_point} is not a mount point: FSx is not mounted on this host"
-        )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".preflight-") as probe:
-            probe.write(b"trainstack")
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as error:
-        return Check("checkpoint root", FAILED, f"{root} is not writable: {error.strerror or error}")
-    return Check("checkpoint root", OK, f"{root} writable" + (f" on {mount_point}" if mount_point else ""))
-
-
-def nccl_network(log_text: str) -> str | None:
-    """The network NCCL chose, from its INFO log: 'AWS Libfabric' (EFA through aws-ofi-nccl), 'Socket', 'IB'."""
-    match = re.search(r"Using network (.+?)\s*$", log_text, re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def check_nccl_network(instance: InstanceType | None, log_text: str) -> Check:
-    network = nccl_network(log_text)
-    if instance is None or not instance.has_efa:
-        return Check("nccl network", OK if network else SKIPPED, network or "no NCCL log (not an EFA node)")
-    if network != "AWS Libfabric" or "Selected Provider is efa" not in log_text:
-        return Check(
-            "nccl network",
-            FAILED,
-            f"NCCL is using {network or 'no network it reported'} instead of EFA (AWS Libfabric, provider efa): "
-            "the image needs aws-ofi-nccl (EFA installer) and the container the /dev/infiniband devices",
-        )
-    return Check("nccl network", OK, "AWS Libfabric, provider efa")
-
-
-def bus_bandwidth_gbps(size_bytes: int, seconds: float, world_size: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth: algorithm bandwidth x 2(n-1)/n, in GB/s."""
-    return size_bytes / seconds * 2 * (world_size - 1) / max(world_size, 1) / 1e9
+# Where each node's local rank 0 writes the exit status (`trainer launch` sets it and returns that status).
+STATUS_FILE_ENV = "TRAINSTACK_PREFLIGHT_STATUS_FILE"
+FSX = Path(FSX_MOUNT)  # the container contract (image/container.env)
+PAIR_ROUNDS = 3  # enough for every node to meet two partners, so that one slow node is told from its partners
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,20 +63,130 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where checkpoints go (default: TRAINSTACK_CHECKPOINT_ROOT, set to /fsx/checkpoints in the image)",
     )
     parser.add_argument(
-        "--size-mb", type=float, default=None, help="all-reduce message size (GPU 256, CPU 4)"
+        "--size-mb",
+        type=float,
+        default=None,
+        help=f"all-reduce message size (GPU {ALLREDUCE_MESSAGE_BYTES // 2**20}: the catalog's floors are at it; CPU 4)",
     )
     parser.add_argument("--iters", type=int, default=10, help="timed all-reduce iterations")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="process-group timeout")
+    parser.add_argument(
+        "--floor-gbps", type=float, help="bus bandwidth floor instead of the catalog's (a measured baseline)"
+    )
+    parser.add_argument(
+        "--shared-dir",
+        type=Path,
+        help="keep each node's token here (make smoke: FSx exports it to S3); default: a directory under the "
+        "checkpoint root, removed afterwards",
+    )
+    parser.add_argument(
+        "--no-quarantine",
+        action="store_true",
+        help="report a faulty node but leave it in service (default in Batch: mark it unhealthy)",
+    )
 
 
-def _local_checks(args: argparse.Namespace, instance: InstanceType | None, cuda_devices: int) -> list[Check]:
+def _local_checks(
+    args: argparse.Namespace, instance: InstanceType | None, cuda_devices: int, cuda: bool
+) -> list[Check]:
     root = args.checkpoint_root.resolve()
-    mount = Path("/fsx") if root.is_relative_to("/fsx") else None
-    return [
+    lustre = FSX if root.is_relative_to(FSX) else None
+    mountinfo = MOUNTINFO.read_text() if lustre else ""
+    checks = [
         check_gpus(instance, cuda_devices),
         check_efa_devices(instance),
-        check_checkpoint_root(root, mount),
+        check_bootstrap_interface(
+            instance,
+            os.environ.get("NCCL_SOCKET_IFNAME") or efa_environment()["NCCL_SOCKET_IFNAME"],
+            system_interfaces(),
+        ),
+        check_checkpoint_root(root, lustre, mountinfo),
     ]
+    if cuda:
+        import pynvml
+
+        from trainer.launch.gpu_health import read_gpus
+
+        checks.append(check_gpu_health(read_gpus(pynvml), pynvml))
+    else:
+        checks.append(Check("gpu health", SKIPPED, "no CUDA device: NVML not read"))
+    return checks
+
+
+def _time_all_reduce(dist, torch, device, size_bytes: int, iters: int, group=None, ranks: int | None = None):
+    """nccl-tests' bus bandwidth (GB/s) of an all-reduce of size_bytes in `group` (default: every rank)."""
+    buffer = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    for _ in range(3):
+        dist.all_reduce(buffer, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buffer, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / iters
+    return bus_bandwidth_gbps(size_bytes, seconds, ranks or dist.get_world_size()), seconds
+
+
+def _shared_storage(dist, directory: Path, node: int, nodes: int, local_rank: int) -> Check | None:
+    """Each node's local rank 0 writes a token; after a barrier it must read every other node's."""
+    token = secrets.token_hex(16)
+    if local_rank == 0:
+        write_token(directory, node, token)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (node, token, local_rank))
+    tokens = {n: t for n, t, lr in gathered if lr == 0}
+    dist.barrier()
+    if local_rank != 0:
+        return None
+    unseen = unseen_tokens(directory, tokens, node)
+    if unseen:
+        return Check(
+            "shared storage",
+            FAILED,
+            f"{directory} is not shared with every node: {'; '.join(unseen)}",
+            node_fault=True,
+        )
+    return Check("shared storage", OK, f"read the tokens of all {nodes - 1} other nodes in {directory}")
+
+
+def _pairwise(dist, torch, device, args, node_of_rank: dict[int, int], node: int, floor: float, size: int):
+    """(slow nodes, unexplained slow pairs), the same on every rank."""
+    ranks_of_node: dict[int, list[int]] = {}
+    for rank, n in sorted(node_of_rank.items()):
+        ranks_of_node.setdefault(n, []).append(rank)
+    rounds = pair_rounds(len(ranks_of_node), PAIR_ROUNDS)
+    measured = measure_pairs(
+        rounds,
+        ranks_of_node,
+        lambda ranks: dist.new_group(ranks),
+        node,
+        lambda group, ranks: _time_all_reduce(dist, torch, device, size, args.iters, group, ranks)[0],
+    )
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, measured)
+    every_pair = {pair: bandwidth for result in gathered for pair, bandwidth in result.items()}
+    return judge(every_pair, floor), every_pair
+
+
+def _exit_status(rows: list[dict]) -> int:
+    if any(row["status"] == FAILED and row["node_fault"] for row in rows):
+        return NODE_FAULT
+    return 1 if any(row["status"] == FAILED for row in rows) else 0
+
+
+def _take_out_of_service(checks: list[Check]) -> Check | None:
+    """On a node with a fault of its own, in Batch: leave service. Returns the check that says what happened."""
+    if not any(c.status == FAILED and c.node_fault for c in checks):
+        return None
+    from trainer.launch.quarantine import instance_identity, take_out_of_service
+
+    try:
+        instance_id, region = instance_identity()
+        return Check("out of service", OK, take_out_of_service(instance_id, region), node_fault=True)
+    except Exception as error:  # reported, never raised: the job must still exit with the retry code
+        return Check("out of service", FAILED, f"could not leave service: {error}", node_fault=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -131,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
 
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    node = int(os.environ.get("GROUP_RANK", "0"))  # torchrun's node rank
     checks: list[Check] = []
     instance = None
     if name := os.environ.get("TRAINSTACK_INSTANCE_TYPE"):
@@ -140,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
             checks.append(Check("instance type", FAILED, f"TRAINSTACK_INSTANCE_TYPE: {error.args[0]}"))
     cuda = torch.cuda.is_available()
     if local_rank == 0:
-        checks += _local_checks(args, instance, torch.cuda.device_count())
+        checks += _local_checks(args, instance, torch.cuda.device_count() if cuda else 0, cuda)
 
     log_dir = Path(tempfile.mkdtemp(prefix="trainstack-preflight-"))
     if cuda:
@@ -149,30 +214,64 @@ def main(args: argparse.Namespace) -> int:
         os.environ["NCCL_DEBUG_FILE"] = str(log_dir / NCCL_LOG_PATTERN)
     backend = "nccl" if cuda else "gloo"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    size_bytes = int((args.size_mb or (256 if cuda else 4)) * 2**20)
+    size_bytes = (
+        int(args.size_mb * 2**20) if args.size_mb else (ALLREDUCE_MESSAGE_BYTES if cuda else 4 * 2**20)
+    )
+    floor = instance.bus_bandwidth_floor if instance and cuda else None
+    floor_gbps = args.floor_gbps or (floor.floor_gbps if floor else None)
+    floor_source = "--floor-gbps" if args.floor_gbps else (floor.source if floor else "")
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
-        buffer = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-        for _ in range(3):
-            dist.all_reduce(buffer)
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.iters):
-            dist.all_reduce(buffer)
-        if cuda:
-            torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) / args.iters
-        bandwidth = bus_bandwidth_gbps(size_bytes, elapsed, world_size)
+        placement: list = [None] * world_size
+        dist.all_gather_object(placement, (rank, node))
+        node_of_rank = dict(placement)
+        nodes = len(set(node_of_rank.values()))
+        bandwidth, seconds = _time_all_reduce(dist, torch, device, size_bytes, args.iters)
         if rank == 0:
             checks.append(
                 Check(
                     "all-reduce",
                     OK,
-                    f"{backend}, {world_size} ranks, {size_bytes / 2**20:.0f} MiB: {elapsed * 1e3:.2f} ms, "
-                    f"bus bandwidth {bandwidth:.2f} GB/s",
+                    f"{backend}, {world_size} ranks on {nodes} nodes, {size_bytes / 2**20:.0f} MiB: "
+                    f"{seconds * 1e3:.2f} ms, bus bandwidth {bandwidth:.2f} GB/s",
                 )
             )
+        if nodes >= 2 and floor_gbps:
+            below = bandwidth < floor_gbps
+            if rank == 0:
+                checks.append(check_bandwidth(bandwidth, floor_gbps, floor_source))
+            if below:
+                (slow, unexplained), pairs = _pairwise(
+                    dist, torch, device, args, node_of_rank, node, floor_gbps, size_bytes
+                )
+                measured = ", ".join(f"nodes {a}+{b} {bw:.1f} GB/s" for (a, b), bw in sorted(pairs.items()))
+                if node in slow and local_rank == 0:
+                    checks.append(
+                        Check("slow node", FAILED, f"below the floor in every pair: {measured}", True)
+                    )
+                if rank == 0 and unexplained:
+                    checks.append(
+                        Check(
+                            "slow pairs",
+                            FAILED,
+                            f"{measured}; pairs {unexplained} cannot be pinned on one node (two nodes, or more than "
+                            "one slow): run make smoke on more nodes",
+                        )
+                    )
+        elif rank == 0:
+            checks.append(Check("bandwidth", SKIPPED, "one node, or no floor: NVLink/shared memory only"))
+        if nodes >= 2:
+            # A node's AWS_BATCH_JOB_ID may carry its node index (<job>#<node>): the directory must be the job's.
+            job = os.environ.get("AWS_BATCH_JOB_ID", "").partition("#")[0] or "local"
+            attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT") or os.environ.get("MASTER_PORT", "0")
+            shared = args.shared_dir or args.checkpoint_root.resolve() / ".preflight" / f"{job}-{attempt}"
+            if (storage := _shared_storage(dist, shared, node, nodes, local_rank)) is not None:
+                checks.append(storage)
+            dist.barrier()
+            if args.shared_dir is None and rank == 0:
+                shutil.rmtree(shared, ignore_errors=True)
+        elif local_rank == 0:
+            checks.append(Check("shared storage", SKIPPED, "one node"))
     except Exception as error:  # a broken network must be reported, not raised past the report
         checks.append(
             Check("all-reduce", FAILED, f"{backend} all-reduce across {world_size} ranks failed: {error}")
@@ -184,17 +283,36 @@ def main(args: argparse.Namespace) -> int:
         checks.append(Check("nccl network", SKIPPED, "gloo on CPU: NCCL and EFA not used"))
     shutil.rmtree(log_dir, ignore_errors=True)
 
+    in_batch = "AWS_BATCH_JOB_ID" in os.environ and not args.no_quarantine
+    if local_rank == 0 and in_batch and (leaving := _take_out_of_service(checks)) is not None:
+        checks.append(leaving)
     host = socket.gethostname()
-    gathered: list[list[dict]] = [[asdict(c) for c in checks]]
+    rows = [dict(asdict(c), host=host, node=node) for c in checks]
     if dist.is_initialized():
-        gathered = [[] for _ in range(world_size)]
-        report = [dict(asdict(c), host=host) for c in checks]
-        dist.all_gather_object(gathered, report)
-        dist.destroy_process_group()
-    rows = [row for rank_rows in gathered for row in rank_rows]
-    failed = any(row["status"] == FAILED for row in rows)
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, rows)
+        rows = [row for rank_rows in gathered for row in rank_rows]
+    status = _exit_status(rows)
     if rank == 0:
-        for row in rows:
-            print(f"preflight {row['status']:>7}  {row['name']:<16} {row.get('host', host)}: {row['detail']}")
-        print("preflight: " + ("FAILED" if failed else "passed"))
-    return 1 if failed else 0
+        for row in sorted(rows, key=lambda r: r["node"]):
+            print(
+                f"preflight {row['status']:>7}  node {row['node']} {row['host']:<20} {row['name']:<16} "
+                f"{row['detail']}",
+                flush=True,
+            )
+        verdict = {0: "passed", 1: "FAILED", NODE_FAULT: f"FAILED: node fault, exit {NODE_FAULT} (retry)"}
+        print("preflight: " + verdict[status], flush=True)
+    if local_rank == 0 and (status_file := os.environ.get(STATUS_FILE_ENV)):
+        Path(status_file).write_text(str(status))
+    if dist.is_initialized():
+        dist.barrier()  # torchrun stops the other ranks as soon as one exits non-zero: report first
+        dist.destroy_process_group()
+    return status
+
+
+def launcher_status(status_file: Path, torchrun_status: int) -> int:
+    """The preflight's own exit status, which torchrun (exiting 1 for any failed rank) does not pass on."""
+    try:
+        return int(status_file.read_text())
+    except (OSError, ValueError):
+        return torchrun_status
