@@ -1,7 +1,7 @@
 """`precision: auto`: compute in the precision this machine runs natively.
 
 On a CPU without AVX-512 BF16 or AMX, PyTorch emulates bf16 matrix multiplies, and a bf16 step of local.yaml
-takes 6-7x the fp32 one (3.7-4.5 s against 0.58-0.74 s on an AMD Zen 3, docs/bench.md), so `auto` picks bf16
+takes 6-7x the fp32 one (3.7-4.5 s against 0.58-0.74 s on an AMD Zen 3, docs/trainer.md), so `auto` picks bf16
 only where the hardware has it: CPUs with those instructions and GPUs of compute capability 8.0 or later (A100,
 H100, ...). Production configs say `bf16` explicitly and get it everywhere. torch is imported only to look.
 """
