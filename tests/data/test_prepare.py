@@ -291,6 +291,10 @@ def error_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
             "has no end-of-document token: expected one of <|endoftext|>, <|end_of_text|>, </s>, <eos>; "
             "its special tokens are: <unk>",
         ),
+        "tokenizer that drops text": (
+            [corpus, "--tokenizer", tmp_path / "noa.json"],
+            "encodes the text 'a' to no tokens; it cannot encode documents",
+        ),
         "vocab size with tokenizer": (
             [corpus, "--tokenizer", tmp_path / "given.json", "--vocab-size", "500"],
             "--vocab-size sizes the tokenizer prepare trains",
@@ -315,6 +319,7 @@ def test_bad_input_fails_before_any_work_with_a_clear_message(case, tmp_path, ca
     (tmp_path / "bad.json").write_text('{"model": 1}')
     train_given_tokenizer(tmp_path / "noeod.json", ["a b c"], eod="<unk>")
     train_given_tokenizer(tmp_path / "given.json", ["a b c"], eod="</s>")
+    train_given_tokenizer(tmp_path / "noa.json", ["b c"], eod="</s>")  # no "a", and no unknown token
     args, message = error_cases(tmp_path)[case]
     if "--output" not in map(str, args):
         args = [*args, "--output", tmp_path / "out" / "d"]

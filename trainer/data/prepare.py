@@ -208,7 +208,9 @@ def prepare_dataset(
     if not paths:
         raise DataError("no inputs: give INPUT files or directories, or --stdlib")
     if tokenizer is not None:
-        eod_id(read_tokenizer(tokenizer), tokenizer)
+        given = read_tokenizer(tokenizer)
+        eod_id(given, tokenizer)
+        document_template(given, tokenizer)
     request = Request(
         inputs=[InputFile.of(path) for path in paths],
         text_key=text_key,
