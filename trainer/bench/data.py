@@ -65,7 +65,7 @@ def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -
         text = Path(path).read_bytes().decode("utf-8")
         if not text:
             continue
-        ids = [*tokenizer.encode(text, add_special_tokens=False).ids, eod]
+        ids = [*tokenizer.encode(text).ids, eod]  # with what the post-processor adds (a BOS), as prepare
         builder.add_document(np.array(ids, dtype=dtype), [len(ids)])
         tokens += len(ids)
     builder.finalize(f"{prefix}.idx")
