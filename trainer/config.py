@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
@@ -20,12 +20,16 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    PrivateAttr,
     TypeAdapter,
     ValidationError,
     model_validator,
 )
 
 from trainer.monitoring.config import MonitoringConfig
+
+if TYPE_CHECKING:
+    from trainer.model.precision import PrecisionChoice
 
 
 class ConfigError(Exception):
@@ -175,6 +179,8 @@ class HealthConfig(_Section):
 class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
+    # bf16: bf16 weights and compute, fp32 master weights; fp32. In a YAML file or --set, `auto` picks what this
+    # machine computes natively (trainer/model/precision.py), and load_config resolves it to one of these.
     precision: Literal["bf16", "fp32"] = "bf16"
     # megatron: tensor + pipeline + data parallel (megatron-core); deepspeed: ZeRO data parallel (TP = PP = 1).
     engine: Literal["megatron", "deepspeed"] = "megatron"
@@ -191,6 +197,13 @@ class TrainConfig(_Section):
     # metrics endpoints and CloudWatch lines: docs/monitoring.md
     monitoring: MonitoringConfig = MonitoringConfig()
     health: HealthConfig = HealthConfig()
+
+    _precision_choice: PrecisionChoice | None = PrivateAttr(None)  # set when `precision: auto` chose
+
+    @property
+    def precision_choice(self) -> PrecisionChoice | None:
+        """What `precision: auto` chose on this machine and why; None when the config named the precision."""
+        return self._precision_choice
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -420,10 +433,14 @@ LAYOUT_KEYS = (
 )
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-    """Read a YAML config, apply `section.key=value` overrides, and validate the result."""
+def load_config(
+    path: str | Path, overrides: list[str] = (), device: Literal["cpu", "cuda"] | None = None
+) -> TrainConfig:
+    """Read a YAML config, apply `section.key=value` overrides, and validate the result. `precision: auto`
+    becomes the precision `device` computes natively (None: this machine's device; cluster tools say cuda)."""
     path = Path(path)
     raw = _read_raw(path, overrides)
+    choice = _resolve_precision(raw, device, path)
     if planned := _auto_keys(raw):
         raise ConfigError(
             [
@@ -434,11 +451,38 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
             str(path),
         )
     try:
-        return TrainConfig.model_validate(raw)
+        cfg = TrainConfig.model_validate(raw)
+        cfg._precision_choice = choice
+        return cfg
     except ConfigError as e:
         raise ConfigError(e.problems, str(path)) from None
     except ValidationError as e:
         raise ConfigError([_describe(error) for error in e.errors()], str(path)) from None
+
+
+def _resolve_precision(
+    raw: dict[str, Any], device: Literal["cpu", "cuda"] | None, path: Path
+) -> PrecisionChoice | None:
+    """Replace `precision: auto` in `raw` by this machine's native precision; what was chosen and why."""
+    from trainer.model.precision import AUTO as AUTO_PRECISION
+    from trainer.model.precision import PRECISIONS
+
+    value = raw.get("precision")
+    if value != AUTO_PRECISION:
+        if value is not None and value not in PRECISIONS:
+            raise ConfigError(
+                [
+                    f"precision = {value!r}: use bf16 (bf16 weights and compute, fp32 master weights), fp32, or "
+                    f"{AUTO_PRECISION} (bf16 where this machine computes it natively, else fp32)"
+                ],
+                str(path),
+            )
+        return None
+    from trainer.model.precision import choose_precision, local_device  # imports torch: only for `auto`
+
+    choice = choose_precision(device or local_device())
+    raw["precision"] = choice.precision
+    return choice
 
 
 def auto_keys(path: str | Path, overrides: list[str] = ()) -> list[str]:

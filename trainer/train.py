@@ -39,6 +39,7 @@ from trainer.launch import local
 from trainer.launch.batch import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
+from trainer.model.precision import precision_note
 from trainer.monitoring import monitor as monitoring
 
 
@@ -142,6 +143,7 @@ def train(
         _remove_run_outputs(cfg)
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
+    console.print(precision_note(cfg, parallel.device_type()))
     monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     run = engines.build(cfg, dims)
     progress = _resume(run, console)

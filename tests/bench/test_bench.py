@@ -46,7 +46,9 @@ def test_every_result_stands_against_a_baseline_from_the_same_run(cpu_report):
     named = results(report)
     assert set(named) >= {
         "data preparation",
+        "data preparation, per worker",
         "training tp1-pp2",
+        "step time tp1-pp2 fp32",
         "pipeline idle tp1-pp2",
         "checkpoint save",
         "checkpoint load",
@@ -60,6 +62,19 @@ def test_every_result_stands_against_a_baseline_from_the_same_run(cpu_report):
 def test_prepare_and_its_baseline_write_the_same_dataset(cpu_report):
     data = cpu_report[0]["details"]["data"]
     assert data["identical_output"] and data["tokens"] > 10_000
+
+
+def test_prepare_per_worker_cpu_second_stands_against_the_tokenizer_alone(cpu_report):
+    data = cpu_report[0]["details"]["data"]
+    # The workers read, parse and frame documents besides encoding them: the tokenizer alone is their ceiling.
+    assert 0 < data["ours_tokens_per_worker_cpu_s"] < 2 * data["tokenizer_tokens_per_cpu_s"]
+
+
+def test_step_time_stands_at_both_precisions(cpu_report):
+    report = cpu_report[0]
+    row = results(report)["step time tp1-pp2 fp32"]  # tiny.yaml says fp32
+    assert row["baseline"] == "bf16, same layout" and row["value"] > 0 and row["baseline_value"] > 0
+    assert report["details"]["precision"].startswith("precision: fp32 (set in the config)")
 
 
 def test_pipeline_idle_is_measured_per_stage_against_the_1f1b_bubble(cpu_report):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from tests.data.conftest import TINY_VOCAB, documents, write_jsonl, write_text_corpus
 from trainer.__main__ import main as trainer_main
@@ -83,6 +83,78 @@ def test_given_tokenizer_encodes_the_documents_and_is_kept_beside_the_data(text_
     assert result.manifest.tokenizer.eod_id == eod
     assert read_back(tmp_path / "g") == [[*given.encode(text).ids, eod] for text in texts]
     assert (tmp_path / "g.tokenizer.json").read_bytes() == (tmp_path / "given.json").read_bytes()
+
+
+def llama3_style_tokenizer(path: Path, texts: list[str]) -> Tokenizer:
+    """A byte-level BPE with Llama 3's special tokens and post-processor: ByteLevel, then a template that puts
+    <|begin_of_text|> before the text (transformers src/transformers/models/llama/convert_llama_weights_to_hf.py,
+    Llama3Converter.update_post_processor, which writes upstream Llama 3's tokenizer.json)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=TINY_VOCAB,
+            special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    bos = tokenizer.token_to_id("<|begin_of_text|>")
+    tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|>:0 $A:0 <|begin_of_text|>:1 $B:1",
+                special_tokens=[("<|begin_of_text|>", bos)],
+            ),
+        ]
+    )
+    tokenizer.save(str(path))
+    return tokenizer
+
+
+def test_a_llama3_style_tokenizer_gets_its_bos_before_every_document(text_corpus, tmp_path):
+    corpus, texts = text_corpus
+    given = llama3_style_tokenizer(tmp_path / "llama3.json", texts)
+    bos, eod = given.token_to_id("<|begin_of_text|>"), given.token_to_id("<|end_of_text|>")
+
+    result = prepare_dataset([str(corpus)], str(tmp_path / "l"), tokenizer=str(tmp_path / "llama3.json"))
+
+    # What the tokenizer itself gives with its special tokens (BOS + text), then the EOD prepare appends.
+    assert read_back(tmp_path / "l") == [[*given.encode(text).ids, eod] for text in texts]
+    assert all(ids[0] == bos and ids.count(bos) == 1 for ids in read_back(tmp_path / "l"))
+    assert result.manifest.tokens == sum(len(given.encode(text).ids) + 1 for text in texts)
+    assert (
+        "each document is <|begin_of_text|> TEXT EOD (the tokenizer's post-processor adds "
+        in result.summary()
+    )
+
+
+def test_a_tokenizer_without_a_post_processor_gets_only_the_eod(text_corpus, tmp_path):
+    corpus, texts = text_corpus
+    given = train_given_tokenizer(tmp_path / "plain.json", texts, eod="</s>")
+
+    result = prepare_dataset([str(corpus)], str(tmp_path / "p"), tokenizer=str(tmp_path / "plain.json"))
+
+    assert read_back(tmp_path / "p") == [
+        [*given.encode(text).ids, given.token_to_id("</s>")] for text in texts
+    ]
+    assert "each document is TEXT EOD (its post-processor adds nothing)" in result.summary()
+
+
+def test_a_template_that_ends_with_the_eod_gets_no_second_one(text_corpus, tmp_path):
+    corpus, texts = text_corpus
+    given = train_given_tokenizer(tmp_path / "eos.json", texts, eod="</s>")
+    eod = given.token_to_id("</s>")
+    given.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eod)])
+    given.save(str(tmp_path / "eos.json"))
+
+    prepare_dataset([str(corpus)], str(tmp_path / "s"), tokenizer=str(tmp_path / "eos.json"))
+
+    assert read_back(tmp_path / "s") == [given.encode(text).ids for text in texts]
+    assert all(ids.count(eod) == 1 and ids[-1] == eod for ids in read_back(tmp_path / "s"))
 
 
 def test_eod_text_inside_a_document_is_plain_text_not_a_document_end(tmp_path):
@@ -219,6 +291,10 @@ def error_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
             "has no end-of-document token: expected one of <|endoftext|>, <|end_of_text|>, </s>, <eos>; "
             "its special tokens are: <unk>",
         ),
+        "tokenizer that drops text": (
+            [corpus, "--tokenizer", tmp_path / "noa.json"],
+            "encodes the text 'a' to no tokens; it cannot encode documents",
+        ),
         "vocab size with tokenizer": (
             [corpus, "--tokenizer", tmp_path / "given.json", "--vocab-size", "500"],
             "--vocab-size sizes the tokenizer prepare trains",
@@ -243,6 +319,7 @@ def test_bad_input_fails_before_any_work_with_a_clear_message(case, tmp_path, ca
     (tmp_path / "bad.json").write_text('{"model": 1}')
     train_given_tokenizer(tmp_path / "noeod.json", ["a b c"], eod="<unk>")
     train_given_tokenizer(tmp_path / "given.json", ["a b c"], eod="</s>")
+    train_given_tokenizer(tmp_path / "noa.json", ["b c"], eod="</s>")  # no "a", and no unknown token
     args, message = error_cases(tmp_path)[case]
     if "--output" not in map(str, args):
         args = [*args, "--output", tmp_path / "out" / "d"]

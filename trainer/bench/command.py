@@ -3,6 +3,7 @@
 Every result stands beside a baseline measured in the same run, and the ratio between them:
 - data preparation tokens/s: `prepare` against a single-process tokenizer loop writing the same files;
 - training tokens/s at the config's layout (local.yaml: TP=2 x PP=2) against TP=1 x PP=1, same global batch;
+- step time at the config's precision (local.yaml: auto, what this machine computes natively) against the other;
 - pipeline idle: the share of a step each stage spends in send/receive, against (p-1)/(m+p-1);
 - checkpoint save and load GB/s against the disk's sequential write speed;
 - peak memory per GPU: the planner's estimate against the measured peak, for several layouts.
@@ -35,9 +36,11 @@ from trainer.bench.training import (
     memory_against_planner,
     pipeline_idle,
     run_worker,
+    step_seconds,
     tokens_per_s,
 )
 from trainer.config import ConfigError, load_config
+from trainer.model.precision import precision_note
 
 SINGLE = ("parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=1")
 # Checkpoint throughput needs a checkpoint large enough that writing it, not starting the writers, takes the time:
@@ -137,6 +140,14 @@ def run_suite(
         f"single-process tokenizer loop{'' if data['identical_output'] else ' (OUTPUT DIFFERS)'}",
         data["baseline_tokens_per_s"],
     )
+    add_result(
+        report,
+        "data preparation, per worker",
+        "tokens/CPU-s",
+        data["ours_tokens_per_worker_cpu_s"],
+        "tokenizer alone, one thread",
+        data["tokenizer_tokens_per_cpu_s"],
+    )
 
     p = cfg.parallel
     parallel = Layout(
@@ -154,6 +165,22 @@ def run_suite(
         tokens_per_s(measured),
         "tp1-pp1, same global batch",
         tokens_per_s(baseline),
+    )
+    other = "fp32" if cfg.precision == "bf16" else "bf16"
+    at_other = run_worker(
+        config,
+        Layout(f"{parallel.name}-{other}", parallel.processes, (f"precision={other}",)),
+        out / "runs",
+        steps=steps,
+    )
+    report["details"]["precision"] = precision_note(cfg)
+    add_result(
+        report,
+        f"step time {parallel.name} {cfg.precision}{' (auto)' if cfg.precision_choice else ''}",
+        "s",
+        step_seconds(measured),
+        f"{other}, same layout",
+        step_seconds(at_other),
     )
     if p.pipeline_model_parallel_size > 1:
         idle = pipeline_idle(measured)

@@ -1,20 +1,52 @@
 """Data preparation: `prepare` (trainer/data/prepare.py) against the straightforward way to do the same job, a
 single-process loop of Hugging Face tokenizer `encode` calls into megatron-core's IndexedDatasetBuilder. Both use
 the same tokenizer and inputs and must write byte-identical .bin and .idx files; tokens/s counts the whole job
-(reading, checking, encoding, writing), with megatron-core imported and the inputs in the page cache beforehand."""
+(reading, checking, encoding, writing), with the baseline's megatron-core import paid beforehand (prepare needs
+none) and the inputs in the page cache. Beside it, the tokenizer-bound limit: the tokenizer alone on one thread,
+in tokens per CPU-second, against prepare's tokens per worker CPU-second (CPU time, so other jobs' load on the
+machine does not count)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from trainer.data.prepare import default_workers, prepare_dataset
-from trainer.data.sources import find_input_files, stdlib_sources
-from trainer.data.tokenizer import eod_id
+from trainer.data.sources import find_input_files, read_documents, split_into_pieces, stdlib_sources
+from trainer.data.tokenizer import eod_id, read_tokenizer
+
+
+@contextlib.contextmanager
+def _one_tokenizer_thread() -> Iterator[None]:
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+def tokenizer_tokens_per_cpu_second(
+    paths: Sequence[Path], tokenizer_path: str, text_key: str = "text"
+) -> float:
+    """The tokenizer alone, on one thread: `encode_batch_fast` over every document (read beforehand), tokens
+    per CPU-second. prepare's workers do this and also read, parse and frame the documents: their ceiling."""
+    tokenizer = read_tokenizer(tokenizer_path)
+    texts = [text for piece in split_into_pieces(paths) for text in read_documents(piece, text_key) if text]
+    with _one_tokenizer_thread():
+        started = time.process_time()
+        encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        seconds = time.process_time() - started
+    return sum(len(encoding.ids) for encoding in encodings) / seconds
 
 
 def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -> int:
@@ -33,7 +65,7 @@ def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -
         text = Path(path).read_bytes().decode("utf-8")
         if not text:
             continue
-        ids = [*tokenizer.encode(text, add_special_tokens=False).ids, eod]
+        ids = [*tokenizer.encode(text).ids, eod]  # with what the post-processor adds (a BOS), as prepare
         builder.add_document(np.array(ids, dtype=dtype), [len(ids)])
         tokens += len(ids)
     builder.finalize(f"{prefix}.idx")
@@ -52,7 +84,7 @@ def bench_data(
     out.mkdir(parents=True, exist_ok=True)
     paths = list(dict.fromkeys([*find_input_files(inputs, globs), *(stdlib_sources() if stdlib else [])]))
     workers = workers or default_workers()
-    # Neither side pays for what both share: megatron-core's import and reading the files from disk the first time.
+    # The baseline's megatron-core import, and reading the files from disk the first time, count for neither.
     from megatron.core.datasets import indexed_dataset  # noqa: F401
 
     for path in paths:
@@ -71,6 +103,7 @@ def bench_data(
     started = time.perf_counter()
     tokens = baseline_prepare(paths, tokenizer_path, out / "baseline")
     baseline_seconds = time.perf_counter() - started
+    limit = tokenizer_tokens_per_cpu_second(paths, tokenizer_path)
     identical = all(
         (out / f"ours{suffix}").read_bytes() == (out / f"baseline{suffix}").read_bytes()
         for suffix in (".bin", ".idx")
@@ -83,5 +116,7 @@ def bench_data(
         "baseline_seconds": baseline_seconds,
         "ours_tokens_per_s": ours.manifest.tokens / ours_seconds,
         "baseline_tokens_per_s": tokens / baseline_seconds,
+        "ours_tokens_per_worker_cpu_s": ours.manifest.tokens / ours.timing.worker_cpu_seconds,
+        "tokenizer_tokens_per_cpu_s": limit,
         "identical_output": identical,
     }

@@ -1,9 +1,11 @@
 """`python -m trainer prepare`: tokenize text files, directories and JSONL into a Megatron indexed dataset.
 
-One document per text file or JSONL line, with the end-of-document token appended. Writes PREFIX.bin and
-PREFIX.idx (megatron-core's IndexedDatasetBuilder), PREFIX.tokenizer.json (the tokenizer used: the one given,
-or a byte-level BPE trained on the inputs) and PREFIX.manifest.json (what it was made from; written last, it
-marks a complete dataset, and re-running with the same inputs finds it and does nothing).
+One document per text file or JSONL line: the special tokens the tokenizer's post-processor puts around a text
+(Llama 3's BOS), then the text's tokens, then the end-of-document token. Writes PREFIX.bin and PREFIX.idx
+(megatron's indexed dataset format, trainer/data/indexed.py), PREFIX.tokenizer.json (the tokenizer used: the one
+given, or a byte-level BPE trained on the inputs) and PREFIX.manifest.json (what it was made from; written last,
+it marks a complete dataset, and re-running with the same inputs finds it and does nothing). Neither torch nor
+megatron-core is imported.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ import functools
 import multiprocessing
 import os
 import shutil
-import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 from rich.console import Console
@@ -36,6 +35,7 @@ from rich.progress import (
 from tokenizers import Tokenizer
 
 from trainer.data import DataError
+from trainer.data.indexed import IndexedDatasetWriter, token_dtype
 from trainer.data.manifest import (
     DatasetFiles,
     InputFile,
@@ -57,6 +57,8 @@ from trainer.data.sources import (
 )
 from trainer.data.tokenizer import (
     MIN_VOCAB_SIZE,
+    DocumentTemplate,
+    document_template,
     encode_documents,
     eod_id,
     file_sha256,
@@ -140,12 +142,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True)
+class EncodeTiming:
+    """The tokenizing phase: its wall time, and the CPU time its workers spent reading, parsing and encoding
+    (tokens per worker CPU-second is what to hold against the tokenizer's own single-core speed)."""
+
+    seconds: float
+    worker_cpu_seconds: float
+
+
+@dataclass(frozen=True)
 class PrepareResult:
     files: DatasetFiles
     manifest: Manifest
     cached: bool
     seconds: float
-    encode_seconds: float
+    timing: EncodeTiming
+    template: DocumentTemplate | None = None  # None when cached
 
     def summary(self) -> str:
         m = self.manifest
@@ -154,12 +166,14 @@ class PrepareResult:
                 f"{self.files.prefix}: cached ({m.documents:,} documents, {m.tokens:,} tokens, tokenizer "
                 f"{self.files.tokenizer}); inputs unchanged since it was prepared, --force rebuilds it"
             )
-        rate = m.tokens / max(self.encode_seconds, 1e-9)
+        rate = m.tokens / max(self.timing.seconds, 1e-9)
+        per_core = m.tokens / max(self.timing.worker_cpu_seconds, 1e-9)
         return (
             f"{self.files.prefix}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}, vocab "
-            f"{m.tokenizer.vocab_size:,}) in {self.seconds:.1f} s, encoding at {rate:,.0f} tokens/s; "
+            f"{m.tokenizer.vocab_size:,}) in {self.seconds:.1f} s, encoding at {rate:,.0f} tokens/s "
+            f"({per_core:,.0f} per worker CPU-second); "
             f"{self.files.bin.name} {m.bin_bytes / 1e6:.1f} MB + {self.files.idx.name} {m.idx_bytes / 1e6:.2f} MB, "
-            f"tokenizer {self.files.tokenizer}"
+            f"tokenizer {self.files.tokenizer}; {self.template.describe(m.tokenizer.eod_id)}"
         )
 
 
@@ -194,7 +208,9 @@ def prepare_dataset(
     if not paths:
         raise DataError("no inputs: give INPUT files or directories, or --stdlib")
     if tokenizer is not None:
-        eod_id(read_tokenizer(tokenizer), tokenizer)
+        given = read_tokenizer(tokenizer)
+        eod_id(given, tokenizer)
+        document_template(given, tokenizer)
     request = Request(
         inputs=[InputFile.of(path) for path in paths],
         text_key=text_key,
@@ -203,14 +219,13 @@ def prepare_dataset(
     )
     if not force and (cached := _cached(files, request)) is not None:
         return PrepareResult(
-            files, cached, cached=True, seconds=time.perf_counter() - started, encode_seconds=0
+            files, cached, cached=True, seconds=time.perf_counter() - started, timing=EncodeTiming(0, 0)
         )
 
     batches = _batches(split_into_pieces(paths))
     temporary = {path: path.with_name(f"{path.name}.tmp-{os.getpid()}") for path in files.all()}
     try:
         with _batch_mapper(workers) as map_batches, _progress(console) as progress:
-            importer = _import_in_background()  # after the fork: no child may inherit a half-done import
             _scan(batches, text_key, map_batches, progress)
             files.bin.parent.mkdir(parents=True, exist_ok=True)
             tokenizer_path = temporary[files.tokenizer]
@@ -222,8 +237,7 @@ def prepare_dataset(
                 )
                 train_bpe(_documents(batches, text_key), request.vocab_size).save(str(tokenizer_path))
                 progress.update(task, total=1, completed=1)
-            importer.join()
-            manifest, encode_seconds = _encode(
+            manifest, timing, template = _encode(
                 batches, text_key, request, tokenizer_path, temporary, files, map_batches, progress
             )
         files.manifest.unlink(missing_ok=True)  # the old dataset stops counting as complete before it changes
@@ -233,7 +247,7 @@ def prepare_dataset(
     finally:
         for path in temporary.values():
             path.unlink(missing_ok=True)
-    return PrepareResult(files, manifest, False, time.perf_counter() - started, encode_seconds)
+    return PrepareResult(files, manifest, False, time.perf_counter() - started, timing, template)
 
 
 def _output_files(output: str) -> DatasetFiles:
@@ -378,26 +392,34 @@ def _documents(batches: Iterable[Batch], text_key: str) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    tokens: np.ndarray  # every document's tokens, each followed by EOD
-    lengths: np.ndarray  # tokens per document, EOD included
+    tokens: np.ndarray  # every document's tokens, framed by the template and ended by EOD
+    lengths: np.ndarray  # tokens per document, all of those included
+    cpu_seconds: float  # the worker's CPU time for this batch: reading, parsing and encoding
 
 
 @functools.lru_cache(maxsize=1)
-def _worker_tokenizer(path: str, sha256: str) -> tuple[Tokenizer, int]:
+def _worker_tokenizer(path: str, sha256: str) -> tuple[Tokenizer, DocumentTemplate, tuple[int, ...]]:
+    """The tokenizer, its document template, and the tokens that follow each document's text."""
     tokenizer = read_tokenizer(path)
-    return tokenizer, eod_id(tokenizer, path)
+    template = document_template(tokenizer, path)
+    return tokenizer, template, template.ending(eod_id(tokenizer, path))
 
 
 def encode_batch(
     batch: Batch, text_key: str, tokenizer_path: str, tokenizer_sha256: str, dtype: str
 ) -> EncodedBatch:
-    tokenizer, eod = _worker_tokenizer(tokenizer_path, tokenizer_sha256)
+    started = time.process_time()
+    tokenizer, template, ending = _worker_tokenizer(tokenizer_path, tokenizer_sha256)
     ids = encode_documents(tokenizer, list(_documents([batch], text_key)))
-    lengths = np.array([len(document) + 1 for document in ids], dtype=np.int64)
-    tokens = np.full(int(lengths.sum()), eod, dtype=dtype)
-    for document, end in zip(ids, np.cumsum(lengths).tolist(), strict=True):
-        tokens[end - 1 - len(document) : end - 1] = document
-    return EncodedBatch(tokens, lengths)
+    flat: list[int] = []
+    for document in ids:
+        flat += template.prefix
+        flat += document
+        flat += ending
+    frame = len(template.prefix) + len(ending)
+    lengths = np.array([len(document) + frame for document in ids], dtype=np.int64)
+    tokens = np.array(flat, dtype=dtype)
+    return EncodedBatch(tokens, lengths, time.process_time() - started)
 
 
 def _encode(
@@ -409,18 +431,19 @@ def _encode(
     files: DatasetFiles,
     map_batches: BatchMapper,
     progress: Progress,
-) -> tuple[Manifest, float]:
-    """Encode every batch (in order) into the temporary .bin/.idx; return their manifest and the seconds taken."""
-    indexed_dataset = _import_indexed_dataset()
+) -> tuple[Manifest, EncodeTiming, DocumentTemplate]:
+    """Encode every batch (in order) into the temporary .bin/.idx; return their manifest, how long it took and
+    the document template."""
     started = time.perf_counter()
-
     tokenizer = read_tokenizer(tokenizer_path)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    dtype = indexed_dataset.DType.optimal_dtype(vocab_size)
+    template = document_template(tokenizer, tokenizer_path)
+    dtype = token_dtype(vocab_size)
     sha256 = file_sha256(tokenizer_path)
     task = progress.add_task("tokenizing", total=sum(map(_batch_bytes, batches)), detail="")
-    builder = indexed_dataset.IndexedDatasetBuilder(str(temporary[files.bin]), dtype=dtype)
+    writer = IndexedDatasetWriter(temporary[files.bin], dtype)
     documents = tokens = max_token_id = 0
+    worker_cpu_seconds = 0.0
     encode = functools.partial(
         encode_batch,
         text_key=text_key,
@@ -429,15 +452,13 @@ def _encode(
         dtype=dtype.__name__,
     )
     for batch, encoded in zip(batches, map_batches(encode, batches), strict=True):
-        start = 0
-        for length in encoded.lengths.tolist():
-            builder.add_document(encoded.tokens[start : start + length], [length])
-            start += length
+        writer.add_documents(encoded.tokens, encoded.lengths)
         documents += encoded.lengths.size
         tokens += encoded.tokens.size
+        worker_cpu_seconds += encoded.cpu_seconds
         max_token_id = max(max_token_id, int(encoded.tokens.max(initial=0)))
         progress.update(task, advance=_batch_bytes(batch), detail=f"{tokens:,} tokens")
-    builder.finalize(str(temporary[files.idx]))
+    writer.finalize(temporary[files.idx])
     seconds = time.perf_counter() - started
     manifest = Manifest(
         request=request,
@@ -454,25 +475,4 @@ def _encode(
         bin_bytes=temporary[files.bin].stat().st_size,
         idx_bytes=temporary[files.idx].stat().st_size,
     )
-    return manifest, seconds
-
-
-def _import_in_background() -> threading.Thread:
-    """Import megatron-core (about 5 s) while the inputs are checked and the tokenizer trains. A failure stays
-    quiet here and surfaces when _encode imports it again."""
-
-    def import_quietly() -> None:
-        with contextlib.suppress(Exception):
-            _import_indexed_dataset()
-
-    thread = threading.Thread(target=import_quietly, daemon=True)
-    thread.start()
-    return thread
-
-
-def _import_indexed_dataset() -> ModuleType:
-    """megatron-core's .bin/.idx writer, imported only here: importing megatron-core takes about 5 s."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        from megatron.core.datasets import indexed_dataset
-    return indexed_dataset
+    return manifest, EncodeTiming(seconds, worker_cpu_seconds), template

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -62,6 +63,54 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
         ):
             ids[index] = encoding.ids
     return ids
+
+
+@dataclass(frozen=True)
+class DocumentTemplate:
+    """The special tokens the tokenizer's post-processor puts around a text (its `single` template: Llama 3's
+    tokenizer.json adds <|begin_of_text|> before it); `prepare` frames every document with them."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    prefix_tokens: tuple[str, ...]
+    suffix_tokens: tuple[str, ...]
+
+    def ending(self, eod: int) -> tuple[int, ...]:
+        """What follows each document's text: the template's suffix, then EOD unless the suffix ends with it."""
+        return self.suffix + ((eod,) if self.suffix[-1:] != (eod,) else ())
+
+    def describe(self, eod: int) -> str:
+        """Each document's tokens in words, for prepare's summary."""
+        after = [*self.suffix_tokens, *(["EOD"] if self.ending(eod) != self.suffix else [])]
+        added = " and ".join(
+            f"{' '.join(tokens)} {side} the text"
+            for tokens, side in ((self.prefix_tokens, "before"), (self.suffix_tokens, "after"))
+            if tokens
+        )
+        why = f"the tokenizer's post-processor adds {added}" if added else "its post-processor adds nothing"
+        return f"each document is {' '.join([*self.prefix_tokens, 'TEXT', *after])} ({why})"
+
+
+def document_template(tokenizer: Tokenizer, path: str | Path) -> DocumentTemplate:
+    """What `tokenizer.post_process` adds around one sequence: the special tokens before and after the text's own
+    (found by the special-tokens mask, so TemplateProcessing, BERT/RoBERTa processors and Sequences of them all
+    work the same way; a post-processor that adds nothing, or none at all, gives an empty template)."""
+    text = tokenizer.encode("a", add_special_tokens=False)
+    if not text.ids:
+        raise DataError(
+            f"tokenizer {str(path)!r} encodes the text 'a' to no tokens; it cannot encode documents"
+        )
+    processed = tokenizer.post_process(text, add_special_tokens=True)
+    mask = processed.special_tokens_mask
+    first = mask.index(0)
+    last = len(mask) - 1 - mask[::-1].index(0)
+    ids, tokens = processed.ids, processed.tokens
+    return DocumentTemplate(
+        prefix=tuple(ids[:first]),
+        suffix=tuple(ids[last + 1 :]),
+        prefix_tokens=tuple(tokens[:first]),
+        suffix_tokens=tuple(tokens[last + 1 :]),
+    )
 
 
 def eod_id(tokenizer: Tokenizer, path: str | Path) -> int:

@@ -88,7 +88,7 @@ def plan(
     try:
         if nodes_valid:
             overrides, planned_layout = _plan_auto_layout(config_path, overrides, outputs, nodes)
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(config_path, overrides, device="cuda")
     except ConfigError as error:
         raise SubmitError(problems + error.problems) from None
     run = run or cfg.name

@@ -38,7 +38,7 @@ def load_for_planning(path: str | Path, overrides: list[str]) -> tuple[TrainConf
     planned = auto_keys(path, overrides)
     placeholders = {"parallel.recompute": "none", "parallel.sequence_parallel": "false"}
     filled = [f"{key}={placeholders.get(key, '1')}" for key in planned]
-    return load_config(path, [*overrides, *filled]), planned
+    return load_config(path, [*overrides, *filled], device="cuda"), planned
 
 
 def plan_for(
