@@ -34,7 +34,7 @@ from trainer.config import ConfigError, ModelConfig, TrainConfig, load_config, v
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.distributed import parallel
+from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.launch import batch as launch
@@ -140,20 +140,22 @@ class Run:
         return train_step(self, batches, step)
 
     def evaluate(self) -> float:
-        return evaluate(self)
+        with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
+            return evaluate(self)
 
     def save(self, progress: checkpoint.Progress) -> Path:
         c = self.cfg.checkpoint
-        return checkpoint.save(
-            self.cfg.checkpoint_dir,
-            self.chunks,
-            self.optimizer,
-            self.scheduler,
-            progress,
-            self.dims,
-            c.keep_last,
-            self.model_record,
-        )
+        with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
+            return checkpoint.save(
+                self.cfg.checkpoint_dir,
+                self.chunks,
+                self.optimizer,
+                self.scheduler,
+                progress,
+                self.dims,
+                c.keep_last,
+                self.model_record,
+            )
 
     def load(self, path: Path, *, weights_only: bool = False) -> checkpoint.Progress:
         return checkpoint.load(
@@ -354,7 +356,10 @@ def _mean_over_ranks(losses: list[dict]) -> float:
     totals = torch.zeros(2, device=parallel.device_type())
     for loss in losses:
         totals += loss["lm loss"].to(totals.device)
-    torch.distributed.all_reduce(totals, group=parallel_state.get_data_parallel_group())
+    # Context-parallel ranks hold parts of the same sequences: their sums add up too.
+    torch.distributed.all_reduce(
+        totals, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
+    )
     torch.distributed.all_reduce(totals, group=parallel_state.get_pipeline_model_parallel_group())
     return (totals[0] / totals[1]).item()
 
@@ -366,8 +371,11 @@ def _max_over_ranks(value: float) -> float:
 
 
 def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> list[Iterator[dict]]:
-    """This DP rank's micro-batches from `consumed_samples` on, on the device; one identical stream per chunk."""
+    """This DP rank's micro-batches from `consumed_samples` on, on the device (this CP rank's part of each
+    sequence); one identical stream per chunk. On GPUs the samples are collated into pinned host memory and copied
+    without blocking the host, which queues the copy ahead of the micro-batch's kernels."""
     s, device = run.cfg.schedule, parallel.device_type()
+    pinned = device == "cuda"
 
     def stream() -> Iterator[dict]:
         for batch in sample_batches(
@@ -377,8 +385,10 @@ def micro_batch_iterators(dataset: Dataset, consumed_samples: int, run: Run) -> 
             s.micro_batch_size,
             parallel_state.get_data_parallel_rank(),
             run.dims.dp,
+            pin_memory=pinned,
         ):
-            yield {field: tensor.to(device) for field, tensor in batch.items()}
+            on_device = {field: tensor.to(device, non_blocking=pinned) for field, tensor in batch.items()}
+            yield fast_path.this_context_parallel_rank(on_device) if run.dims.cp > 1 else on_device
 
     return [stream() for _ in range(run.dims.vp)]
 
