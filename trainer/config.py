@@ -433,26 +433,26 @@ def _gpu_fast_path(cfg: TrainConfig) -> list[tuple[str, Any, str]]:
         (
             "parallel.context_parallel_size",
             p.context_parallel_size,
-            "context parallelism, which only TEDotProductAttention implements",
+            "context parallelism (only TEDotProductAttention implements it)",
             p.context_parallel_size > 1,
         ),
         (
             "parallel.tp_comm_overlap",
             "true",
-            "TP communication overlap, TransformerEngine userbuffers over NVLink",
+            "TP communication overlap (TransformerEngine userbuffers)",
             p.tp_comm_overlap,
         ),
-        ("fp8.format", repr(f.format), "FP8 GEMMs, TransformerEngine's", f.format is not None),
+        ("fp8.format", repr(f.format), "FP8 GEMMs (TransformerEngine recipes)", f.format is not None),
         (
             "fusion.gradient_accumulation_fusion",
             "true",
-            "gradient accumulation fusion, in TransformerEngine's linear layers",
+            "gradient accumulation fusion (in TransformerEngine's linear layers)",
             fusion.gradient_accumulation_fusion,
         ),
         (
             "fusion.cross_entropy_loss_fusion",
             "true",
-            "fused cross entropy, TransformerEngine's parallel_cross_entropy",
+            "fused cross entropy (TransformerEngine's parallel_cross_entropy)",
             fusion.cross_entropy_loss_fusion,
         ),
     ]

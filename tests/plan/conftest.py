@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, load_config
+from trainer.config import LAYOUT_KEYS, TrainConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3_8B = ROOT / "trainer/configs/llama3-8b.yaml"
@@ -21,15 +21,7 @@ BF16_WITHOUT_FAST_PATH = [
     "parallel.overlap_param_gather=false",
     "parallel.tp_comm_overlap=false",
 ]
-BF16_LAYOUT_KEYS = (
-    "parallel.tensor_model_parallel_size",
-    "parallel.pipeline_model_parallel_size",
-    "parallel.virtual_pipeline_model_parallel_size",
-    "parallel.sequence_parallel",
-    "parallel.use_distributed_optimizer",
-    "parallel.recompute",
-    "schedule.micro_batch_size",
-)
+BF16_LAYOUT_KEYS = LAYOUT_KEYS[: LAYOUT_KEYS.index("schedule.micro_batch_size") + 1]
 
 
 def with_layout(cfg: TrainConfig, **layout) -> TrainConfig:

@@ -17,17 +17,21 @@ from trainer.model.llama import transformer_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 LLAMA3_8B = CONFIGS / "llama3-8b.yaml"
-EVERY_KNOB = [
-    "parallel.tensor_model_parallel_size=2",
-    "parallel.sequence_parallel=true",
-    "parallel.context_parallel_size=2",
-    "parallel.tp_comm_overlap=true",
+# The fast path's keys that CPUs run (gloo, local spec).
+CPU_RUNNABLE = [
     "parallel.use_distributed_optimizer=true",
     "parallel.overlap_grad_reduce=true",
     "parallel.overlap_param_gather=true",
     "parallel.recompute=full",
     "parallel.recompute_method=block",
     "parallel.recompute_num_layers=3",
+]
+EVERY_KNOB = [
+    "parallel.tensor_model_parallel_size=2",
+    "parallel.sequence_parallel=true",
+    "parallel.context_parallel_size=2",
+    "parallel.tp_comm_overlap=true",
+    *CPU_RUNNABLE,
     "fp8.format=hybrid",
     "fp8.recipe=tensorwise",
     "fusion.gradient_accumulation_fusion=true",
@@ -104,7 +108,9 @@ def test_cpu_refuses_each_gpu_only_knob_naming_key_value_why_and_what_works():
     for key in GPU_ONLY_KEYS:
         [line] = [p for p in problems if p.startswith(f"{key} = ")]
         assert "cannot run on CPU" in line and "TransformerEngine" in line and "remove it here" in line
-    assert any("context parallelism, which only TEDotProductAttention implements" in p for p in problems)
+    assert any(
+        "context parallelism (only TEDotProductAttention implements it) needs a GPU" in p for p in problems
+    )
     # The same config on GPUs of the cluster (TransformerEngine in the image): nothing refused.
     assert layout_problems(cfg, 32, "cuda") == []
 
@@ -169,3 +175,25 @@ def test_layout_checks_for_context_parallelism_and_partial_recompute():
         "recompute_num_layers = 33 is above the 32 layers of a model chunk" in p
         for p in layout_problems(block, 32, "cuda")
     )
+
+
+def test_overlapped_weight_gather_and_partial_recompute_train_as_a_single_process_does(launcher, single):
+    # The CPU-runnable part of the fast path, really run (gloo): DP=2 with the distributed optimizer, the
+    # gradient reduce-scatter overlapped with backward, the weight all-gather overlapped with the next forward
+    # (evaluation and the final checkpoint first finish it), and full recompute of 3 of the 8 layers.
+    from .test_parity import assert_same_training
+
+    layout = launcher.launch(
+        "dp2_overlap_block_recompute",
+        2,
+        *CPU_RUNNABLE,
+        "schedule.train_iters=3",
+    )
+    assert_same_training(layout, single)
+    # Validation after the last step sees the last update's weights (a stale, un-gathered shard would not).
+    reference = launcher.launch("single_3_steps", 1, "schedule.train_iters=3")
+    assert last_val_loss(layout) == pytest.approx(last_val_loss(reference), rel=1e-5)
+
+
+def last_val_loss(result) -> float:
+    return [r["val_loss"] for r in result.records if r.get("val_loss") is not None][-1]

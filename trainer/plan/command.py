@@ -110,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # Piped output keeps the table whole instead of rich's 80-column default.
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     try:
         instance, nodes = _where(args)
         if not 0 < args.matmul_efficiency <= 1:
@@ -170,7 +170,9 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
         f"{cfg.schedule.global_batch_size}, {cfg.precision}; on {plan.nodes} x {i.name} "
         f"({plan.nodes * i.gpus} x {i.gpu_model} {i.gpu_memory_gib} GiB); {tokens:.3g} tokens"
     )
-    free = ", ".join(key.split(".")[1] for key in plan.free_keys)
+    free = ", ".join(
+        key.split(".", 1)[1] if key.startswith(("parallel.", "schedule.")) else key for key in plan.free_keys
+    )
     console.print(f"searched {len(plan.candidates)} layouts over: {free}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     columns = ("#", "TP", "PP", "VP", "CP", "DP", "micro", "recompute", "precision", "overlap", "sharding")

@@ -270,7 +270,9 @@ def estimate_stages(
                 activations += received * e * m.hidden_size * tokens
         moments = {"backward": (activations, 0.0, in_backward)}
         if rank == pp - 1:
-            final_norm = per_token(saved_per_layer(cfg, kernels)[: 4 if local else 3]) * tokens
+            # The output layer's GEMM stays bf16 under FP8: the final norm saves its input unquantized.
+            bf16_gemms = cfg.model_copy(update={"fp8": cfg.fp8.model_copy(update={"format": None})})
+            final_norm = per_token(saved_per_layer(bf16_gemms, kernels)[: 4 if local else 3]) * tokens
             logits = (FP32 + (e if e != FP32 else 0)) * padded_vocab_size / tp * tokens
             moments["loss"] = (activations + final_norm, logits, 0.0)
         if local and cfg.engine == "deepspeed" and cfg.zero.offload_optimizer == "none":
