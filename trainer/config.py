@@ -325,16 +325,16 @@ def _deepspeed_problems(cfg: TrainConfig) -> list[str]:
     if p.sequence_parallel:
         problems.append("parallel.sequence_parallel = true needs engine: megatron with TP > 1")
     problems += [
-        f"{key} = {value} needs engine: megatron (megatron-core's {what}); engine: deepspeed runs megatron's "
-        "local layers without it: remove it, or use engine: megatron"
+        f"{key} = {value} needs engine: megatron ({what}, wired through megatron-core's DDP, schedule and "
+        "parallel state, which engine: deepspeed replaces): remove it, or use engine: megatron"
         for key, value, what in _gpu_fast_path(cfg)
-        if key != "parallel.overlap_param_gather"
     ]
     problems += [
         f"parallel.{key} is megatron's ({why}); with engine: deepspeed remove it ({instead})"
         for key, why, instead in (
             ("use_distributed_optimizer", "its ZeRO-1", "zero.stage says what ZeRO shards"),
             ("overlap_grad_reduce", "its DDP", "deepspeed.zero_optimization.overlap_comm does this"),
+            ("overlap_param_gather", "its distributed optimizer's", "ZeRO gathers weights itself"),
         )
         if key in p.model_fields_set and getattr(p, key)
     ]

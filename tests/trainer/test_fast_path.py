@@ -149,7 +149,11 @@ def test_a_gpu_without_transformer_engine_refuses_each_knob_and_fp8_needs_the_ri
         ),
         (
             ["engine=deepspeed", "fp8.format=hybrid", "parallel.tensor_model_parallel_size=1"],
-            "needs engine: megatron",
+            "fp8.format = 'hybrid' needs engine: megatron",
+        ),
+        (
+            ["engine=deepspeed", "parallel.tensor_model_parallel_size=1"],
+            "parallel.overlap_param_gather is megatron's (its distributed optimizer's)",
         ),
     ],
 )
