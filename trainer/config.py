@@ -84,15 +84,47 @@ class ParallelConfig(_Section):
     virtual_pipeline_model_parallel_size: PositiveInt = 1
     data_parallel_size: PositiveInt | None = None  # None: world size / (TP x PP)
     sequence_parallel: bool = False
+    # Each sequence split over this many GPUs (megatron-core context parallelism: TransformerEngine's attention
+    # exchanges keys and values in a ring); for long sequences.
+    context_parallel_size: PositiveInt = 1
     use_distributed_optimizer: bool = True
-    overlap_grad_reduce: bool = False
+    overlap_grad_reduce: bool = False  # DP gradient reduce-scatter during backward
+    overlap_param_gather: bool = (
+        False  # the distributed optimizer's weight all-gather during the next forward
+    )
+    tp_comm_overlap: bool = False  # TP collectives pipelined with the GEMMs (TransformerEngine userbuffers)
     recompute: Literal["none", "selective", "full"] = "none"
+    # Full recompute only: `uniform` checkpoints the input of every group of recompute_num_layers layers and
+    # recomputes them all; `block` recomputes the first recompute_num_layers layers of each model chunk and keeps
+    # the other layers' activations (partial recompute: the memory lever between none and full).
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: PositiveInt = 1
     # How long a collective waits for the other ranks before it fails (a fraction for tests: 0.1 = 6 s).
     distributed_timeout_minutes: PositiveFloat = 10
 
     @property
     def model_parallel_size(self) -> int:
-        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        """GPUs that share one data-parallel replica: TP x PP x CP."""
+        return (
+            self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        )
+
+
+class FP8Config(_Section):
+    """FP8 GEMMs through TransformerEngine (megatron-core TransformerConfig.fp8 / fp8_recipe); weights, master
+    weights, gradients and checkpoints stay bf16/fp32, so an FP8-trained checkpoint loads in bf16."""
+
+    format: Literal["e4m3", "hybrid"] | None = None  # None: no FP8; hybrid: e4m3 forward, e5m2 gradients
+    # delayed: per-tensor scale from an amax history; tensorwise: per-tensor current scaling (Hopper and later);
+    # mxfp8: one scale per 32 values, Blackwell (SM 10.0) only.
+    recipe: Literal["delayed", "tensorwise", "mxfp8"] = "delayed"
+
+
+class FusionConfig(_Section):
+    """Fused kernels megatron-core takes from TransformerEngine (GPUs with TE only)."""
+
+    gradient_accumulation_fusion: bool = False  # weight-gradient GEMMs accumulate into DDP's fp32 main_grad
+    cross_entropy_loss_fusion: bool = False  # TE's fused vocab-parallel cross entropy
 
 
 class ZeroConfig(_Section):
@@ -182,6 +214,8 @@ class TrainConfig(_Section):
     # bf16: bf16 weights and compute, fp32 master weights; fp32. In a YAML file or --set, `auto` picks what this
     # machine computes natively (trainer/model/precision.py), and load_config resolves it to one of these.
     precision: Literal["bf16", "fp32"] = "bf16"
+    fp8: FP8Config = FP8Config()
+    fusion: FusionConfig = FusionConfig()
     # megatron: tensor + pipeline + data parallel (megatron-core); deepspeed: ZeRO data parallel (TP = PP = 1).
     engine: Literal["megatron", "deepspeed"] = "megatron"
     model: ModelConfig
@@ -207,7 +241,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        problems = _consistency_problems(self)
+        problems = consistency_problems(self)
         if problems:
             raise ConfigError(problems)
         return self
@@ -221,8 +255,8 @@ class TrainConfig(_Section):
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
 
 
-def _consistency_problems(cfg: TrainConfig) -> list[str]:
-    """Cross-field checks that need no world size or device."""
+def consistency_problems(cfg: TrainConfig) -> list[str]:
+    """Cross-field checks that need no world size or device (the planner runs them on configs it derives)."""
     m, d, s, o = cfg.model, cfg.data, cfg.schedule, cfg.optimizer
     problems = []
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
@@ -266,7 +300,42 @@ def _consistency_problems(cfg: TrainConfig) -> list[str]:
         problems.append(
             "checkpoint.finetune = true needs checkpoint.load: the checkpoint whose weights to start from"
         )
+    problems += _fast_path_consistency(cfg)
     return problems + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+
+
+def _fast_path_consistency(cfg: TrainConfig) -> list[str]:
+    """The GPU fast path's keys against each other (docs/trainer.md, "GPU fast path")."""
+    p, f = cfg.parallel, cfg.fp8
+    problems = [
+        f"parallel.{key} = {getattr(p, key)!r} is set but parallel.recompute = {p.recompute!r}; it chooses the "
+        "layers of full recompute only: set parallel.recompute: full, or remove it"
+        for key, default in (("recompute_method", "uniform"), ("recompute_num_layers", 1))
+        if getattr(p, key) != default and p.recompute != "full"
+    ]
+    if f.format is not None and cfg.precision != "bf16":
+        problems.append(
+            f"fp8.format = {f.format!r} needs precision: bf16 (got {cfg.precision!r}): FP8 GEMMs run inside "
+            "bf16 training, whose weights and gradients stay bf16/fp32"
+        )
+    if f.format is None and f.recipe != "delayed":
+        problems.append(
+            f"fp8.recipe = {f.recipe!r} is set but fp8.format is null (FP8 off); set fp8.format: hybrid "
+            "(or e4m3), or remove fp8.recipe"
+        )
+    if p.overlap_param_gather and not p.use_distributed_optimizer:
+        problems.append(
+            "parallel.overlap_param_gather = true needs parallel.use_distributed_optimizer = true: only the "
+            "distributed optimizer all-gathers the updated weights"
+        )
+    # megatron/training/arguments.py (core_r0.16.1): "Tensor parallel communication/GEMM overlap can happen
+    # only when sequence parallelism is enabled".
+    if p.tp_comm_overlap and not p.sequence_parallel:
+        problems.append(
+            "parallel.tp_comm_overlap = true needs parallel.sequence_parallel = true (and TP > 1): "
+            "TransformerEngine overlaps the sequence-parallel all-gather and reduce-scatter with the GEMMs"
+        )
+    return problems
 
 
 def _megatron_problems(cfg: TrainConfig) -> list[str]:
@@ -297,10 +366,16 @@ def _deepspeed_problems(cfg: TrainConfig) -> list[str]:
     if p.sequence_parallel:
         problems.append("parallel.sequence_parallel = true needs engine: megatron with TP > 1")
     problems += [
+        f"{key} = {value} needs engine: megatron ({what}, wired through megatron-core's DDP, schedule and "
+        "parallel state, which engine: deepspeed replaces): remove it, or use engine: megatron"
+        for key, value, what in _gpu_fast_path(cfg)
+    ]
+    problems += [
         f"parallel.{key} is megatron's ({why}); with engine: deepspeed remove it ({instead})"
         for key, why, instead in (
             ("use_distributed_optimizer", "its ZeRO-1", "zero.stage says what ZeRO shards"),
             ("overlap_grad_reduce", "its DDP", "deepspeed.zero_optimization.overlap_comm does this"),
+            ("overlap_param_gather", "its distributed optimizer's", "ZeRO gathers weights itself"),
         )
         if key in p.model_fields_set and getattr(p, key)
     ]
@@ -350,20 +425,27 @@ def layout_problems(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
             f"parallel.virtual_pipeline_model_parallel_size = {vp} needs "
             "parallel.pipeline_model_parallel_size > 1 (it interleaves pipeline stages)"
         )
-    if world_size % (tp * pp):
-        problems.append(
-            f"world size {world_size} is not divisible by parallel.tensor_model_parallel_size x "
-            f"parallel.pipeline_model_parallel_size = {tp} x {pp} = {tp * pp}"
+    cp = p.context_parallel_size
+    names = "parallel.tensor_model_parallel_size x parallel.pipeline_model_parallel_size"
+    short = "parallel.tensor_model_parallel_size x pipeline_model_parallel_size"
+    sizes = f"{tp} x {pp}"
+    if cp > 1:
+        names, short, sizes = (
+            f"{names} x context_parallel_size",
+            f"{short} x context_parallel_size",
+            f"{sizes} x {cp}",
         )
-    elif p.data_parallel_size is not None and world_size != tp * pp * p.data_parallel_size:
+    mp = tp * pp * cp
+    if world_size % mp:
+        problems.append(f"world size {world_size} is not divisible by {names} = {sizes} = {mp}")
+    elif p.data_parallel_size is not None and world_size != mp * p.data_parallel_size:
         problems.append(
-            f"world size {world_size} != parallel.tensor_model_parallel_size x pipeline_model_parallel_size x "
-            f"data_parallel_size = {tp} x {pp} x {p.data_parallel_size} = {tp * pp * p.data_parallel_size}; "
-            f"launch {tp * pp * p.data_parallel_size} processes or set parallel.data_parallel_size to "
-            f"{world_size // (tp * pp)} (or null to derive it)"
+            f"world size {world_size} != {short} x data_parallel_size = {sizes} x {p.data_parallel_size} = "
+            f"{mp * p.data_parallel_size}; launch {mp * p.data_parallel_size} processes or set "
+            f"parallel.data_parallel_size to {world_size // mp} (or null to derive it)"
         )
     else:
-        dp = world_size // (tp * pp)
+        dp = world_size // mp
         if s.global_batch_size % (s.micro_batch_size * dp):
             problems.append(
                 f"schedule.global_batch_size = {s.global_batch_size} is not divisible by "
@@ -382,6 +464,96 @@ def layout_problems(cfg: TrainConfig, world_size: int, device: Literal["cpu", "c
         )
     elif p.sequence_parallel and tp == 1:
         problems.append("parallel.sequence_parallel = true needs parallel.tensor_model_parallel_size > 1")
+    return problems + _fast_path_layout_problems(cfg, device)
+
+
+def _gpu_fast_path(cfg: TrainConfig) -> list[tuple[str, Any, str]]:
+    """The fast-path keys this config turns on: (key, value, the megatron-core feature that needs a GPU)."""
+    p, f, fusion = cfg.parallel, cfg.fp8, cfg.fusion
+    knobs = [
+        (
+            "parallel.context_parallel_size",
+            p.context_parallel_size,
+            "context parallelism (only TEDotProductAttention implements it)",
+            p.context_parallel_size > 1,
+        ),
+        (
+            "parallel.tp_comm_overlap",
+            "true",
+            "TP communication overlap (TransformerEngine userbuffers)",
+            p.tp_comm_overlap,
+        ),
+        ("fp8.format", repr(f.format), "FP8 GEMMs (TransformerEngine recipes)", f.format is not None),
+        (
+            "fusion.gradient_accumulation_fusion",
+            "true",
+            "gradient accumulation fusion (in TransformerEngine's linear layers)",
+            fusion.gradient_accumulation_fusion,
+        ),
+        (
+            "fusion.cross_entropy_loss_fusion",
+            "true",
+            "fused cross entropy (TransformerEngine's parallel_cross_entropy)",
+            fusion.cross_entropy_loss_fusion,
+        ),
+    ]
+    return [(key, value, what) for key, value, what, on in knobs if on]
+
+
+def _fast_path_layout_problems(cfg: TrainConfig, device: Literal["cpu", "cuda"]) -> list[str]:
+    p, m = cfg.parallel, cfg.model
+    cp = p.context_parallel_size
+    problems = []
+    # megatron.core.utils.get_batch_on_this_cp_rank cuts each sequence into 2 x CP chunks (rank r takes chunks
+    # r and 2 CP - 1 - r, which balances causal attention).
+    if cp > 1 and cfg.data.seq_length % (2 * cp):
+        problems.append(
+            f"data.seq_length = {cfg.data.seq_length} is not divisible by 2 x parallel.context_parallel_size "
+            f"= {2 * cp}: context parallelism gives each rank two of 2 x CP equal chunks of every sequence"
+        )
+    layers_per_chunk = m.num_layers // (
+        p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size
+    )
+    if p.recompute == "full" and layers_per_chunk and p.recompute_num_layers > layers_per_chunk:
+        problems.append(
+            f"parallel.recompute_num_layers = {p.recompute_num_layers} is above the {layers_per_chunk} layers of "
+            "a model chunk (model.num_layers / (pipeline x virtual pipeline size)); give 1 to "
+            f"{layers_per_chunk}"
+        )
+    if device == "cpu":
+        problems += [
+            f"{key} = {value} cannot run on CPU: {what} needs a GPU with TransformerEngine; remove it here "
+            "(the GPU recipes set it; CPU runs train with megatron-core's local layers)"
+            for key, value, what in _gpu_fast_path(cfg)
+        ]
+    return problems
+
+
+def accelerator_problems(
+    cfg: TrainConfig, transformer_engine: bool, compute_capability: tuple[int, int]
+) -> list[str]:
+    """What this GPU and image cannot run of the config's fast path: TransformerEngine's features without it,
+    FP8 below Hopper/Ada (SM 8.9), MXFP8 below Blackwell (SM 10.0)."""
+    problems = []
+    if not transformer_engine:
+        problems += [
+            f"{key} = {value}: {what} needs TransformerEngine, which this Python environment lacks (the "
+            "cluster image ships it); remove the key to train with megatron-core's local layers"
+            for key, value, what in _gpu_fast_path(cfg)
+        ]
+    capability = ".".join(map(str, compute_capability))
+    # TransformerEngine docs, features/low_precision_training: FP8 needs SM 8.9+; MXFP8 "first appeared in the
+    # Blackwell GPU" (SM 10.0).
+    if cfg.fp8.format is not None and compute_capability < (8, 9):
+        problems.append(
+            f"fp8.format = {cfg.fp8.format!r}: this GPU (compute capability {capability}) has no FP8 tensor "
+            "cores (Hopper/Ada, 8.9, and later do); set fp8.format: null"
+        )
+    elif cfg.fp8.format is not None and cfg.fp8.recipe == "mxfp8" and compute_capability < (10, 0):
+        problems.append(
+            f"fp8.recipe = 'mxfp8' needs a Blackwell GPU (compute capability 10.0); this one is {capability}: "
+            "use fp8.recipe: tensorwise or delayed"
+        )
     return problems
 
 
@@ -414,9 +586,17 @@ def data_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-def validate_layout(cfg: TrainConfig, world_size: int, device: Literal["cpu", "cuda"]) -> None:
-    """Raise a ConfigError unless `cfg` can run on `world_size` processes of `device`."""
+def validate_layout(
+    cfg: TrainConfig,
+    world_size: int,
+    device: Literal["cpu", "cuda"],
+    accelerator: tuple[bool, tuple[int, int]] | None = None,
+) -> None:
+    """Raise a ConfigError unless `cfg` can run on `world_size` processes of `device`; on GPUs `accelerator`
+    (TransformerEngine installed, compute capability) checks the fast path too."""
     problems = layout_problems(cfg, world_size, device)
+    if accelerator is not None:
+        problems += accelerator_problems(cfg, *accelerator)
     if problems:
         raise ConfigError(problems)
 
@@ -430,6 +610,15 @@ LAYOUT_KEYS = (
     "parallel.use_distributed_optimizer",
     "parallel.recompute",
     "schedule.micro_batch_size",
+    # The GPU fast path (docs/trainer.md): context parallelism, partial recompute, overlap, FP8.
+    "parallel.context_parallel_size",
+    "parallel.recompute_method",
+    "parallel.recompute_num_layers",
+    "parallel.overlap_grad_reduce",
+    "parallel.overlap_param_gather",
+    "parallel.tp_comm_overlap",
+    "fp8.format",
+    "fp8.recipe",
 )
 
 

@@ -27,10 +27,17 @@ from trainer.arguments import positive_int
 from trainer.checkpoint import formats
 from trainer.checkpoint.start import start_problems, starting_checkpoint
 from trainer.checkpoint.store import CheckpointSaveError, Progress, latest_checkpoint
-from trainer.config import ConfigError, TrainConfig, data_problems, layout_problems, load_config
+from trainer.config import (
+    ConfigError,
+    TrainConfig,
+    accelerator_problems,
+    data_problems,
+    layout_problems,
+    load_config,
+)
 from trainer.contract import metrics as metric
 from trainer.data.loader import resolved_model
-from trainer.distributed import parallel
+from trainer.distributed import fast_path, parallel
 from trainer.distributed.parallel import ParallelDims
 from trainer.engines import Engine
 from trainer.health import report as health_report
@@ -83,8 +90,11 @@ def main(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         world_size = int(os.environ["WORLD_SIZE"]) if worker else local.processes(cfg, args.nproc)
         # Everything checked before a training process starts work: layout, data, engine settings, checkpoint.
+        device = parallel.device_type()
         problems = (
-            layout_problems(cfg, world_size, parallel.device_type())
+            layout_problems(cfg, world_size, device)
+            # On GPUs: what the fast path needs of this machine (TransformerEngine, compute capability).
+            + (accelerator_problems(cfg, *fast_path.accelerator()) if device == "cuda" else [])
             + data_problems(cfg)
             + engines.problems(cfg, world_size)
         )

@@ -114,10 +114,14 @@ def test_report_prints_as_a_table(cpu_report):
 
 def test_gpu_suite_code_runs_on_cpu_and_writes_its_report(tiny_config, tmp_path):
     report = run_gpu_suite(tiny_config, tmp_path, steps=2, allreduce_processes=2, allreduce_max_bytes=4 << 20)
-    named = results(report)
-    assert (
-        named["training tokens/s"]["value"] > 0 and named["training tokens/s"]["ratio"] is None
-    )  # no CPU peak
+    [training] = [r for r in report["results"] if r["name"].startswith("training tokens/s")]
+    assert training["value"] > 0 and training["ratio"] is None  # no CPU peak
+    # Without TransformerEngine the figure names the spec and kernel and is not called production MFU.
+    assert "local spec" in training["name"] and "NOT the production path" in training["name"]
+    assert "(ratio: local-spec MFU)" in training["name"]
+    details = report["details"]["training"]
+    assert list(details) == ["local-bf16"]
+    assert (details["local-bf16"]["production"], details["local-bf16"]["kernels"]) == (False, "local")
     sweep = report["details"]["allreduce"]
     assert sweep["world_size"] == 2 and sweep["backend"] == "gloo"
     assert [row["bytes"] for row in sweep["sizes"]] == [1 << 20, 4 << 20]

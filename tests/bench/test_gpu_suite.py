@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from trainer.__main__ import main as trainer_main
-from trainer.bench.gpu import GPU_CONFIG
-from trainer.config import layout_problems, load_config
+from trainer.bench.gpu import ALLREDUCE_TIMEOUT_S, GPU_CONFIG, PASS_TIMEOUT_S, gpu_passes
+from trainer.config import accelerator_problems, layout_problems, load_config
 from trainer.model.flops import parameter_counts
 from trainer.plan.memory import estimate_memory
 from trainer.plan.search import vocab_size
@@ -23,3 +23,27 @@ def test_bench_gpu_model_is_llama_3_2_1b_and_fits_one_h200():
     assert layout_problems(cfg, 1, "cuda") == []
     assert parameter_counts(cfg.model, vocab_size(cfg)).total == 1_235_814_400  # Llama 3.2 1B, as published
     assert estimate_memory(cfg, 1, vocab_size(cfg), "transformer_engine").total < 141 * 2**30 * 0.9
+
+
+def test_with_transformer_engine_the_suite_runs_the_production_path_in_bf16_and_fp8():
+    for capability, fp8 in (((9, 0), "te-fp8-tensorwise"), ((10, 0), "te-fp8-mxfp8"), ((8, 0), None)):
+        passes = gpu_passes(True, capability)
+        assert [p.name for p in passes] == ["te-bf16", *([fp8] if fp8 else [])]
+        for gpu_pass in passes:
+            assert gpu_pass.production and "TransformerEngine spec" in gpu_pass.label
+            cfg = load_config(ROOT / GPU_CONFIG, list(gpu_pass.overrides))
+            assert cfg.fusion.gradient_accumulation_fusion and cfg.fusion.cross_entropy_loss_fusion
+            assert layout_problems(cfg, 1, "cuda") == []
+            assert accelerator_problems(cfg, transformer_engine=True, compute_capability=capability) == []
+
+
+def test_without_transformer_engine_one_local_pass_labelled_as_not_production():
+    [local] = gpu_passes(False, (9, 0))
+    assert (local.name, local.overrides, local.production) == ("local-bf16", (), False)
+    assert "unfused attention" in local.label and "NOT the production path" in local.label
+    cfg = load_config(ROOT / GPU_CONFIG, list(local.overrides))
+    assert accelerator_problems(cfg, transformer_engine=False, compute_capability=(9, 0)) == []
+
+
+def test_the_suite_is_cut_off_inside_eight_minutes():
+    assert 2 * PASS_TIMEOUT_S + ALLREDUCE_TIMEOUT_S < 8 * 60

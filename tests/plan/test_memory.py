@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainer.config import load_config
 from trainer.model.flops import parameter_counts
 from trainer.plan.memory import (
     estimate_memory,
@@ -14,7 +15,7 @@ from trainer.plan.memory import (
     saved_per_layer,
 )
 
-from .conftest import with_layout
+from .conftest import LLAMA3_70B, with_layout
 
 VOCAB = 128256
 GIB = 2**30
@@ -118,10 +119,11 @@ def test_in_flight_micro_batches_are_megatron_cores_warm_up_plus_one(llama3_70b,
         assert in_flight_chunks(cfg, rank, micro_batches) == (total if all_warmup else warmup + 1)
 
 
-def test_llama3_70b_recipe_fits_an_h100_as_its_comment_says(llama3_70b):
-    estimate = estimate_memory(llama3_70b, 256, VOCAB, "transformer_engine")
-    assert estimate.parameters == pytest.approx(2.2e9, rel=0.05)  # "2.2 B parameters" per GPU
-    assert estimate.total < 80 * GIB * 0.9
+def test_llama3_70b_recipe_fits_an_h100_as_its_comment_says():
+    recipe = load_config(LLAMA3_70B)  # the shipped recipe, fast path on
+    estimate = estimate_memory(recipe, 256, VOCAB, "transformer_engine")
+    assert estimate.parameters == pytest.approx(4.54e9, rel=0.01)  # "4.54 B parameters" per GPU
+    assert estimate.total / GIB == pytest.approx(59.7, abs=0.05)  # "59.7 GiB of 72 usable"
 
 
 def test_transformer_engine_layer_keeps_korthikantis_34_sbh_less_the_two_dropout_masks(llama3_8b):

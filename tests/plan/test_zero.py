@@ -9,7 +9,7 @@ from trainer.plan.command import write_config
 from trainer.plan.memory import estimate_memory, model_states
 from trainer.plan.search import GIB, search
 
-from .conftest import LLAMA3_8B, with_layout
+from .conftest import BF16_LAYOUT_KEYS, BF16_WITHOUT_FAST_PATH, LLAMA3_8B, with_layout
 
 VOCAB = 128256
 # Llama 3.2 1B's shape with untied embeddings (1.50 B parameters), fine-tuned at 2048 tokens.
@@ -75,8 +75,8 @@ def test_zero3_holds_a_sixteenth_of_megatrons_model_states_on_8_gpus(llama3_8b):
 
 
 def test_planner_suggests_zero2_for_llama3_8b_on_one_p5_where_megatron_fits_only_by_splitting_the_model():
-    cfg = load_config(LLAMA3_8B)
-    plan = search(cfg, instance_type("p5.48xlarge"), 1)
+    cfg = load_config(LLAMA3_8B, BF16_WITHOUT_FAST_PATH)
+    plan = search(cfg, instance_type("p5.48xlarge"), 1, BF16_LAYOUT_KEYS)
     chosen = plan.chosen
     assert chosen.cfg.engine == "deepspeed" and chosen.sharding == "ZeRO-2"
     assert (chosen.data_parallel_size, chosen.cfg.parallel.recompute) == (8, "none")
@@ -120,7 +120,9 @@ def test_only_zero_offload_fits_a_1_5b_model_on_one_a10g_and_only_with_enough_ho
 
 
 def test_a_written_zero_layout_is_a_config_train_accepts(tmp_path):
-    plan = search(load_config(LLAMA3_8B), instance_type("p5.48xlarge"), 1)
+    plan = search(
+        load_config(LLAMA3_8B, BF16_WITHOUT_FAST_PATH), instance_type("p5.48xlarge"), 1, BF16_LAYOUT_KEYS
+    )
     write_config(plan.chosen, tmp_path / "planned.yaml", str(LLAMA3_8B))
     written = load_config(tmp_path / "planned.yaml")
     assert (written.engine, written.zero.stage, written.parallel.tensor_model_parallel_size) == (

@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 from rich import box
@@ -28,12 +26,11 @@ from rich.table import Table
 
 from trainer.bench.data import bench_data
 from trainer.bench.disk import sequential_write_gbytes_per_s
+from trainer.bench.report import add_memory_results, add_result, machine
 from trainer.bench.training import (
     BenchError,
     Layout,
-    MeasuredRun,
     checkpoint_throughput,
-    memory_against_planner,
     pipeline_idle,
     run_worker,
     step_seconds,
@@ -214,67 +211,6 @@ def run_suite(
     ]
     add_memory_results(report, runs)
     return report
-
-
-def add_memory_results(report: dict, runs: Sequence[MeasuredRun]) -> None:
-    """One row per (layout, pipeline stage): the planner's peak against the measured one (the highest rank)."""
-    rows = [row for run in runs for row in memory_against_planner(run)]
-    report["details"]["memory"] = rows
-    highest: dict[tuple[str, int], dict] = {}
-    for row in rows:
-        key = (row["layout"], row["pipeline_rank"])
-        if key not in highest or row["measured"]["peak"] > highest[key]["measured"]["peak"]:
-            highest[key] = row
-    for (layout, stage), row in highest.items():
-        add_result(
-            report,
-            f"peak memory {layout} stage {stage}",
-            "MiB",
-            row["predicted"]["peak"] / 2**20,
-            "measured (allocated bytes)",
-            row["measured"]["peak"] / 2**20,
-        )
-
-
-def add_result(
-    report: dict, name: str, unit: str, value: float, baseline: str, baseline_value: float
-) -> None:
-    report["results"].append(
-        {
-            "name": name,
-            "unit": unit,
-            "value": value,
-            "baseline": baseline,
-            "baseline_value": baseline_value,
-            "ratio": value / baseline_value if baseline_value else None,
-        }
-    )
-
-
-def machine() -> dict:
-    import torch
-
-    cpu_model = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else platform.processor()
-    )
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": cpu_model,
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "load_average_1m_at_start": os.getloadavg()[0],
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def write_report(report: dict, path: Path) -> Path:

@@ -4,7 +4,11 @@ The launch template (EFA layout), the Batch job definition (vCPUs, memory, GPUs,
 config validation, the trainer's MFU and the planner all read this table; nothing else keeps its own copy.
 EFA and network-card counts match EC2 `describe-instance-types` (`EfaInfo.MaximumEfaInterfaces`,
 `MaximumNetworkCards`); tests check them against the data that moto ships. Peak FLOP/s are NVIDIA's dense
-(no sparsity) bf16 tensor-core figures for the SXM parts.
+(no sparsity) bf16 tensor-core figures for the SXM parts, and the dense FP8 ones (half the datasheets' "with
+sparsity" figures): NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: FP8 3,958 TFLOPS with sparsity), NVIDIA
+H200 Tensor Core GPU datasheet (H200 SXM: FP8 3,958 TFLOPS with sparsity), NVIDIA HGX B200 datasheet (per B200:
+FP8/FP6 9 PFLOPS with sparsity). A100 and A10G have no FP8 tensor cores (0). MXFP8 (one scale per 32 values)
+needs Blackwell, SM 10.0 (TransformerEngine docs, features/low_precision_training/mxfp8).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class InstanceType:
     network_gbps: int  # aggregate EFA/ENA bandwidth per instance
     peak_bf16_tflops_per_gpu: float  # dense
     nvlink_gbytes_per_s: float  # per GPU, one direction, through NVSwitch
+    peak_fp8_tflops_per_gpu: float = 0.0  # dense; 0: no FP8 tensor cores
+    fp8_recipes: tuple[str, ...] = ()  # the TransformerEngine FP8 recipes (config fp8.recipe) the GPU runs
 
     @property
     def has_efa(self) -> bool:
@@ -41,15 +47,24 @@ class InstanceType:
         return [f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces)]
 
 
+HOPPER_FP8 = ("tensorwise", "delayed")  # per-tensor scaling: current (tensorwise) or from an amax history
+BLACKWELL_FP8 = ("mxfp8", "tensorwise", "delayed")  # the first is the planner's choice for the GPU
+
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         InstanceType("p4d.24xlarge", "A100", 8, 40, 96, 1152, 4, 4, 400, 312.0, 300.0),
         InstanceType("p4de.24xlarge", "A100", 8, 80, 96, 1152, 4, 4, 400, 312.0, 300.0),
-        InstanceType("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 989.0, 450.0),
-        InstanceType("p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 989.0, 450.0),
-        InstanceType("p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 989.0, 450.0),
-        InstanceType("p6-b200.48xlarge", "B200", 8, 179, 192, 2048, 8, 8, 3200, 2250.0, 900.0),
+        InstanceType("p5.48xlarge", "H100", 8, 80, 192, 2048, 32, 32, 3200, 989.0, 450.0, 1979.0, HOPPER_FP8),
+        InstanceType(
+            "p5e.48xlarge", "H200", 8, 141, 192, 2048, 32, 32, 3200, 989.0, 450.0, 1979.0, HOPPER_FP8
+        ),
+        InstanceType(
+            "p5en.48xlarge", "H200", 8, 141, 192, 2048, 16, 16, 3200, 989.0, 450.0, 1979.0, HOPPER_FP8
+        ),
+        InstanceType(
+            "p6-b200.48xlarge", "B200", 8, 179, 192, 2048, 8, 8, 3200, 2250.0, 900.0, 4500.0, BLACKWELL_FP8
+        ),
         # GPU types without EFA, listed so that choosing one for the cluster gets a precise error.
         InstanceType("g5.xlarge", "A10G", 1, 22, 4, 16, 1, 0, 10, 70.0, 0.0),
         InstanceType("g5.2xlarge", "A10G", 1, 22, 8, 32, 1, 0, 10, 70.0, 0.0),

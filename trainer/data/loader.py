@@ -38,20 +38,32 @@ def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
 def micro_batch_streams(
     dataset: Dataset, consumed_samples: int, cfg: TrainConfig, dims: ParallelDims
 ) -> list[Iterator[dict]]:
-    """This DP rank's micro-batches from `consumed_samples` on, on the device: one identical stream per virtual
-    pipeline stage (megatron's interleaved schedule reads one iterator per model chunk)."""
+    """This DP rank's micro-batches from `consumed_samples` on, on the device (this CP rank's part of each
+    sequence): one identical stream per virtual pipeline stage (megatron's interleaved schedule reads one iterator
+    per model chunk). On GPUs the samples are collated into pinned host memory and copied without blocking the
+    host, which queues the copy ahead of the micro-batch's kernels."""
     from megatron.core import (
         parallel_state,  # megatron's groups: both engines start them (parallel.initialize)
     )
 
+    from trainer.distributed import fast_path
+
     s, device = cfg.schedule, device_type()
-    rank = parallel_state.get_data_parallel_rank()
+    rank, pinned = parallel_state.get_data_parallel_rank(), device == "cuda"
 
     def stream() -> Iterator[dict]:
-        for batch in sample_batches(
-            dataset, consumed_samples, s.global_batch_size, s.micro_batch_size, rank, dims.dp
-        ):
-            yield {field: tensor.to(device) for field, tensor in batch.items()}
+        batches = sample_batches(
+            dataset,
+            consumed_samples,
+            s.global_batch_size,
+            s.micro_batch_size,
+            rank,
+            dims.dp,
+            pin_memory=pinned,
+        )
+        for batch in batches:
+            on_device = {field: tensor.to(device, non_blocking=pinned) for field, tensor in batch.items()}
+            yield fast_path.this_context_parallel_rank(on_device) if dims.cp > 1 else on_device
 
     return [stream() for _ in range(dims.vp)]
 

@@ -24,9 +24,13 @@ def sample_batches(
     micro_batch_size: int,
     data_parallel_rank: int,
     data_parallel_size: int,
+    *,
+    pin_memory: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's micro-batches (FIELDS -> [micro_batch_size, seq_length] tensors), whole global batches only,
-    from `consumed_samples` until the dataset cannot fill another global batch. Checks its arguments at once."""
+    from `consumed_samples` until the dataset cannot fill another global batch. Checks its arguments at once.
+    `pin_memory`: collate into page-locked host memory (as torch's DataLoader(pin_memory=True) does), so that a
+    `.to("cuda", non_blocking=True)` copies asynchronously; needs CUDA."""
     per_micro_step = micro_batch_size * data_parallel_size
     if micro_batch_size < 1 or data_parallel_size < 1:
         raise DataError(
@@ -49,9 +53,11 @@ def sample_batches(
         for micro_start in range(step_start, step_start + global_batch_size, per_micro_step)
     )
     return (
-        _collate([dataset[index] for index in range(start, start + micro_batch_size)]) for start in starts
+        _collate([dataset[index] for index in range(start, start + micro_batch_size)], pin_memory)
+        for start in starts
     )
 
 
-def _collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {field: torch.stack([sample[field] for sample in samples]) for field in FIELDS}
+def _collate(samples: list[dict[str, torch.Tensor]], pin_memory: bool) -> dict[str, torch.Tensor]:
+    batch = {field: torch.stack([sample[field] for sample in samples]) for field in FIELDS}
+    return {field: tensor.pin_memory() for field, tensor in batch.items()} if pin_memory else batch

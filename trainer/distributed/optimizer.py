@@ -16,22 +16,26 @@ from trainer.config import TrainConfig
 
 
 def build_optimizer(cfg: TrainConfig, model: list[torch.nn.Module]) -> MegatronOptimizer:
+    return get_megatron_optimizer(optimizer_config(cfg), model)
+
+
+def optimizer_config(cfg: TrainConfig) -> MegatronOptimizerConfig:
+    """megatron-core's OptimizerConfig for `cfg` (overlap and FP8 recipe as DDP and TransformerConfig have them)."""
     o = cfg.optimizer
-    return get_megatron_optimizer(
-        MegatronOptimizerConfig(
-            optimizer="adam",
-            lr=o.lr,
-            min_lr=o.min_lr,
-            weight_decay=o.weight_decay,
-            adam_beta1=o.adam_beta1,
-            adam_beta2=o.adam_beta2,
-            adam_eps=o.adam_eps,
-            clip_grad=o.clip_grad,
-            bf16=cfg.precision == "bf16",
-            params_dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32,
-            use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
-        ),
-        model,
+    return MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=o.lr,
+        min_lr=o.min_lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+        bf16=cfg.precision == "bf16",
+        params_dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32,
+        use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
+        overlap_param_gather=cfg.parallel.overlap_param_gather,
+        fp8_recipe=cfg.fp8.recipe if cfg.fp8.format is not None else None,
     )
 
 

@@ -23,7 +23,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from trainer.config import ParallelConfig, TrainConfig
-from trainer.distributed import megatron_compat
+from trainer.distributed import fast_path, megatron_compat
 
 
 @dataclass(frozen=True)
@@ -32,19 +32,27 @@ class ParallelDims:
     pp: int
     dp: int
     vp: int  # model chunks per pipeline rank; 1: plain 1F1B
+    cp: int = 1  # context parallel: GPUs that split each sequence
 
     @classmethod
     def from_config(cls, parallel: ParallelConfig, world_size: int) -> ParallelDims:
         tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-        return cls(tp=tp, pp=pp, dp=world_size // (tp * pp), vp=parallel.virtual_pipeline_model_parallel_size)
+        return cls(
+            tp=tp,
+            pp=pp,
+            dp=world_size // parallel.model_parallel_size,
+            vp=parallel.virtual_pipeline_model_parallel_size,
+            cp=parallel.context_parallel_size,
+        )
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
 
     def __str__(self) -> str:
         interleave = f" (x{self.vp} virtual stages)" if self.vp > 1 else ""
-        return f"TP={self.tp} x PP={self.pp}{interleave} x DP={self.dp}"
+        context = f" x CP={self.cp}" if self.cp > 1 else ""
+        return f"TP={self.tp} x PP={self.pp}{interleave}{context} x DP={self.dp}"
 
 
 def device_type() -> str:
@@ -68,10 +76,13 @@ def initialize(cfg: TrainConfig, dims: ParallelDims | None = None) -> ParallelDi
         tensor_model_parallel_size=dims.tp,
         pipeline_model_parallel_size=dims.pp,
         virtual_pipeline_model_parallel_size=dims.vp if dims.vp > 1 else None,
+        context_parallel_size=dims.cp,
         distributed_timeout_minutes=cfg.parallel.distributed_timeout_minutes,
     )
     # Dropout-free model, but megatron's RNG tracker must exist (TP regions fork it).
     tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+    if cfg.parallel.tp_comm_overlap:
+        fast_path.initialize_tp_communicators(cfg)
     return dims
 
 
@@ -85,17 +96,28 @@ def wrap_data_parallel(
     chunks: list[torch.nn.Module], cfg: TrainConfig, config: TransformerConfig
 ) -> list[DistributedDataParallel]:
     """Cast to bf16 when asked (fp32 masters live in the optimizer) and wrap each chunk in megatron's DDP."""
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=cfg.parallel.overlap_grad_reduce,
-        use_distributed_optimizer=cfg.parallel.use_distributed_optimizer,
-    )
+    ddp = ddp_config(cfg)
     wrapped = []
     for i, chunk in enumerate(chunks):
         module = Float16Module(config, chunk) if config.bf16 else chunk
         # Only the first chunk is bucketed, as in Megatron-LM: later chunks' grads are ready together.
-        wrapped.append(DistributedDataParallel(config, ddp_config, module, disable_bucketing=i > 0))
+        wrapped.append(DistributedDataParallel(config, ddp, module, disable_bucketing=i > 0))
     return wrapped
+
+
+def ddp_config(cfg: TrainConfig) -> DistributedDataParallelConfig:
+    """megatron DDP's settings: fp32 gradient reduction, and the overlap of the reduce-scatter with backward and
+    of the distributed optimizer's all-gather with the next forward."""
+    p = cfg.parallel
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=p.overlap_grad_reduce,
+        use_distributed_optimizer=p.use_distributed_optimizer,
+        overlap_param_gather=p.overlap_param_gather,
+        # Every pipeline stage starts its all-gathers from the schedule (connect_schedule), as Megatron-LM's
+        # default --align-param-gather does.
+        align_param_gather=p.overlap_param_gather,
+    )
 
 
 def connect_schedule(
@@ -114,3 +136,5 @@ def connect_schedule(
     if cfg.parallel.overlap_grad_reduce:
         config.no_sync_func = per_chunk([chunk.no_sync for chunk in chunks])
         config.grad_sync_func = per_chunk([chunk.start_grad_sync for chunk in chunks])
+    if cfg.parallel.overlap_param_gather:
+        config.param_sync_func = per_chunk([chunk.start_param_sync for chunk in chunks])

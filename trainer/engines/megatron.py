@@ -27,7 +27,7 @@ from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.contract import metrics as metric
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
-from trainer.distributed import parallel
+from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, loss
@@ -73,6 +73,10 @@ class MegatronEngine:
         return mean_loss, grad_norm, lr, False
 
     def evaluate(self) -> float:
+        with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
+            return self._evaluate()
+
+    def _evaluate(self) -> float:
         batches = self._batches(self.valid_data, 0)
         losses = [
             self.forward_backward(batches, forward_only=True) for _ in range(self.cfg.schedule.eval_iters)
@@ -97,16 +101,17 @@ class MegatronEngine:
         return loss.global_mean(totals)
 
     def save(self, progress: Progress) -> Path:
-        return megatron_checkpoint.save(
-            self.cfg.checkpoint_dir,
-            self.chunks,
-            self.optimizer,
-            self.scheduler,
-            progress,
-            self.dims,
-            self.cfg.checkpoint.keep_last,
-            self.model_record,
-        )
+        with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
+            return megatron_checkpoint.save(
+                self.cfg.checkpoint_dir,
+                self.chunks,
+                self.optimizer,
+                self.scheduler,
+                progress,
+                self.dims,
+                self.cfg.checkpoint.keep_last,
+                self.model_record,
+            )
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote; with weights_only, or from a weights-only or another engine's checkpoint, the

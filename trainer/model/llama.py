@@ -37,11 +37,17 @@ except ImportError:
 
 
 def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
+    """megatron-core's TransformerConfig for `cfg` (the GPU fast path's keys by their megatron-core names;
+    trainer/config.py has refused those this device cannot run before this is called)."""
     m, p = cfg.model, cfg.parallel
     fused = device == "cuda" and HAVE_TRANSFORMER_ENGINE  # megatron's fused kernels need CUDA
     recompute = {"none": {}, "selective": {"recompute_granularity": "selective"}}.get(
         p.recompute,
-        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+        {
+            "recompute_granularity": "full",
+            "recompute_method": p.recompute_method,
+            "recompute_num_layers": p.recompute_num_layers,
+        },
     )
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -67,6 +73,10 @@ def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
         pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=_virtual_stages(cfg),
         sequence_parallel=p.sequence_parallel,
+        context_parallel_size=p.context_parallel_size,
+        # The ring exchange of keys and values (overlapped with attention), megatron-LM's default --cp-comm-type.
+        cp_comm_type="p2p" if p.context_parallel_size > 1 else None,
+        tp_comm_overlap=p.tp_comm_overlap,
         bf16=cfg.precision == "bf16",
         params_dtype=torch.float32,  # Float16Module casts after initialization; the optimizer keeps fp32 masters
         pipeline_dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32,
@@ -75,7 +85,11 @@ def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
         bias_dropout_fusion=fused,
         apply_rope_fusion=fused,
         persist_layer_norm=fused,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=cfg.fusion.gradient_accumulation_fusion,
+        cross_entropy_loss_fusion=cfg.fusion.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl="te",
+        fp8=cfg.fp8.format,
+        fp8_recipe=cfg.fp8.recipe,
         deallocate_pipeline_outputs=True,
         **recompute,
     )

@@ -21,10 +21,13 @@ def masked_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> tuple[t
 
 
 def summed_over_ranks(totals: torch.Tensor) -> torch.Tensor:
-    """[loss sum, tokens] of this rank's micro-batches, summed over the data-parallel group, then the pipeline
-    group (a group of one where there is no such split), in fp64: the same on every rank."""
+    """[loss sum, tokens] of this rank's micro-batches, summed over the data-parallel (and context-parallel: they
+    hold parts of the same sequences) group, then the pipeline group (a group of one where there is no such
+    split), in fp64: the same on every rank."""
     totals = totals.to(device=device_type(), dtype=torch.float64)
-    torch.distributed.all_reduce(totals, group=parallel_state.get_data_parallel_group())
+    torch.distributed.all_reduce(
+        totals, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
+    )
     torch.distributed.all_reduce(totals, group=parallel_state.get_pipeline_model_parallel_group())
     return totals
 

@@ -9,10 +9,7 @@ H100, ...). Production configs say `bf16` explicitly and get it everywhere. torc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+from typing import Literal, Protocol
 
 AUTO = "auto"
 Precision = Literal["bf16", "fp32"]
@@ -67,7 +64,14 @@ def choose_precision(device: Literal["cpu", "cuda"]) -> PrecisionChoice:
     )
 
 
-def precision_note(cfg: TrainConfig, device: Literal["cpu", "cuda"] | None = None) -> str:
+class PrecisionSetting(Protocol):
+    """What precision_note reads of a TrainConfig (trainer/config.py resolves `auto` through this module)."""
+
+    precision: str
+    precision_choice: PrecisionChoice | None
+
+
+def precision_note(cfg: PrecisionSetting, device: Literal["cpu", "cuda"] | None = None) -> str:
     """One line for the start of a run: the compute precision, and why it is the one used."""
     choice = cfg.precision_choice
     if choice is not None:

@@ -36,7 +36,16 @@ class PlanError(Exception):
 def load_for_planning(path: str | Path, overrides: list[str]) -> tuple[TrainConfig, list[str]]:
     """The config with placeholders for its `auto` layout keys (the search replaces them), and those keys."""
     planned = auto_keys(path, overrides)
-    placeholders = {"parallel.recompute": "none", "parallel.sequence_parallel": "false"}
+    placeholders = {
+        "parallel.recompute": "none",
+        "parallel.recompute_method": "uniform",
+        "parallel.sequence_parallel": "false",
+        "parallel.overlap_grad_reduce": "false",
+        "parallel.overlap_param_gather": "false",
+        "parallel.tp_comm_overlap": "false",
+        "fp8.format": "null",
+        "fp8.recipe": "delayed",
+    }
     filled = [f"{key}={placeholders.get(key, '1')}" for key in planned]
     return load_config(path, [*overrides, *filled], device="cuda"), planned
 
@@ -102,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # Piped output keeps the table whole instead of rich's 80-column default.
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     try:
         instance, nodes = _where(args)
         if not 0 < args.matmul_efficiency <= 1:
@@ -159,13 +168,18 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
         f"{cfg.schedule.global_batch_size}, {cfg.precision}; on {plan.nodes} x {i.name} "
         f"({plan.nodes * i.gpus} x {i.gpu_model} {i.gpu_memory_gib} GiB); {tokens:.3g} tokens"
     )
-    free = ", ".join(key.split(".")[1] for key in plan.free_keys)
+    free = ", ".join(
+        key.split(".", 1)[1] if key.startswith(("parallel.", "schedule.")) else key for key in plan.free_keys
+    )
     console.print(f"searched {len(plan.candidates)} layouts over: {free}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = ("#", "TP", "PP", "VP", "DP", "micro", "recompute", "sharding", "GiB/GPU", "bubble", "step s")
+    columns = ("#", "TP", "PP", "VP", "CP", "DP", "micro", "recompute", "precision", "overlap", "sharding")
+    columns += ("GiB/GPU", "bubble", "step s")
     columns += ("tokens/s", "MFU", "days", "cost $" if price else "node-hours")
     for column in columns:
-        table.add_column(column, justify="left" if column == "recompute" else "right")
+        table.add_column(
+            column, justify="left" if column in ("recompute", "precision", "overlap") else "right"
+        )
     for rank, c in enumerate(plan.candidates[:top], 1):
         p, s = c.cfg.parallel, c.cfg.schedule
         seconds = tokens / c.step.tokens_per_s
@@ -176,9 +190,12 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
             str(p.tensor_model_parallel_size),
             str(p.pipeline_model_parallel_size),
             str(p.virtual_pipeline_model_parallel_size),
+            str(p.context_parallel_size),
             str(c.data_parallel_size),
             str(s.micro_batch_size),
-            p.recompute,
+            c.recompute,
+            c.fp8,
+            c.overlap,
             c.sharding,
             memory,
             f"{c.step.bubble_fraction:.1%}",
@@ -204,7 +221,8 @@ def _print_chosen(console: Console, c: Candidate, plan: Plan) -> None:
     console.print(
         f"step {t.total_s:.2f} s = compute {t.compute_s:.2f} + tensor parallel {t.tensor_parallel_s:.2f} + "
         f"pipeline sends {t.pipeline_p2p_s:.2f} + bubble {t.bubble_s:.2f} ({t.bubble_fraction:.1%}) + data "
-        f"parallel {t.data_parallel_s:.2f}"
+        f"parallel {t.data_parallel_s:.2f} + context parallel ring {t.context_parallel_s:.2f}; overlap hid "
+        f"{t.hidden_s:.2f} s of communication"
     )
     console.print("assumptions:")
     for line in plan.assumptions.lines():

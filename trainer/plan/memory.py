@@ -31,7 +31,14 @@ schedule's first rank min(v m, 2 (PP - 1) + (v - 1) PP + 1) model chunks (megatr
 recompute keeps only each layer's input and rebuilds one layer's activations at a time during backward. The last
 stage also holds one micro-batch's logits: the bf16 output and the fp32 copy that the vocab-parallel cross
 entropy turns into its saved softmax, 6 bytes per token per vocabulary entry over TP.
-Left out as small: rotary tables, token ids and loss masks, bucket padding, communication buffers.
+The GPU fast path (docs/trainer.md): context parallelism gives each GPU 1/CP of every sequence's tokens (and
+their activations and logits), and the distributed optimizer shards over DP x CP ranks; FP8 (TransformerEngine,
+weights kept in bf16) saves the inputs of the weight GEMMs as FP8 (1 byte) and keeps an FP8 copy of each layer
+weight in both layouts the GEMMs need (2 bytes per layer parameter); partial recompute (`recompute_method: block`,
+N layers of each chunk) keeps the input of those N layers and every activation of the rest, `uniform` with N
+keeps one input per group of N layers and rebuilds a whole group at a time.
+Left out as small: rotary tables, token ids and loss masks, bucket padding, communication buffers (the K,V ring
+of context parallelism, TransformerEngine's userbuffers).
 """
 
 from __future__ import annotations
@@ -102,20 +109,21 @@ def saved_per_layer(cfg: TrainConfig, kernels: Kernels) -> list[SavedTensor]:
     e = 2 if cfg.precision == "bf16" else FP32  # activation bytes
     selective = cfg.parallel.recompute == "selective"
     if kernels == "transformer_engine":
+        gemm_input = 1 if cfg.fp8.format is not None else e  # FP8 GEMMs save their input quantized
         norm = [
             SavedTensor("norm input", e * h, "sp"),
             SavedTensor("norm 1/rms (fp32)", FP32, "sp"),
-            SavedTensor("normalized input of the next linear", e * h, "sp"),
+            SavedTensor("normalized input of the next linear", gemm_input * h, "sp"),
         ]
         attention = [
             SavedTensor("query, key, value", e * d * (a + 2 * g), "tp"),
-            SavedTensor("attention output (the projection's input)", e * d * a, "tp"),
+            SavedTensor("attention output (the projection's input)", gemm_input * d * a, "tp"),
         ]
         if not selective:  # recomputing core attention drops flash attention's saved statistics
             attention.append(SavedTensor("softmax log-sum-exp (fp32)", FP32 * a, "tp"))
         mlp = [
             SavedTensor("SwiGLU input (FC1 output; fused kernel)", e * 2 * ffn, "tp"),
-            SavedTensor("FC2 input", e * ffn, "tp"),
+            SavedTensor("FC2 input", gemm_input * ffn, "tp"),
         ]
     else:
         norm = [
@@ -201,20 +209,21 @@ def estimate_stages(
     """The steady-state peak of every pipeline rank's GPUs (all TP and DP ranks of a stage are alike): the
     largest of three moments, the loss (last stage), the first layer of a backward, and the optimizer step."""
     p, s, m = cfg.parallel, cfg.schedule, cfg.model
-    tp, pp, vp = (
+    tp, pp, vp, cp = (
         p.tensor_model_parallel_size,
         p.pipeline_model_parallel_size,
         p.virtual_pipeline_model_parallel_size,
+        p.context_parallel_size,
     )
-    dp = world_size // (tp * pp)
+    dp = world_size // (tp * pp * cp)
     sp = tp if p.sequence_parallel else 1
     num_microbatches = s.global_batch_size // (s.micro_batch_size * dp)
     seq = cfg.data.seq_length
-    tokens = s.micro_batch_size * seq
+    tokens = s.micro_batch_size * seq / cp  # this GPU's share of the micro-batch's tokens
     e = 2 if cfg.precision == "bf16" else FP32
     heads = m.num_attention_heads / tp
     counts = parameter_counts(m, padded_vocab_size)
-    state = model_states(cfg, dp)
+    state = model_states(cfg, dp * cp)  # megatron shards over DP x CP (deepspeed runs CP = 1)
 
     def per_token(saved: list[SavedTensor]) -> float:
         return sum(t.bytes_per_token / (tp if t.split_by == "tp" else sp) for t in saved)
@@ -244,8 +253,14 @@ def estimate_stages(
         chunks = in_flight_chunks(cfg, rank, num_microbatches)
         params = stage_parameters(counts, cfg, rank)
         if p.recompute == "full":
-            activations = chunks * layers_per_chunk * e * m.hidden_size / sp * tokens  # each layer's input
-            in_backward = backward_working_set + rebuilt_layer
+            layer_input = e * m.hidden_size / sp * tokens
+            n = min(p.recompute_num_layers, layers_per_chunk)
+            if p.recompute_method == "block":  # N layers keep their input, the others everything
+                activations = chunks * (n * layer_input + (layers_per_chunk - n) * rebuilt_layer)
+                in_backward = backward_working_set + rebuilt_layer
+            else:  # one input per group of N layers; a group is rebuilt at a time
+                activations = chunks * -(-layers_per_chunk // n) * layer_input
+                in_backward = backward_working_set + n * rebuilt_layer
         else:
             activations = chunks * layers_per_chunk * layer
             in_backward = backward_working_set
@@ -255,7 +270,9 @@ def estimate_stages(
                 activations += received * e * m.hidden_size * tokens
         moments = {"backward": (activations, 0.0, in_backward)}
         if rank == pp - 1:
-            final_norm = per_token(saved_per_layer(cfg, kernels)[: 4 if local else 3]) * tokens
+            # The output layer's GEMM stays bf16 under FP8: the final norm saves its input unquantized.
+            bf16_gemms = cfg.model_copy(update={"fp8": cfg.fp8.model_copy(update={"format": None})})
+            final_norm = per_token(saved_per_layer(bf16_gemms, kernels)[: 4 if local else 3]) * tokens
             logits = (FP32 + (e if e != FP32 else 0)) * padded_vocab_size / tp * tokens
             moments["loss"] = (activations + final_norm, logits, 0.0)
         if local and cfg.engine == "deepspeed" and cfg.zero.offload_optimizer == "none":
@@ -266,12 +283,16 @@ def estimate_stages(
             shards = dp if p.use_distributed_optimizer else 1
             moments["optimizer step"] = (0.0, 0.0, 2 * FP32 * _largest_parameter(cfg, rank, counts) / shards)
         moment, (saved, logits, transient) = max(moments.items(), key=lambda item: sum(item[1]))
+        fp8_weights = 0.0
+        if cfg.fp8.format is not None and kernels == "transformer_engine":
+            layer_weights = counts.num_layers // pp * (counts.layer - counts.layer_norms) / tp
+            fp8_weights = 2 * layer_weights  # an FP8 copy in each of the two layouts the GEMMs read
         estimates.append(
             MemoryEstimate(
                 pipeline_rank=rank,
                 moment=moment,
                 parameters=params,
-                weights=params * state.weights,
+                weights=params * state.weights + fp8_weights,
                 gradients=params * state.gradients,
                 optimizer_states=params * state.optimizer,
                 workspace=workspace,

@@ -26,7 +26,18 @@ Using Megatron-LM", sections 2-3), with every assumption in `Assumptions` and pr
   forward and again in its backward (1.5x data parallelism's volume at one micro-batch). ZeRO-Offload copies the
   gradient shard (fp32) to the host and the updated weight shard back over PCIe and steps Adam on the host's
   cores; offloaded weights cross PCIe in every forward and backward;
-- left out: the optimizer step (memory-bound, milliseconds), data loading, kernel launch gaps, stragglers.
+- the GPU fast path (docs/trainer.md): FP8 (`fp8.format`) runs the layers' weight GEMMs at
+  `fp8_matmul_efficiency` of the catalog's dense FP8 peak, attention and the output layer stay bf16;
+  `parallel.overlap_param_gather` hides the weight all-gather behind the first micro-batch's forward;
+  `parallel.tp_comm_overlap` hides `tp_overlap_hidden` of the TP collectives, at most the GEMMs' time; context
+  parallelism (CP ranks split every sequence) divides a micro-batch's compute and activations by CP and adds
+  the ring exchange of keys and values (forward: CP-1 sends of each rank's K,V; backward: K,V again and their
+  gradients), which TransformerEngine's attention overlaps with the attention compute: only what exceeds it
+  counts. Megatron orders ranks TP, CP, DP, PP: a CP group is in one node while TP x CP fits in it. DP reduces
+  gradients over DP x CP ranks (megatron's data-parallel group with context parallelism);
+- partial recompute (`recompute_method: block`, N layers of each chunk) repeats only those layers' forward;
+- left out: the optimizer step (memory-bound, milliseconds), data loading, kernel launch gaps, stragglers, and
+  the SMs that overlapped communication takes from compute.
 """
 
 from __future__ import annotations
@@ -50,21 +61,30 @@ class Assumptions:
     host_adam_gparams_per_s: float = (
         1.0  # DeepSpeed's CPU Adam, billions of parameters a second per GPU's cores
     )
+    fp8_matmul_efficiency: float = 0.45  # of the dense FP8 peak that FP8 weight GEMMs reach (with the casts)
+    tp_overlap_hidden: float = (
+        0.8  # share of TP collectives that userbuffer overlap hides (at most the GEMMs)
+    )
 
     def lines(self) -> list[str]:
         return [
             f"compute at {self.matmul_efficiency:.0%} of the dense bf16 peak; recompute adds its FLOPs",
             f"tensor-parallel collectives over NVLink at {self.nvlink_efficiency:.0%} of the catalog's per-GPU "
-            "bandwidth, not overlapped with compute",
+            "bandwidth, not overlapped with compute unless parallel.tp_comm_overlap",
             f"data-parallel and inter-node pipeline traffic over EFA at {self.network_efficiency:.0%} of each "
             "GPU's share of the instance's bandwidth",
             "the gradient reduce-scatter hides behind the last micro-batch's backward only with "
-            "parallel.overlap_grad_reduce; the weight all-gather is never hidden",
+            "parallel.overlap_grad_reduce; the weight all-gather only with parallel.overlap_param_gather",
             f"DeepSpeed ZeRO-Offload: PCIe at {self.pcie_gbytes_per_s:g} GB/s per GPU, the host's Adam at "
             f"{self.host_adam_gparams_per_s:g} B parameters/s per GPU",
             f"fits: the memory estimate is at most {self.memory_usable_fraction:.0%} of the GPU's memory (and "
             "ZeRO-Offload's host memory of its share of the node's)",
-            "not counted: the optimizer step, data loading, kernel launch gaps, stragglers",
+            f"FP8: weight GEMMs at {self.fp8_matmul_efficiency:.0%} of the dense FP8 peak, attention and "
+            "logits in bf16; MFU stays against the dense bf16 peak",
+            f"parallel.tp_comm_overlap hides {self.tp_overlap_hidden:.0%} of the TP collectives (at most the GEMMs' "
+            "time); parallel.overlap_param_gather hides the weight all-gather behind the first forward",
+            "context parallelism: the K,V ring is hidden behind attention compute, only the excess counts",
+            "not counted: the optimizer step, data loading, kernel launch gaps, stragglers, SMs taken by overlap",
         ]
 
 
@@ -78,6 +98,8 @@ class StepTime:
     bubble_fraction: float
     tokens_per_s: float
     mfu: float
+    context_parallel_s: float = 0.0  # the exposed part of the K,V ring
+    hidden_s: float = 0.0  # communication that overlap hid behind compute (not in total_s)
 
     @property
     def total_s(self) -> float:
@@ -87,6 +109,7 @@ class StepTime:
             + self.pipeline_p2p_s
             + self.bubble_s
             + self.data_parallel_s
+            + self.context_parallel_s
         )
 
 
@@ -110,59 +133,92 @@ def estimate_step_time(
     assumptions: Assumptions,
 ) -> StepTime:
     p, s, m = cfg.parallel, cfg.schedule, cfg.model
-    tp, pp, vp = (
+    tp, pp, vp, cp = (
         p.tensor_model_parallel_size,
         p.pipeline_model_parallel_size,
         p.virtual_pipeline_model_parallel_size,
+        p.context_parallel_size,
     )
     world = nodes * instance.gpus
-    dp = world // (tp * pp)
+    dp = world // (tp * pp * cp)
     micro_batches = s.global_batch_size // (s.micro_batch_size * dp)
     seq = cfg.data.seq_length
     activation_bytes = 2 if cfg.precision == "bf16" else FP32
+    layers_per_stage = m.num_layers // pp
 
-    # Compute: the last stage (its layers and the output layer) is the slowest.
+    # Compute: the last stage (its layers and the output layer) is the slowest; CP splits every sequence.
     forward = forward_flops_per_sequence(m, seq, padded_vocab_size)
-    stage_layers = (forward.dense + forward.attention) / pp
-    repeated = {"none": 0.0, "selective": forward.attention / pp, "full": stage_layers}[p.recompute]
-    stage_flops = (3 * (stage_layers + forward.logits) + repeated) * s.micro_batch_size / tp
-    flops_per_s = instance.peak_bf16_tflops_per_gpu * 1e12 * assumptions.matmul_efficiency
-    micro_batch_compute = stage_flops / flops_per_s
+    bf16_rate = instance.peak_bf16_tflops_per_gpu * 1e12 * assumptions.matmul_efficiency
+    fp8 = cfg.fp8.format is not None and instance.peak_fp8_tflops_per_gpu > 0
+    dense_rate = (
+        instance.peak_fp8_tflops_per_gpu * 1e12 * assumptions.fp8_matmul_efficiency if fp8 else bf16_rate
+    )
+    split = s.micro_batch_size / (tp * cp)  # sequences of a micro-batch, per GPU
+    dense_s = forward.dense / pp * split / dense_rate  # one forward of the stage's weight GEMMs
+    attention_s = forward.attention / pp * split / bf16_rate
+    logits_s = forward.logits * split / bf16_rate
+    recomputed = recomputed_fraction(cfg)
+    repeated = {"none": 0.0, "selective": attention_s, "full": recomputed * (dense_s + attention_s)}[
+        p.recompute
+    ]
+    micro_batch_compute = 3 * (dense_s + attention_s + logits_s) + repeated
 
     network = network_gbytes_per_s_per_gpu(instance) * assumptions.network_efficiency
     # Single-GPU types have no NVLink; their one GPU never talks inside the node anyway.
     nvlink = instance.nvlink_gbytes_per_s * assumptions.nvlink_efficiency or network
-    activations = s.micro_batch_size * seq * m.hidden_size * activation_bytes
-    collectives_per_layer = 6 if p.recompute == "full" else 4
-    layers_per_stage = m.num_layers // pp
+    activations = s.micro_batch_size * seq / cp * m.hidden_size * activation_bytes
+    collectives_per_layer = 4 + (2 * recomputed if p.recompute == "full" else 0)
     micro_batch_tp = collectives_per_layer * layers_per_stage * ring_seconds(activations, tp, nvlink, 2)
+    tp_hidden = 0.0
+    if p.tp_comm_overlap:
+        tp_hidden = min(assumptions.tp_overlap_hidden * micro_batch_tp, 3 * dense_s)
+        micro_batch_tp -= tp_hidden
 
-    # Pipeline neighbours are TP x DP ranks apart: on another node once that reaches a node's GPUs.
-    p2p_bandwidth = network if tp * dp >= instance.gpus else nvlink
+    # Context parallelism: per layer, the K,V ring (forward) and K,V plus their gradients (backward), hidden
+    # behind that layer's attention (forward + backward = 3 x its forward).
+    micro_batch_cp = cp_hidden = 0.0
+    if cp > 1:
+        d = m.kv_channels or m.hidden_size // m.num_attention_heads
+        kv_chunk = 2 * s.micro_batch_size * seq / cp * m.query_groups / tp * d * activation_bytes
+        cp_bandwidth = nvlink if tp * cp <= instance.gpus else network
+        ring = 3 * (cp - 1) * kv_chunk / (cp_bandwidth * 1e9) * layers_per_stage
+        cp_hidden = min(ring, 3 * attention_s)
+        micro_batch_cp = ring - cp_hidden
+
+    # Pipeline neighbours are TP x CP x DP ranks apart: on another node once that reaches a node's GPUs.
+    p2p_bandwidth = network if tp * cp * dp >= instance.gpus else nvlink
     sent = activations / (tp if p.sequence_parallel else 1)
     pipeline_p2p = 2 * micro_batches * vp * sent / (p2p_bandwidth * 1e9) if pp > 1 else 0.0
-    micro_batch = micro_batch_compute + micro_batch_tp
+    micro_batch = micro_batch_compute + micro_batch_tp + micro_batch_cp
     bubble = (pp - 1) / vp * micro_batch
 
-    # Data parallelism: a DP group has min(DP, GPUs per node / TP) ranks in each node.
-    ranks_per_node = min(dp, instance.gpus // tp)
-    dp_bandwidth = nvlink if ranks_per_node == dp else min(nvlink, ranks_per_node * network)
+    # Data parallelism (gradients over DP x CP ranks): a group has min(DP x CP, GPUs per node / TP) per node.
+    replicas = dp * cp
+    ranks_per_node = min(replicas, instance.gpus // tp)
+    dp_bandwidth = nvlink if ranks_per_node == replicas else min(nvlink, ranks_per_node * network)
     if cfg.engine == "deepspeed":
         reduce, gather = (
             zero_seconds(cfg, parameters_per_gpu, dp, dp_bandwidth, micro_batches, assumptions),
             0.0,
         )
     elif p.use_distributed_optimizer:
-        reduce = ring_seconds(FP32 * parameters_per_gpu, dp, dp_bandwidth)
-        gather = ring_seconds(activation_bytes * parameters_per_gpu, dp, dp_bandwidth)
+        reduce = ring_seconds(FP32 * parameters_per_gpu, replicas, dp_bandwidth)
+        gather = ring_seconds(activation_bytes * parameters_per_gpu, replicas, dp_bandwidth)
     else:
-        reduce, gather = ring_seconds(FP32 * parameters_per_gpu, dp, dp_bandwidth, 2), 0.0
+        reduce, gather = ring_seconds(FP32 * parameters_per_gpu, replicas, dp_bandwidth, 2), 0.0
+    dp_hidden = 0.0
     if p.overlap_grad_reduce:
-        reduce = max(0.0, reduce - 2 / 3 * micro_batch_compute)
+        dp_hidden += min(reduce, 2 / 3 * micro_batch_compute)  # the last micro-batch's backward
+        reduce -= min(reduce, 2 / 3 * micro_batch_compute)
+    if p.overlap_param_gather:
+        dp_hidden += min(gather, 1 / 3 * micro_batch_compute)  # the first micro-batch's forward
+        gather -= min(gather, 1 / 3 * micro_batch_compute)
     data_parallel = reduce + gather
 
     compute = micro_batches * micro_batch_compute
-    total = compute + micro_batches * micro_batch_tp + pipeline_p2p + bubble + data_parallel
+    total = (
+        compute + micro_batches * (micro_batch_tp + micro_batch_cp) + pipeline_p2p + bubble + data_parallel
+    )
     model_flops = model_flops_per_sequence(m, seq, padded_vocab_size) * s.global_batch_size
     return StepTime(
         compute_s=compute,
@@ -173,7 +229,20 @@ def estimate_step_time(
         bubble_fraction=bubble_fraction(pp, vp, micro_batches),
         tokens_per_s=s.global_batch_size * seq / total,
         mfu=model_flops / (total * world * instance.peak_bf16_tflops_per_gpu * 1e12),
+        context_parallel_s=micro_batches * micro_batch_cp,
+        hidden_s=micro_batches * (tp_hidden + cp_hidden) + dp_hidden,
     )
+
+
+def recomputed_fraction(cfg: TrainConfig) -> float:
+    """The share of a chunk's layers that full recompute repeats: all with `uniform`, N of them with `block`."""
+    p, m = cfg.parallel, cfg.model
+    if p.recompute != "full" or p.recompute_method == "uniform":
+        return 1.0 if p.recompute == "full" else 0.0
+    layers_per_chunk = m.num_layers // (
+        p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size
+    )
+    return min(p.recompute_num_layers, layers_per_chunk) / layers_per_chunk
 
 
 def zero_seconds(
