@@ -18,14 +18,9 @@ from moto.server import ThreadedMotoServer
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
 from trainer.launch.checks import FAILED, OK, check_gpu_health
 from trainer.launch.gpu_health import read_gpus
+from trainer.launch.imds import IMDS_ENDPOINT_ENV, TOKEN_HEADER, TOKEN_TTL_HEADER
 from trainer.launch.preflight import STATUS_FILE_ENV
-from trainer.launch.quarantine import (
-    IMDS_ENDPOINT_ENV,
-    TOKEN_HEADER,
-    TOKEN_TTL_HEADER,
-    instance_identity,
-    take_out_of_service,
-)
+from trainer.launch.quarantine import instance_identity, take_out_of_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import socket
 import statistics
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from trainer.launch.imds import metadata
 
 NOT_AVAILABLE = "n/a"
 
@@ -53,29 +54,14 @@ class StragglerDetector:
         ]
 
 
-# IMDSv2: PUT /latest/api/token with X-aws-ec2-metadata-token-ttl-seconds, then GET the item with the token in
-# X-aws-ec2-metadata-token (AWS EC2 User Guide, "Retrieve instance metadata", instancedata-data-retrieval.html).
-IMDS = "http://169.254.169.254"
-
-
-def instance_id(timeout_s: float = 0.5, endpoint: str = IMDS) -> str:
+def instance_id(timeout_s: float = 0.5, endpoint: str | None = None) -> str:
     """This host's EC2 instance id through IMDSv2, or 'n/a' off EC2 or where IMDS does not answer within the
     timeout (a container behind a bridge with the launch template's PUT hop limit of 1 gets no token)."""
     try:
-        token_request = urllib.request.Request(
-            f"{endpoint}/latest/api/token",
-            method="PUT",
-            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
-        )
-        with urllib.request.urlopen(token_request, timeout=timeout_s) as response:
-            token = response.read().decode()
-        id_request = urllib.request.Request(
-            f"{endpoint}/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}
-        )
-        with urllib.request.urlopen(id_request, timeout=timeout_s) as response:
-            return response.read().decode().strip() or NOT_AVAILABLE
+        (found,) = metadata("instance-id", endpoint=endpoint, timeout_s=timeout_s)
     except OSError:  # URLError, timeouts and refused connections are all OSErrors
         return NOT_AVAILABLE
+    return found or NOT_AVAILABLE
 
 
 @dataclass(frozen=True)

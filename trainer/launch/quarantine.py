@@ -9,34 +9,14 @@ instance is not spared). An instance outside any group is terminated.
 
 from __future__ import annotations
 
-import os
-import urllib.request
-
 from trainer.jobs.aws import client
-
-IMDS = "http://169.254.169.254"
-# botocore's own setting for another metadata endpoint (AWS SDKs and Tools Reference Guide, "IMDS credential
-# provider"); tests point it at a local server.
-IMDS_ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
-TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
-TOKEN_HEADER = "X-aws-ec2-metadata-token"
+from trainer.launch.imds import metadata
 
 
 def instance_identity(imds: str | None = None, timeout_s: float = 2.0) -> tuple[str, str]:
     """(instance id, region) of this instance, from IMDSv2; raises OSError where there is no IMDS."""
-    imds = (imds or os.environ.get(IMDS_ENDPOINT_ENV) or IMDS).rstrip("/")
-    request = urllib.request.Request(
-        f"{imds}/latest/api/token", method="PUT", headers={TOKEN_TTL_HEADER: "60"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        token = response.read().decode()
-
-    def get(path: str) -> str:
-        request = urllib.request.Request(f"{imds}/latest/meta-data/{path}", headers={TOKEN_HEADER: token})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.read().decode()
-
-    return get("instance-id"), get("placement/region")
+    instance_id, region = metadata("instance-id", "placement/region", endpoint=imds, timeout_s=timeout_s)
+    return instance_id, region
 
 
 def take_out_of_service(instance_id: str, region: str) -> str:
