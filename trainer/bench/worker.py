@@ -83,18 +83,18 @@ def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool)
     with AllocationTrace(device) as trace:
         with trace.phase("build"):
             run = megatron.build(cfg, dims)
-        step_optimizer = run.optimizer.step
+        step_optimizer = run.apply_gradients  # clip and AdamW (the gradients are prepared already)
 
-        def traced_optimizer_step():
+        def traced_optimizer_step(grad_norm):
             with trace.phase("optimizer"):
-                return step_optimizer()
+                return step_optimizer(grad_norm)
 
-        run.optimizer.step = traced_optimizer_step
+        run.apply_gradients = traced_optimizer_step
         batches = run.train_batches(0)
         for _ in range(TRACED_STEPS):
             with trace.phase("step"):
                 run.train_step(batches)
-    run.optimizer.step = step_optimizer
+    run.apply_gradients = step_optimizer
     result = {
         "rank": torch.distributed.get_rank(),
         "pipeline_rank": parallel_state.get_pipeline_model_parallel_rank(),

@@ -81,12 +81,20 @@ class DeepSpeedEngine:
         and whether DeepSpeed skipped the update (its overflow check; TRAINSTACK_FAULT's step faults are the
         megatron engine's, so `step` goes unused)."""
         lr = self.engine.optimizer.param_groups[0]["lr"]
+        micro_batches = [next(batches[0]) for _ in range(self.micro_batches_per_step)]
+        # The loss is the mean per token over the global batch (trainer/model/loss.py), so each micro-batch's
+        # summed loss is divided by the global batch's token count, counted before any backward. DeepSpeed
+        # averages gradients over DP (zero/stage_1_and_2.py average_tensor divides by the DP size, deepspeed
+        # 0.19.8); scale_wrt_gas=False stops its division by the micro-batches per step (runtime/engine.py).
+        tokens = sum(batch["loss_mask"].float().sum() for batch in micro_batches).to(parallel.device_type())
+        torch.distributed.all_reduce(tokens, group=parallel_state.get_data_parallel_group())
+        scale = self.dims.dp / tokens.clamp(min=1)
         totals = torch.zeros(2)
-        for _ in range(self.micro_batches_per_step):
-            loss, tokens = _loss_and_tokens(self.engine, next(batches[0]))
-            self.engine.backward(loss / tokens)  # DeepSpeed divides by the micro-batches per step
+        for batch in micro_batches:
+            summed, counted = _loss_and_tokens(self.engine, batch)
+            self.engine.backward(summed * scale, scale_wrt_gas=False)
             self.engine.step()  # reduces and steps at the global batch's last micro-batch only
-            totals += torch.stack([loss.detach().float().cpu(), tokens.cpu()])
+            totals += torch.stack([summed.detach().float().cpu(), counted.cpu()])
         skipped = not self.engine.was_step_applied()
         if not skipped:
             self.scheduler.step(increment=1)
@@ -100,8 +108,8 @@ class DeepSpeedEngine:
         for _ in range(self.cfg.schedule.eval_iters):
             totals = torch.zeros(2)
             for _ in range(self.micro_batches_per_step):
-                loss, tokens = _loss_and_tokens(self.engine, next(batches))
-                totals += torch.stack([loss.float().cpu(), tokens.cpu()])
+                summed, counted = _loss_and_tokens(self.engine, next(batches))
+                totals += torch.stack([summed.float().cpu(), counted.cpu()])
             losses.append(loss.global_mean(totals))
         return sum(losses) / len(losses)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch.utils.data import Dataset
@@ -61,14 +62,27 @@ class MegatronEngine:
         if step is not None:
             faults.inject_in_step(step, self.chunks)
         lr = self.optimizer.param_groups[0]["lr"]
-        # Every rank gets the same loss and norm (both are reduced over the ranks), so all decide alike.
+        # megatron's own optimizer step split in two (ChainedOptimizer.step, megatron-core 0.16.1
+        # optimizer/optimizer.py): gradients prepared and their norm computed once, for the non-finite check and
+        # the clipping alike. Every rank gets the same loss and norm (both reduced over the ranks): all decide alike.
         self.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
         grad_norm = float(self.optimizer.get_grad_norm())
         if not faults.SkipCounter.finite(mean_loss, grad_norm):
-            return mean_loss, grad_norm, lr, True
-        self.optimizer.step()  # megatron's bf16 path has no grad scaler: it would apply a non-finite step
+            return mean_loss, grad_norm, lr, True  # megatron's bf16 path has no grad scaler to catch it
+        self.apply_gradients(grad_norm)
         self.scheduler.step(increment=1)
         return mean_loss, grad_norm, lr, False
+
+    def apply_gradients(self, grad_norm: float) -> None:
+        """Clip the prepared gradients by their global norm (computed once, in train_step), then AdamW."""
+        # get_megatron_optimizer returns a ChainedOptimizer, or one optimizer (megatron-core 0.16.1 optimizer/__init__.py)
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = optimizer.get_parameters()
+            if params and optimizer.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(
+                    params, max_norm=optimizer.config.clip_grad, total_norm=grad_norm
+                )
+        self.optimizer.step_with_ready_grads()
 
     def evaluate(self) -> float:
         batches = self._batches(self.valid_data, 0)
@@ -155,6 +169,9 @@ def _forward_step(batches, chunk):
 
 
 def _loss_sum(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
-    """Summed loss and token count; megatron's schedule divides by both counts to get the mean."""
+    """Summed loss and token count. With calculate_per_token_loss (trainer/model/llama.py) the schedule leaves the
+    sum as it is and finalize_model_grads divides the gradients by the global batch's token count (megatron-core
+    0.16.1 pipeline_parallel/schedules.py forward_step_calc_loss, distributed/finalize_model_grads.py): the
+    gradient of the per-token mean over the whole global batch, however its tokens fall into micro-batches."""
     total, tokens = loss.masked_sum(per_token_loss, loss_mask)
     return total, tokens.to(torch.int), {"lm loss": torch.stack([total.detach(), tokens])}

@@ -77,6 +77,7 @@ def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
         persist_layer_norm=fused,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=True,
+        calculate_per_token_loss=True,  # loss per token of the global batch (trainer/engines/megatron.py)
         **recompute,
     )
 
