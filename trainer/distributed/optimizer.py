@@ -36,7 +36,11 @@ def build_optimizer(cfg: TrainConfig, model: list[torch.nn.Module]) -> MegatronO
 
 
 def build_scheduler(cfg: TrainConfig, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
-    """Linear warmup from 0 to optimizer.lr, then decay to optimizer.min_lr; stepped once per iteration."""
+    """Linear warmup from 0 to optimizer.lr, then decay to optimizer.min_lr; stepped once per iteration. On
+    resume the config's values win over the checkpoint's (override_opt_param_scheduler, megatron-core 0.16.1
+    optimizer_param_scheduler.py _check_and_set); the step count comes from the checkpoint. A config that differs
+    from the checkpoint is refused before start unless checkpoint.allow_schedule_change (trainer/checkpoint/
+    settings.py), so this only takes effect when asked for."""
     s, o = cfg.schedule, cfg.optimizer
     return OptimizerParamScheduler(
         optimizer,
@@ -50,4 +54,6 @@ def build_scheduler(cfg: TrainConfig, optimizer: MegatronOptimizer) -> Optimizer
         end_wd=o.weight_decay,
         wd_incr_steps=s.train_iters,
         wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
     )

@@ -30,6 +30,8 @@ from torch.utils.data import Dataset
 from trainer.checkpoint import deepspeed as deepspeed_checkpoint
 from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.settings import KEY as SETTINGS
+from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
@@ -118,10 +120,12 @@ class DeepSpeedEngine:
         """What ZeRO's shards depend on: a checkpoint resumes whole only where this is the same."""
         return {"dp": self.dims.dp, "zero_stage": self.cfg.zero.stage}
 
-    def save(self, progress: Progress) -> Path:
-        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
+    def save(self, progress: Progress, *, background: bool = False) -> Path:
+        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published
+        (always before it returns: this engine saves in the foreground)."""
         client_state = {
             "model_record": self.model_record.to_dict(),
+            SETTINGS: run_settings(self.cfg),
             "scheduler": self.scheduler.state_dict(),
             "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
             "layout": self.layout,
@@ -130,6 +134,9 @@ class DeepSpeedEngine:
         return deepspeed_checkpoint.save(
             self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state
         )
+
+    def finish_saves(self, *, wait: bool) -> list[Path]:
+        return []  # nothing is written in the background
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,

@@ -25,6 +25,7 @@ from trainer import faults
 from trainer.checkpoint import formats
 from trainer.checkpoint import megatron as megatron_checkpoint
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
@@ -47,6 +48,7 @@ class MegatronEngine:
     valid_data: Dataset
     padded_vocab_size: int
     model_record: ModelRecord
+    writing: megatron_checkpoint.Write | None = None  # a save still being written in the background
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
@@ -108,17 +110,36 @@ class MegatronEngine:
             totals += output["lm loss"].to(totals.device)
         return loss.global_mean(totals)
 
-    def save(self, progress: Progress) -> Path:
-        return megatron_checkpoint.save(
+    def save(self, progress: Progress, *, background: bool = False) -> Path | None:
+        self.finish_saves(wait=True)  # one save in flight at most; it is published before the next is staged
+        c = self.cfg.checkpoint
+        write = megatron_checkpoint.save(
             self.cfg.checkpoint_dir,
             self.chunks,
             self.optimizer,
             self.scheduler,
             progress,
             self.dims,
-            self.cfg.checkpoint.keep_last,
+            c.keep_last,
             self.model_record,
+            settings=run_settings(self.cfg),
+            # Only the distributed optimizer has a choice: the others' state is per parameter, any layout.
+            optimizer_format=c.optimizer_format
+            if self.cfg.parallel.use_distributed_optimizer
+            else "fully_reshardable",
+            background=background,
         )
+        if background:
+            self.writing = write
+            return None
+        return write.finish()
+
+    def finish_saves(self, *, wait: bool) -> list[Path]:
+        """Publish the save written in the background once every rank's write is done (wait: until it is)."""
+        if self.writing is None or not (wait or self.writing.done()):
+            return []
+        write, self.writing = self.writing, None
+        return [write.finish()]
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote; with weights_only, or from a weights-only or another engine's checkpoint, the
