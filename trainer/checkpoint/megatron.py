@@ -20,6 +20,7 @@ from the local spec's checkpoints) are the only ones allowed to be absent.
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
 )
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
@@ -161,6 +163,16 @@ class Write:
             self.queue = None
         agree_or_raise(self.failure, f"saving step {self.step} to {self.staging}", self.staging)
         return publish(self.staging, self.step, self.keep_last)
+
+
+def start_writer_queue() -> threading.Thread:
+    """Start megatron's write-results queue now, in a thread, while training runs: it is a Manager process started
+    by spawn (a fresh Python's start-up and imports, seconds; tens of seconds on a loaded machine) that the first
+    save would otherwise wait for (megatron-core 0.16.1 strategies/filesystem_async.py
+    _get_write_results_queue, created once per process). Join the thread before the first save."""
+    thread = threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True)
+    thread.start()
+    return thread
 
 
 def save(

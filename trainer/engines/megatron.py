@@ -9,6 +9,7 @@ nothing, the LR schedule included.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ class MegatronEngine:
     padded_vocab_size: int
     model_record: ModelRecord
     writing: megatron_checkpoint.Write | None = None  # a save still being written in the background
+    # megatron's write-results queue while it starts (trainer/checkpoint/megatron.py start_writer_queue)
+    writer_queue: threading.Thread | None = None
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
@@ -112,6 +115,8 @@ class MegatronEngine:
 
     def save(self, progress: Progress, *, background: bool = False) -> Path | None:
         self.finish_saves(wait=True)  # one save in flight at most; it is published before the next is staged
+        if self.writer_queue is not None:
+            self.writer_queue.join()
         c = self.cfg.checkpoint
         write = megatron_checkpoint.save(
             self.cfg.checkpoint_dir,
@@ -171,16 +176,25 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     train_data, valid_data = train_and_valid(cfg)
     cfg = with_resolved_model(cfg)
-    # Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
+    built, chunks, optimizer, scheduler = build_model_and_optimizer(cfg)
+    record = ModelRecord(cfg.model, cfg.data.seq_length)
+    engine = MegatronEngine(
+        cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
+    )
+    engine.writer_queue = megatron_checkpoint.start_writer_queue()  # ready by the first save
+    return engine
+
+
+def build_model_and_optimizer(
+    cfg: TrainConfig,
+) -> tuple[llama.Built, list[torch.nn.Module], MegatronOptimizer, OptimizerParamScheduler]:
+    """Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP; its optimizer and LR
+    schedule, and the pipeline schedule told how to reduce gradients (cfg's model resolved)."""
     built = llama.build(cfg)
     chunks = parallel.wrap_data_parallel(built.chunks, cfg, built.config)
     optimizer = build_optimizer(cfg, chunks)
     parallel.connect_schedule(built.config, chunks, optimizer, cfg)
-    scheduler = build_scheduler(cfg, optimizer)
-    record = ModelRecord(cfg.model, cfg.data.seq_length)
-    return MegatronEngine(
-        cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
-    )
+    return built, chunks, optimizer, build_scheduler(cfg, optimizer)
 
 
 def _forward_step(batches, chunk):
