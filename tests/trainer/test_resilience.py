@@ -261,8 +261,9 @@ def test_a_stuck_rank_ends_in_a_timeout_that_names_the_collective(tmp_path, tiny
     )
     output = _failed(run)
     assert (
-        "train: rank 0: torch.distributed.all_reduce (called from trainer.train.train_step), in step 3 timed out "
-        "after 3 s (parallel.distributed_timeout_minutes = 0.05): another rank stopped taking part" in output
+        "train: rank 0: torch.distributed.all_reduce (called from trainer.engines.megatron.train_step), in step 3 "
+        "timed out after 3 s (parallel.distributed_timeout_minutes = 0.05): another rank stopped taking part"
+        in output
     )
 
 

@@ -19,6 +19,7 @@ from the local spec's checkpoints) are the only ones allowed to be absent.
 
 from __future__ import annotations
 
+import atexit
 import random
 import threading
 from dataclasses import asdict, dataclass
@@ -172,6 +173,11 @@ def start_writer_queue() -> threading.Thread:
     _get_write_results_queue, created once per process). Join the thread before the first save."""
     thread = threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True)
     thread.start()
+    # A process that exits while the thread is still starting the Manager would wait forever at exit for a
+    # Manager process nobody shuts down (multiprocessing joins its children at exit): let the start finish
+    # first, so that the Manager's own finalizer shuts it down (atexit runs this before multiprocessing's hook,
+    # which was registered earlier).
+    atexit.register(thread.join)
     return thread
 
 
