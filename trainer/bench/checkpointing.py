@@ -1,8 +1,9 @@
 """Checkpoint speed, measured inside a bench worker (trainer/bench/worker.py) on the production engine:
 
 - a synchronous save and its load at the same layout (bytes, seconds: throughput against the disk's write speed);
-- the stall of a background save: the step that starts one against the steps that do not, and how long until
-  it is published (steps keep running meanwhile);
+- the stall of a background save: the seconds it blocks training (its start: staging, planning, the common
+  state, forking the writer; its end: finalizing and publishing at a step boundary), the step that starts one
+  against the steps that do not, and how long until it is published (steps keep running meanwhile);
 - a load at another layout, in a worker started at that layout (`--load`).
 """
 
@@ -17,7 +18,7 @@ import torch
 from trainer.checkpoint.store import Progress
 from trainer.engines.megatron import MegatronEngine
 
-PLAIN_STEPS = 3  # steps without a save, the stall's baseline
+PLAIN_STEPS = 2  # steps without a save, the stall's baseline
 
 
 def _timed(call) -> tuple[float, object]:
@@ -34,25 +35,27 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
     size = sum(path.stat().st_size for path in saved.rglob("*") if path.is_file())
     plain = [_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS)]
 
-    def step_and_save():
-        run.train_step(batches)
-        run.save(Progress(step=step + 1), background=True)
-
     started = time.perf_counter()
-    saving_step, _ = _timed(step_and_save)
+    step_seconds, _ = _timed(lambda: run.train_step(batches))
+    # What training waits for: staging, planning, the common state, the fork of the writer.
+    start_seconds, _ = _timed(lambda: run.save(Progress(step=step + 1), background=True))
     while_writing = []
     published: list[Path] = []
     while not published:
         seconds, _ = _timed(lambda: run.train_step(batches))
         while_writing.append(seconds)
-        published = run.finish_saves(wait=False)
+        # Also blocking: the check at each step boundary, and once written, finalizing and publishing.
+        check_seconds, published = _timed(lambda: run.finish_saves(wait=False))
     return {
         "bytes": size,
         "save_seconds": save_seconds,
         "load_seconds": load_seconds,
         "plain_step_seconds": statistics.median(plain),
-        "saving_step_seconds": saving_step,
-        "stall_seconds": saving_step - statistics.median(plain),
+        "saving_step_seconds": step_seconds + start_seconds,
+        "background_start_seconds": start_seconds,
+        "background_publish_step_seconds": check_seconds,  # the check that finalized and published it
+        "background_blocking_seconds": start_seconds + check_seconds,
+        "stall_seconds": step_seconds + start_seconds - statistics.median(plain),
         "steps_while_writing_seconds": while_writing,
         "background_publish_seconds": time.perf_counter() - started,
         "checkpoint": str(saved),

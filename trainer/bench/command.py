@@ -213,7 +213,7 @@ def add_checkpoint_results(
         report,
         "checkpoint stall per background save",
         "s",
-        max(saved["stall_seconds"], 0.0),
+        saved["background_blocking_seconds"],
         "synchronous save",
         saved["save_seconds"],
     )
