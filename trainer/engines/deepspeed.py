@@ -36,7 +36,7 @@ from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import parallel
-from trainer.distributed.optimizer import build_scheduler
+from trainer.distributed.optimizer import apply_config_schedule, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.engines.deepspeed_config import derived_config, merged_config
 from trainer.model import llama, loss, weights
@@ -159,6 +159,7 @@ class DeepSpeedEngine:
                     flush=True,
                 )
         self.scheduler.load_state_dict(saved["scheduler"])
+        apply_config_schedule(self.scheduler, self.cfg)
         return Progress(**saved["progress"])
 
 

@@ -31,7 +31,7 @@ from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import parallel
-from trainer.distributed.optimizer import build_optimizer, build_scheduler
+from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, loss
 
@@ -153,7 +153,9 @@ class MegatronEngine:
             formats.load_weights(path, self.chunks)
             self.optimizer.reload_model_params()  # its fp32 master weights were copied from the initialization
             return Progress()
-        return megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+        progress = megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+        apply_config_schedule(self.scheduler, self.cfg)
+        return progress
 
     def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
         return micro_batch_streams(
