@@ -184,6 +184,17 @@ class CheckpointConfig(_Section):
     finetune: bool = (
         False  # from `load`: the weights only (step, samples, optimizer and LR schedule start afresh)
     )
+    # --- checkpoint speed and resume checks (issue 15; trainer/checkpoint/megatron.py, settings.py) ---
+    # Saves on the interval write in the background while training goes on (megatron); the last and the
+    # SIGTERM save are synchronous.
+    async_save: bool = True
+    # Optimizer state format (megatron, distributed optimizer): dp_reshardable (each DP rank writes its own
+    # shard, no gather; loads at the same TP x PP x DP only) or fully_reshardable (loads at any layout).
+    optimizer_format: Literal["dp_reshardable", "fully_reshardable"] = "fully_reshardable"
+    # Resume although the config changes the LR schedule or data settings the checkpoint was trained under
+    # (trainer/checkpoint/settings.py): the config's values take effect. Without it such a resume is refused.
+    allow_schedule_change: bool = False
+    # --- end issue 15 ---
 
 
 class LoggingConfig(_Section):

@@ -132,9 +132,10 @@ def collective_failure(error: BaseException, timeout_minutes: float) -> str | No
 def _module(filename: str) -> str:
     """`.../site-packages/torch/distributed/distributed_c10d.py` -> `torch.distributed.distributed_c10d`."""
     parts = filename.removesuffix(".py").replace("\\", "/").split("/")
+    directories = parts[:-1]  # a package root is a directory: trainer/engines/megatron.py is the trainer's
     for root in ("torch", "megatron", "trainer"):
-        if root in parts:
-            start = len(parts) - 1 - parts[::-1].index(root)
+        if root in directories:
+            start = len(directories) - 1 - directories[::-1].index(root)
             return ".".join(parts[start:])
     return filename
 

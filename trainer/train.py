@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take only the weights of checkpoint.load (same as --set checkpoint.finetune=true)",
     )
     parser.add_argument(
+        "--allow-schedule-change",
+        action="store_true",
+        help="resume although the config changes the checkpoint's LR schedule or data settings, and apply them "
+        "(same as --set checkpoint.allow_schedule_change=true)",
+    )
+    parser.add_argument(
         "--nproc",
         type=positive_int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
@@ -84,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     stop = faults.StopRequest() if worker else None
     if args.finetune:
         args.overrides.append("checkpoint.finetune=true")
+    if args.allow_schedule_change:
+        args.overrides.append("checkpoint.allow_schedule_change=true")
     # A restarted rank (torchrun's restart, Batch's next attempt) resumes: only the first attempt starts over.
     fresh = args.fresh and local.first_attempt()
     try:
@@ -173,6 +181,7 @@ def train(
     try:
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
+                _published(run.finish_saves(wait=True), console)  # the interval's save, if still in flight
                 if progress.step != saved_step:
                     _save(run, progress, console)
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
@@ -186,11 +195,12 @@ def train(
                 raise
             step_time = time.perf_counter() - started
             monitoring.end_step(step_time)
+            _published(run.finish_saves(wait=False), console)  # a background save every rank has written
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
             stragglers = health.step_done(step, step_time)  # health: the same list on every rank
-            skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(cfg))
+            skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(run, console))
             progress.skipped_steps = skips.total
             if skipped:
                 console.print(
@@ -213,7 +223,7 @@ def train(
                     stragglers=stragglers,
                 )
             if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
-                _save(run, progress, console)
+                _save(run, progress, console, background=cfg.checkpoint.async_save and not last)
                 saved_step = step
     finally:
         health.close()
@@ -228,14 +238,26 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _save(run: Engine, progress: Progress, console: Console) -> None:
+def _save(run: Engine, progress: Progress, console: Console, *, background: bool = False) -> None:
     with monitoring.timed(metric.CHECKPOINT_SAVE):
-        saved = run.save(progress)
-    console.print(f"step {progress.step}: saved {saved}")
+        saved = run.save(progress, background=background)
+    if saved is None:
+        console.print(
+            f"step {progress.step}: saving in the background (published when every rank has written)"
+        )
+    else:
+        console.print(f"step {progress.step}: saved {saved}")
 
 
-def _newest_checkpoint(cfg: TrainConfig) -> Path | None:
-    return latest_checkpoint(cfg.checkpoint_dir, warn=lambda _: None)
+def _published(paths: list[Path], console: Console) -> None:
+    for path in paths:
+        console.print(f"saved {path}")
+
+
+def _newest_checkpoint(run: Engine, console: Console) -> Path | None:
+    """The newest intact checkpoint, once a save still in flight is published (every rank calls it alike)."""
+    _published(run.finish_saves(wait=True), console)
+    return latest_checkpoint(run.cfg.checkpoint_dir, warn=lambda _: None)
 
 
 def _remove_run_outputs(cfg: TrainConfig) -> None:

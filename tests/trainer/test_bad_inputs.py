@@ -324,6 +324,23 @@ ROWS: dict[str, Row] = {
         ),
         run_with_own_checkpoint,
     ),
+    "checkpoint-resume-with-another-schedule": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run --set optimizer.lr=0.002 --set schedule.train_iters=40",
+        (
+            "resuming from {tmp}/run/checkpoints/iter_0000020 was trained with other settings: optimizer.lr = "
+            "0.002 in the config, 0.001 in the checkpoint",
+            "schedule.train_iters = 40 in the config, 20 in the checkpoint",
+            "set checkpoint.allow_schedule_change=true (train --allow-schedule-change)",
+        ),
+        run_with_own_checkpoint,
+    ),
+    "checkpoint-load-with-another-data-split": Row(
+        f"{TRAIN} --set checkpoint.load={{checkpoints}} --set data.split=70,30,0",
+        (
+            "checkpoint.load: {checkpoints}/iter_0000020 was trained with other settings: data.split = "
+            "'70,30,0' in the config, '80,20,0' in the checkpoint",
+        ),
+    ),
     "checkpoint-load-missing": Row(
         f"{TRAIN} --set checkpoint.load={{tmp}}/none",
         ("checkpoint.load = '{tmp}/none': checkpoint '{tmp}/none' does not exist",),

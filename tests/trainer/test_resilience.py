@@ -163,7 +163,8 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
     straight = Training(tmp_path, "straight", tiny_config, *layout)
     _completed(straight)
 
-    # Rank 1 dies writing step 8's checkpoint, and with no restarts allowed the run ends there.
+    # Rank 1 dies writing step 8's checkpoint (in the background: saves on the interval are asynchronous), and
+    # with no restarts allowed the run ends there.
     torn = Training(tmp_path, "faulty", tiny_config, *layout, fault="kill-in-save step=8 rank=1")
     _failed(torn)
     checkpoints = torn.checkpoints
@@ -177,12 +178,15 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
     (garbage / "common.pt").write_bytes(os.urandom(256))
     (checkpoints / LATEST).write_text("iter_0000006\n")
 
-    # Started again (from iter_0000004), rank 0 dies in step 10; torchrun restarts both, from iter_0000008.
+    # Started again (from iter_0000004), rank 0 dies in step 10; torchrun restarts both, from iter_0000008. Its
+    # step 8 save is synchronous here: a background one is published only once written, which may come after step
+    # 10 (then the restart resumes from iter_0000004, as the torn save above shows).
     faulty = Training(
         tmp_path,
         "faulty",
         tiny_config,
         *layout,
+        "checkpoint.async_save=false",
         fault="kill step=10 rank=0 restart=0",
         options=("--max-restarts", "1"),
     )
@@ -300,8 +304,9 @@ def test_a_stuck_rank_ends_in_a_timeout_that_names_the_collective(tmp_path, tiny
     )
     output = _failed(run)
     assert (
-        "train: rank 0: torch.distributed.all_reduce (called from trainer.train.train_step), in step 3 timed out "
-        "after 3 s (parallel.distributed_timeout_minutes = 0.05): another rank stopped taking part" in output
+        "train: rank 0: torch.distributed.all_reduce (called from trainer.engines.megatron.train_step), in step 3 "
+        "timed out after 3 s (parallel.distributed_timeout_minutes = 0.05): another rank stopped taking part"
+        in output
     )
 
 

@@ -3,6 +3,9 @@ full (unsharded) gradients, or loads a checkpoint and evaluates it.
 
     worker.py train CONFIG OUT [--set k=v ...]          metrics in the run dir; OUT/grads_pp<rank>.pt
     worker.py evaluate CONFIG OUT CHECKPOINT [--set ...] OUT/val_loss.json
+    worker.py uneven CONFIG OUT [--set k=v ...]         one global batch whose samples keep uneven numbers of
+                                                        tokens in their loss masks: OUT/grads_pp<rank>.pt, the
+                                                        gradients the optimizer would apply
 """
 
 import argparse
@@ -69,22 +72,43 @@ def record_gradients(steps: list) -> None:
 
     def build_recording(cfg, dims):
         run = build(cfg, dims)
-        apply_gradients = run.optimizer.step
+        apply_gradients = run.apply_gradients  # prepared, norm computed, not yet clipped
 
-        def recording_step():
+        def recording_step(grad_norm):
             if len(steps) < GRADIENT_STEPS:
                 steps.append(full_gradients(run))
-            return apply_gradients()
+            return apply_gradients(grad_norm)
 
-        run.optimizer.step = recording_step
+        run.apply_gradients = recording_step
         return run
 
     engines.build = build_recording
 
 
+def uneven_masks(stream):
+    """The same micro-batches, each sample keeping 1 to seq_length leading tokens in its loss mask, by its first
+    token: which sample keeps how many does not depend on the layout that draws it."""
+    for batch in stream:
+        seq_length = batch["loss_mask"].shape[1]
+        keep = 1 + (batch["tokens"][:, :1] * 7919) % seq_length
+        positions = torch.arange(seq_length, device=keep.device)[None]
+        yield {**batch, "loss_mask": batch["loss_mask"] * (positions < keep).to(batch["loss_mask"].dtype)}
+
+
+def uneven_gradients(cfg, dims) -> list[dict[str, torch.Tensor]]:
+    """One global batch with uneven loss masks through the engine's forward and backward, gradients prepared."""
+    run = engines.build(cfg, dims)
+    batches = [uneven_masks(stream) for stream in run.train_batches(0)]
+    for chunk in run.chunks:
+        chunk.zero_grad_buffer()
+    run.forward_backward(batches)
+    run.optimizer.prepare_grads()
+    return [full_gradients(run)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "evaluate"])
+    parser.add_argument("mode", choices=["train", "evaluate", "uneven"])
     parser.add_argument("config")
     parser.add_argument("out", type=Path)
     parser.add_argument("checkpoint", nargs="?", type=Path)
@@ -94,11 +118,14 @@ def main() -> None:
     dims = parallel.initialize(cfg)
     console = Console(stderr=True, quiet=torch.distributed.get_rank() != 0)
     try:
-        if args.mode == "train":
-            steps = []
-            if cfg.engine == "megatron":  # DeepSpeed's runs are compared by their losses
-                record_gradients(steps)
-            train.train(cfg, dims, console)
+        if args.mode in ("train", "uneven"):
+            if args.mode == "uneven":
+                steps = uneven_gradients(cfg, dims)
+            else:
+                steps = []
+                if cfg.engine == "megatron":  # DeepSpeed's runs are compared by their losses
+                    record_gradients(steps)
+                train.train(cfg, dims, console)
             if (
                 parallel_state.get_tensor_model_parallel_rank() == 0
                 and parallel_state.get_data_parallel_rank() == 0

@@ -5,7 +5,9 @@ Every result stands beside a baseline measured in the same run, and the ratio be
 - training tokens/s at the config's layout (local.yaml: TP=2 x PP=2) against TP=1 x PP=1, same global batch;
 - step time at the config's precision (local.yaml: auto, what this machine computes natively) against the other;
 - pipeline idle: the share of a step each stage spends in send/receive, against (p-1)/(m+p-1);
-- checkpoint save and load GB/s against the disk's sequential write speed;
+- checkpoint save and load GB/s against the disk's sequential write speed; the stall of a background save against
+  a synchronous save; the load at TP=1 x PP=1 against the load at the layout it was saved at;
+- the trainer's step (logging included) against a bare megatron-core loop of the same shape, fp32;
 - peak memory per GPU: the planner's estimate against the measured peak, for several layouts.
 Written to <out>/bench.json and printed as a table. See docs/bench.md.
 """
@@ -30,8 +32,10 @@ from trainer.bench.report import add_memory_results, add_result, machine
 from trainer.bench.training import (
     BenchError,
     Layout,
+    MeasuredRun,
     checkpoint_throughput,
     pipeline_idle,
+    run_overhead,
     run_worker,
     step_seconds,
     tokens_per_s,
@@ -190,19 +194,8 @@ def run_suite(
             f"(p-1)/(m+p-1), m={idle['micro_batches']}",
             idle["bubble"],
         )
-    if checkpoint_overrides:
-        wider = Layout(f"{parallel.name}-wider", parallel.processes, checkpoint_overrides)
-        saved = checkpoint_throughput(run_worker(config, wider, out / "runs", steps=0, checkpoint=True))
-    else:
-        saved = checkpoint_throughput(measured)
-    report["details"]["checkpoint"] = saved
-    size = f"{saved['bytes'] / 1e9:.2f} GB checkpoint"
-    add_result(
-        report, f"checkpoint save ({size})", "GB/s", saved["save_gbytes_per_s"], "disk sequential write", disk
-    )
-    add_result(
-        report, f"checkpoint load ({size})", "GB/s", saved["load_gbytes_per_s"], "disk sequential write", disk
-    )
+    add_checkpoint_results(report, config, parallel, measured, out, disk, checkpoint_overrides)
+    add_overhead_results(report, config, parallel.processes, out, steps)
 
     runs = [
         baseline,
@@ -211,6 +204,66 @@ def run_suite(
     ]
     add_memory_results(report, runs)
     return report
+
+
+def add_checkpoint_results(
+    report: dict,
+    config: Path,
+    parallel: Layout,
+    measured: MeasuredRun,
+    out: Path,
+    disk: float,
+    checkpoint_overrides: tuple[str, ...],
+) -> None:
+    """Save and load throughput against the disk, the stall of a background save against a synchronous save,
+    and the load at another layout (TP=1 x PP=1) against the load at the same one."""
+    if checkpoint_overrides:
+        wider = Layout(f"{parallel.name}-wider", parallel.processes, checkpoint_overrides)
+        saved = checkpoint_throughput(run_worker(config, wider, out / "runs", steps=0, checkpoint=True))
+        other = Layout("tp1-pp1-wider", 1, (*SINGLE, *checkpoint_overrides))
+    else:
+        saved = checkpoint_throughput(measured)
+        other = Layout("tp1-pp1-load", 1, SINGLE)
+    elsewhere = run_worker(config, other, out / "runs", steps=0, load=Path(saved["checkpoint"]))
+    saved["load_seconds_other_layout"] = elsewhere.ranks[0]["load"]["load_seconds"]
+    report["details"]["checkpoint"] = saved
+    size = f"{saved['bytes'] / 1e9:.2f} GB checkpoint"
+    add_result(
+        report, f"checkpoint save ({size})", "GB/s", saved["save_gbytes_per_s"], "disk sequential write", disk
+    )
+    add_result(
+        report, f"checkpoint load ({size})", "GB/s", saved["load_gbytes_per_s"], "disk sequential write", disk
+    )
+    add_result(
+        report,
+        "checkpoint stall per background save",
+        "s",
+        saved["background_blocking_seconds"],
+        "synchronous save",
+        saved["save_seconds"],
+    )
+    add_result(
+        report,
+        f"checkpoint load at {other.name} ({size})",
+        "s",
+        saved["load_seconds_other_layout"],
+        f"load at {parallel.name}",
+        saved["load_seconds"],
+    )
+
+
+def add_overhead_results(report: dict, config: Path, processes: int, out: Path, steps: int) -> None:
+    """The trainer's loop iteration (logging included) against a bare megatron-core loop, fp32."""
+    overhead = run_overhead(config, processes, out / "runs", steps=steps)
+    report["details"]["overhead"] = overhead
+    add_result(
+        report,
+        "trainer step, logging included (fp32)",
+        "s",
+        overhead["trainer"],
+        "bare megatron-core loop",
+        overhead["bare"],
+    )
 
 
 def write_report(report: dict, path: Path) -> Path:

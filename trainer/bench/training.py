@@ -43,27 +43,59 @@ class BenchError(RuntimeError):
 
 
 def run_worker(
-    config: Path, layout: Layout, out: Path, *, steps: int, checkpoint: bool = False, timeout_s: int = 600
+    config: Path,
+    layout: Layout,
+    out: Path,
+    *,
+    steps: int,
+    checkpoint: bool = False,
+    load: Path | None = None,
+    timeout_s: int = 600,
 ) -> MeasuredRun:
     """One measured run: torchrun starts `layout.processes` bench workers on this machine."""
     run_dir = out / layout.name
     overrides = (*layout.overrides, f"logging.run_dir={run_dir / 'run'}", "logging.tensorboard=false")
     cfg = load_config(config, list(overrides))
+    arguments = ["-m", "trainer.bench.worker", str(config), str(run_dir / "ranks"), "--steps", str(steps)]
+    arguments += [*(["--checkpoint"] if checkpoint else []), *(["--load", str(load)] if load else [])]
+    arguments += [arg for o in overrides for arg in ("--set", o)]
+    _torchrun(arguments, layout.processes, run_dir, layout.name, timeout_s)
+    ranks = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(layout.processes)]
+    return MeasuredRun(layout, cfg, ranks)
+
+
+def run_overhead(config: Path, processes: int, out: Path, *, steps: int, timeout_s: int = 600) -> dict:
+    """The trainer's loop against a bare megatron-core loop (trainer/bench/overhead.py) at the config's shape in
+    fp32, each run twice, alternating, so that a change in the machine's load falls on both; median seconds."""
+    seconds: dict[str, list[float]] = {"bare": [], "trainer": []}
+    for attempt in range(2):
+        for mode in seconds:
+            run_dir = out / f"overhead-{mode}-{attempt}"
+            overrides = ("precision=fp32", f"logging.run_dir={run_dir / 'run'}", "logging.tensorboard=false")
+            arguments = [
+                "-m",
+                "trainer.bench.overhead",
+                mode,
+                str(config),
+                str(run_dir),
+                "--steps",
+                str(steps),
+            ]
+            arguments += [arg for o in overrides for arg in ("--set", o)]
+            _torchrun(arguments, processes, run_dir, f"overhead {mode}", timeout_s)
+            seconds[mode] += json.loads((run_dir / f"{mode}.json").read_text())["seconds"]
+    return {mode: statistics.median(values) for mode, values in seconds.items()} | {"seconds": seconds}
+
+
+def _torchrun(arguments: list[str], processes: int, run_dir: Path, name: str, timeout_s: int) -> None:
     single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *single_node.torchrun_args(layout.processes, 0, 0),
-    ]
-    command += ["-m", "trainer.bench.worker", str(config), str(run_dir / "ranks"), "--steps", str(steps)]
-    command += [*(["--checkpoint"] if checkpoint else []), *(arg for o in overrides for arg in ("--set", o))]
+    command = [sys.executable, "-m", "torch.distributed.run", *single_node.torchrun_args(processes, 0, 0)]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "log.txt"
     environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with log.open("w") as output:
         result = subprocess.run(
-            command,
+            [*command, *arguments],
             cwd=ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -72,11 +104,7 @@ def run_worker(
             check=False,
         )
     if result.returncode != 0:
-        raise BenchError(
-            f"{layout.name} failed ({result.returncode}); end of {log}:\n{log.read_text()[-4000:]}"
-        )
-    ranks = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(layout.processes)]
-    return MeasuredRun(layout, cfg, ranks)
+        raise BenchError(f"{name} failed ({result.returncode}); end of {log}:\n{log.read_text()[-4000:]}")
 
 
 def step_seconds(run: MeasuredRun) -> float:
@@ -141,9 +169,11 @@ def memory_against_planner(run: MeasuredRun) -> list[dict]:
 
 
 def checkpoint_throughput(run: MeasuredRun) -> dict:
+    """Synchronous save and load throughput, and the background save's stall, from rank 0's timings (every timed
+    part starts and ends with a barrier, so rank 0's seconds are everyone's)."""
     timing = run.ranks[0]["checkpoint"]
     return {
-        "bytes": timing["bytes"],
+        **timing,
         "save_gbytes_per_s": timing["bytes"] / timing["save_seconds"] / 1e9,
         "load_gbytes_per_s": timing["bytes"] / timing["load_seconds"] / 1e9,
     }

@@ -1,7 +1,7 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
-        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint]
+        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint] [--load CHECKPOINT]
 
 Each rank writes OUT/rank<R>.json with
 - memory: bytes of the weights, the gradient buffers and everything else allocated before the second step
@@ -10,7 +10,9 @@ Each rank writes OUT/rank<R>.json with
   state;
 - steps: the wall time of each further step and the seconds this rank spent inside pipeline send/receive calls,
   which is where a stage waits for its neighbours (the pipeline's idle time, transfers included);
-- checkpoint (with --checkpoint): seconds to save and to load the run's checkpoint, and its bytes.
+- checkpoint (with --checkpoint): seconds to save and to load the run's checkpoint, and its bytes; the stall of a
+  background save (trainer/bench/checkpointing.py);
+- load (with --load): seconds to load a checkpoint saved at another layout.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from rich.console import Console
 
 from trainer.bench.allocations import AllocationTrace
-from trainer.checkpoint.store import Progress
+from trainer.bench.checkpointing import time_checkpoint, time_load
 from trainer.config import load_config
 from trainer.distributed import parallel
 from trainer.engines import megatron
@@ -77,24 +79,26 @@ def measure_memory(run: megatron.MegatronEngine, trace: AllocationTrace) -> dict
     }
 
 
-def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool) -> dict:
+def measure(
+    cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool, load: Path | None = None
+) -> dict:
     device = parallel.device_type()
     waits = PipelineWaits()
     with AllocationTrace(device) as trace:
         with trace.phase("build"):
             run = megatron.build(cfg, dims)
-        step_optimizer = run.optimizer.step
+        step_optimizer = run.apply_gradients  # clip and AdamW (the gradients are prepared already)
 
-        def traced_optimizer_step():
+        def traced_optimizer_step(grad_norm):
             with trace.phase("optimizer"):
-                return step_optimizer()
+                return step_optimizer(grad_norm)
 
-        run.optimizer.step = traced_optimizer_step
+        run.apply_gradients = traced_optimizer_step
         batches = run.train_batches(0)
         for _ in range(TRACED_STEPS):
             with trace.phase("step"):
                 run.train_step(batches)
-    run.optimizer.step = step_optimizer
+    run.apply_gradients = step_optimizer
     result = {
         "rank": torch.distributed.get_rank(),
         "pipeline_rank": parallel_state.get_pipeline_model_parallel_rank(),
@@ -111,23 +115,10 @@ def measure(cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool)
             {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
         )
     if save_checkpoint:
-        result["checkpoint"] = _time_checkpoint(run)
+        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS)
+    if load is not None:
+        result["load"] = time_load(run, load)
     return result
-
-
-def _time_checkpoint(run: megatron.MegatronEngine) -> dict:
-    progress = Progress(step=TRACED_STEPS, consumed_samples=0)
-    torch.distributed.barrier()
-    started = time.perf_counter()
-    saved = run.save(progress)
-    save_seconds = time.perf_counter() - started
-    torch.distributed.barrier()
-    started = time.perf_counter()
-    run.load(saved)
-    torch.distributed.barrier()
-    load_seconds = time.perf_counter() - started
-    size = sum(path.stat().st_size for path in saved.rglob("*") if path.is_file())
-    return {"bytes": size, "save_seconds": save_seconds, "load_seconds": load_seconds}
 
 
 def main() -> None:
@@ -136,13 +127,16 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--steps", type=int, default=0, help="timed steps after the two traced ones")
-    parser.add_argument("--checkpoint", action="store_true", help="time a checkpoint save and load")
+    parser.add_argument(
+        "--checkpoint", action="store_true", help="time checkpoint saves (synchronous, background) and a load"
+    )
+    parser.add_argument("--load", type=Path, help="time loading this checkpoint (saved at another layout)")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     dims = parallel.initialize(cfg)
     Console(stderr=True, quiet=torch.distributed.get_rank() != 0).print(f"bench worker: {cfg.name} at {dims}")
     try:
-        result = measure(cfg, dims, args.steps, args.checkpoint)
+        result = measure(cfg, dims, args.steps, args.checkpoint, args.load)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
     finally:

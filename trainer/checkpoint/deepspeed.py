@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.settings import KEY as SETTINGS
 from trainer.checkpoint.store import agree_or_raise, publish, stage
 from trainer.model import llama
 
@@ -28,12 +29,14 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def saved_state(path: Path) -> dict:
-    """The trainer's own entries: `model_record` always; `progress`, `scheduler`, `layout` unless weights only."""
+    """The trainer's own entries: `model_record` always; `progress`, `scheduler`, `layout`, the schedule and data
+    settings (trainer/checkpoint/settings.py) unless weights only."""
     files = sorted(path.glob("*model_states.pt"))  # ZeRO-3 writes one per rank, each with the client state
     if not files:
         raise FileNotFoundError(f"{path} is not a DeepSpeed checkpoint: no *model_states.pt in it")
     state = torch.load(files[0], map_location="cpu", weights_only=False)
-    return {key: state[key] for key in ("model_record", "progress", "scheduler", "layout") if key in state}
+    kept = ("model_record", "progress", "scheduler", "layout", SETTINGS)
+    return {key: state[key] for key in kept if key in state}
 
 
 def full_weights(path: Path, record: ModelRecord | None = None) -> dict[str, torch.Tensor]:

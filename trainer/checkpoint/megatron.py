@@ -2,22 +2,44 @@
 
 Tensors are stored by global name and offset, so a checkpoint saved at one (TP, PP, DP) loads at any other; RNG
 states only come back at the layout they were saved at. Each holds the model, optimizer, LR scheduler, RNG states,
-progress, layout and model record; a weights-only checkpoint (`python -m trainer convert` writes them) holds the
-model and its record alone.
+progress, layout, model record, the schedule and data settings (trainer/checkpoint/settings.py) and the optimizer
+format; a weights-only checkpoint (`python -m trainer convert` writes them) holds the model and its record alone.
+
+Saves and loads are fully parallel: each data-parallel replica writes, and reads, its share of what the replicas
+hold alike (FullyParallelSaveStrategyWrapper, FullyParallelLoadStrategyWrapper). A save in the background
+(`Write`) returns once the state is copied off the devices and the writer is forked (megatron-core's
+AsyncCallsQueue); it is published, by the store's protocol, only once every rank's write has finished.
+The distributed optimizer's state is saved dp_reshardable (each DP rank its own buffers, no gather; loads at the
+same TP x PP x VP, any DP) or fully_reshardable (gathered per parameter onto DP rank 0: any layout); a
+dp_reshardable one loaded at another TP x PP x VP restores weights, progress and LR schedule, and Adam's moments
+start again from zero (megatron-core 0.16.1 optimizer/distrib_optimizer.py sharded_state_dict).
+A checkpoint loads whatever the layer spec on each side: `_extra_state` entries (Transformer Engine's, absent
+from the local spec's checkpoints) are the only ones allowed to be absent.
 """
 
 from __future__ import annotations
 
+import atexit
 import random
-from dataclasses import asdict
+import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
-from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
-from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+from megatron.core.dist_checkpointing.serialization import (
+    get_default_load_sharded_strategy,
+    get_default_save_sharded_strategy,
+)
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+    FullyParallelLoadStrategyWrapper,
+    FullyParallelSaveStrategyWrapper,
+)
+from megatron.core.dist_checkpointing.validation import StrictHandling
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
@@ -25,14 +47,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer import faults
 from trainer.checkpoint.record import ModelRecord
-from trainer.checkpoint.store import Progress, agree_or_raise, publish, stage
+from trainer.checkpoint.settings import KEY as SETTINGS
+from trainer.checkpoint.store import CheckpointError, Progress, agree_or_raise, publish, stage
 from trainer.distributed import megatron_compat
 from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, weights
 
 ENGINE = "megatron"
-# Optimizer state stored per parameter in model space (gathered over DP to save): loads at any layout.
-_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+# What checkpoints saved before the trainer recorded its optimizer format used: loads at any layout.
+_DEFAULT_OPTIMIZER_FORMAT = "fully_reshardable"
+# Transformer Engine's modules keep FP8 metadata under these keys; the local spec has none (issue 13, defect 13).
+_EXTRA_STATE = "_extra_state"
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -58,23 +83,32 @@ def _state_dict(
     *,
     is_loading: bool,
     with_rng: bool,
+    settings: dict | None = None,
+    optimizer_format: str = _DEFAULT_OPTIMIZER_FORMAT,
 ) -> dict:
     model_state = _model_state(model)
     state = {
         "model": model_state,
         "progress": asdict(progress),
-        "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp},
+        "layout": _layout(dims),
         "model_record": record.to_dict() if record else None,
     }
     if optimizer is not None:  # None: a weights-only checkpoint
+        metadata = {"distrib_optim_sharding_type": optimizer_format}
         state["optimizer"] = optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
+            model_state, is_loading=is_loading, metadata=metadata
         )
         state["scheduler"] = scheduler.state_dict()
+        state["optimizer_format"] = optimizer_format
+        state[SETTINGS] = settings
     if with_rng:
         rank = torch.distributed.get_rank()
         state["rng"] = ShardedObject("rng_state", _rng_state(), (dims.world_size,), (rank,), replica_id=0)
     return state
+
+
+def _layout(dims: ParallelDims) -> dict:
+    return {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
 
 
 def _rng_state() -> dict:
@@ -96,6 +130,57 @@ def _set_rng_state(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+@dataclass
+class Write:
+    """A checkpoint being written into its staging directory; published by `finish` once every rank is done."""
+
+    staging: Path
+    step: int
+    keep_last: int
+    queue: AsyncCallsQueue | None  # the background write; None: written already
+    failure: BaseException | None = None
+
+    def done(self) -> bool:
+        """Whether every rank's write has finished (a collective while one is in flight: call it on every rank
+        at the same point)."""
+        if self.queue is None:
+            return True
+        try:
+            if not self.queue.maybe_finalize_async_calls(blocking=False):
+                return False
+        except (CheckpointException, OSError) as error:  # megatron gathers every rank's write failures
+            self.failure = error
+        self.queue = None
+        return True
+
+    def finish(self) -> Path:
+        """Wait for every rank's write, then seal and publish (store.publish); raises CheckpointSaveError on every
+        rank when any rank's write failed, leaving the previous checkpoint as the newest."""
+        if self.queue is not None:
+            try:
+                self.queue.maybe_finalize_async_calls(blocking=True)
+            except (CheckpointException, OSError) as error:
+                self.failure = error
+            self.queue = None
+        agree_or_raise(self.failure, f"saving step {self.step} to {self.staging}", self.staging)
+        return publish(self.staging, self.step, self.keep_last)
+
+
+def start_writer_queue() -> threading.Thread:
+    """Start megatron's write-results queue now, in a thread, while training runs: it is a Manager process started
+    by spawn (a fresh Python's start-up and imports, seconds; tens of seconds on a loaded machine) that the first
+    save would otherwise wait for (megatron-core 0.16.1 strategies/filesystem_async.py
+    _get_write_results_queue, created once per process). Join the thread before the first save."""
+    thread = threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True)
+    thread.start()
+    # A process that exits while the thread is still starting the Manager would wait forever at exit for a
+    # Manager process nobody shuts down (multiprocessing joins its children at exit): let the start finish
+    # first, so that the Manager's own finalizer shuts it down (atexit runs this before multiprocessing's hook,
+    # which was registered earlier).
+    atexit.register(thread.join)
+    return thread
+
+
 def save(
     directory: Path,
     model: list[torch.nn.Module],
@@ -105,26 +190,48 @@ def save(
     dims: ParallelDims,
     keep_last: int,
     record: ModelRecord,
-) -> Path:
-    """Save on every rank, then publish: rename into place, point `latest` at it, drop the oldest beyond keep_last.
-    Without optimizer and scheduler it saves the weights only."""
+    *,
+    settings: dict | None = None,
+    optimizer_format: str = _DEFAULT_OPTIMIZER_FORMAT,
+    background: bool = False,
+) -> Write:
+    """Start saving on every rank into the staging directory; `finish()` on the result publishes it (rename into
+    place, point `latest` at it, drop the oldest beyond keep_last). In the background, this returns once the state
+    is copied off the devices and the writer process is forked. Without optimizer and scheduler it saves the
+    weights only."""
     staging = stage(directory, progress.step)
     state = _state_dict(
-        model, optimizer, scheduler, progress, dims, record, is_loading=False, with_rng=optimizer is not None
+        model,
+        optimizer,
+        scheduler,
+        progress,
+        dims,
+        record,
+        is_loading=False,
+        with_rng=optimizer is not None,
+        settings=settings,
+        optimizer_format=optimizer_format,
     )
     # Replicated tensors are written by the data-parallel replicas in turn rather than all by one.
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True),
     )
+    write = Write(staging, progress.step, keep_last, queue=None)
     try:
+        # The writer processes are forked inside: they inherit TRAINSTACK_FAULT's save faults.
         with faults.inject_in_save(progress.step):
-            dist_checkpointing.save(state, str(staging), sharded_strategy=strategy)
-        failure = None
+            request = dist_checkpointing.save(
+                state, str(staging), sharded_strategy=strategy, async_sharded_save=background
+            )
+            if request is not None:
+                write.queue = AsyncCallsQueue()
+                write.queue.schedule_async_request(request)
     except (CheckpointException, OSError) as error:
-        failure = error
-    agree_or_raise(failure, f"saving step {progress.step} to {staging}", staging)
-    return publish(staging, progress.step, keep_last)
+        write.failure = error
+    if background:  # a failure before the write started: every rank stops here alike
+        agree_or_raise(write.failure, f"saving step {progress.step} to {staging}", staging)
+    return write
 
 
 def load(
@@ -136,16 +243,41 @@ def load(
 ) -> Progress:
     """Restore everything `save` wrote into already-built model, optimizer and scheduler; returns the progress."""
     common = saved_state(checkpoint)
-    same_layout = common["layout"] == {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "vp": dims.vp}
+    saved_layout = common["layout"]
+    same_layout = saved_layout == _layout(dims)
+    optimizer_format = common.get("optimizer_format", _DEFAULT_OPTIMIZER_FORMAT)
+    # dp_reshardable holds the distributed optimizer's own buffers per TP x PP x VP domain: any DP, nothing else.
+    with_optimizer = optimizer_format != "dp_reshardable" or all(
+        saved_layout[key] == value for key, value in _layout(dims).items() if key != "dp"
+    )
     megatron_compat.prepare_torch_adam_for_load(optimizer)
     progress = Progress()
     request = _state_dict(
-        model, optimizer, scheduler, progress, dims, None, is_loading=True, with_rng=same_layout
+        model,
+        optimizer if with_optimizer else None,
+        scheduler,
+        progress,
+        dims,
+        None,
+        is_loading=True,
+        with_rng=same_layout,
+        optimizer_format=optimizer_format,
     )
-    state = dist_checkpointing.load(request, str(checkpoint))
-    for i, chunk in enumerate(unwrap_model(model)):
-        chunk.load_state_dict(state["model"][f"chunk{i}"])
-    optimizer.load_state_dict(state["optimizer"])
+    if not with_optimizer:
+        request["scheduler"] = scheduler.state_dict()
+    state = _load(request, checkpoint)
+    _load_model(model, state["model"])
+    if with_optimizer:
+        optimizer.load_state_dict(state["optimizer"])
+    else:
+        optimizer.reload_model_params()  # fp32 masters from the loaded weights; Adam's moments start from zero
+        if torch.distributed.get_rank() == 0:
+            print(
+                f"{checkpoint} holds the optimizer state as dp_reshardable at {saved_layout}, this run is "
+                f"{_layout(dims)}: restored the weights, step and LR schedule; Adam's moments start again from "
+                "zero (save with checkpoint.optimizer_format=fully_reshardable before changing TP, PP or VP)",
+                flush=True,
+            )
     scheduler.load_state_dict(state["scheduler"])
     if same_layout:
         _set_rng_state(state["rng"])
@@ -154,9 +286,45 @@ def load(
 
 def load_weights(checkpoint: Path, model: list[torch.nn.Module]) -> None:
     """The model's weights alone, at this rank's layout, whatever the layout they were saved at."""
-    state = dist_checkpointing.load({"model": _model_state(model)}, str(checkpoint))
+    _load_model(model, _load({"model": _model_state(model)}, checkpoint)["model"])
+
+
+def _load(request: dict, checkpoint: Path) -> dict:
+    """dist_checkpointing.load, fully parallel over the data-parallel replicas (each reads its share of what they
+    hold alike, then they exchange it); entries only Transformer Engine's modules have (`_extra_state`) may be
+    absent from the checkpoint, nothing else."""
+    strategy = FullyParallelLoadStrategyWrapper(
+        get_default_load_sharded_strategy(str(checkpoint)),
+        parallel_state.get_data_parallel_group(with_context_parallel=True),
+    )
+    # RETURN_UNEXPECTED: what the request asks for and the checkpoint lacks ("unexpected") is dropped from the
+    # request and returned; the checkpoint's entries nobody asked for ("missing") are ignored (megatron-core
+    # 0.16.1 dist_checkpointing/validation.py StrictHandling, serialization.py load).
+    state, _, absent = dist_checkpointing.load(
+        request, str(checkpoint), sharded_strategy=strategy, strict=StrictHandling.RETURN_UNEXPECTED
+    )
+    refused = sorted(key for key in absent if not _is_extra_state(key))
+    if refused:
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint)!r} lacks {len(refused)} entries this model needs, e.g. "
+            f"{', '.join(refused[:3])}: saved from another model or truncated"
+        )
+    return state
+
+
+def _is_extra_state(key: str) -> bool:
+    return key.split("/", 1)[0].endswith(_EXTRA_STATE)
+
+
+def _load_model(model: list[torch.nn.Module], state: dict) -> None:
+    """Each chunk's loaded weights into it; its `_extra_state` entries may be absent (strict otherwise)."""
     for i, chunk in enumerate(unwrap_model(model)):
-        chunk.load_state_dict(state["model"][f"chunk{i}"])
+        result = chunk.load_state_dict(state[f"chunk{i}"], strict=False)
+        missing = [key for key in result.missing_keys if not key.endswith(_EXTRA_STATE)]
+        if missing or result.unexpected_keys:
+            raise CheckpointError(
+                f"model chunk {i}: weights missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+            )
 
 
 def full_weights(checkpoint: Path, record: ModelRecord) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.checkpoint import formats
-from trainer.checkpoint.record import model_mismatches
+from trainer.checkpoint.record import ModelRecord, model_mismatches
+from trainer.checkpoint.settings import ALLOW, KEY, setting_changes
 from trainer.checkpoint.store import CheckpointError, latest_checkpoint
 from trainer.config import ModelConfig, TrainConfig
 
@@ -36,8 +37,9 @@ def starting_checkpoint(cfg: TrainConfig, *, fresh: bool = False) -> Start | Non
 
 
 def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False) -> list[str]:
-    """What stops a run from starting from its checkpoint: one missing, holding another model, or the run's own
-    saved by the other engine (whose optimizer state this engine cannot resume)."""
+    """What stops a run from starting from its checkpoint: one missing, holding another model, the run's own
+    saved by the other engine (whose optimizer state this engine cannot resume), or a resume whose config changes
+    the schedule or data settings the checkpoint was trained under (unless checkpoint.allow_schedule_change)."""
     try:
         start = starting_checkpoint(cfg, fresh=fresh)
     except CheckpointError as error:
@@ -53,12 +55,19 @@ def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False)
         ]
     where = "resuming from" if start.resumed else "checkpoint.load:"
     try:
-        record = formats.read_record(start.path)
+        saved = formats.saved_state(start.path)
     except CheckpointError as error:
         return [f"{where} {error}"]
-    if record is None:
-        return []
-    return [
+    record = ModelRecord.from_dict(saved["model_record"]) if saved.get("model_record") else None
+    problems = [
         f"{where} {start.path} holds another model: {mismatch}"
-        for mismatch in model_mismatches(record.config, model)
+        for mismatch in (model_mismatches(record.config, model) if record is not None else [])
     ]
+    # Only a checkpoint whose LR schedule and progress the run continues from: not weights taken alone.
+    if not start.weights_only and "scheduler" in saved and not cfg.checkpoint.allow_schedule_change:
+        problems += [
+            f"{where} {start.path} was trained with other settings: {change}; put the checkpoint's value back, "
+            f"or set {ALLOW}=true (train --allow-schedule-change) to continue under the config's"
+            for change in setting_changes(saved.get(KEY) or {}, cfg)
+        ]
+    return problems

@@ -40,7 +40,11 @@ def optimizer_config(cfg: TrainConfig) -> MegatronOptimizerConfig:
 
 
 def build_scheduler(cfg: TrainConfig, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
-    """Linear warmup from 0 to optimizer.lr, then decay to optimizer.min_lr; stepped once per iteration."""
+    """Linear warmup from 0 to optimizer.lr, then decay to optimizer.min_lr; stepped once per iteration. On
+    resume the config's values win over the checkpoint's (override_opt_param_scheduler, megatron-core 0.16.1
+    optimizer_param_scheduler.py _check_and_set); the step count comes from the checkpoint. A config that differs
+    from the checkpoint is refused before start unless checkpoint.allow_schedule_change (trainer/checkpoint/
+    settings.py), so this only takes effect when asked for."""
     s, o = cfg.schedule, cfg.optimizer
     return OptimizerParamScheduler(
         optimizer,
@@ -54,4 +58,20 @@ def build_scheduler(cfg: TrainConfig, optimizer: MegatronOptimizer) -> Optimizer
         end_wd=o.weight_decay,
         wd_incr_steps=s.train_iters,
         wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
     )
+
+
+def apply_config_schedule(scheduler: OptimizerParamScheduler, cfg: TrainConfig) -> None:
+    """After a checkpoint's optimizer and scheduler are loaded: the config's peak and floor LR on every parameter
+    group, and the LR and weight decay recomputed at the loaded step. megatron's scheduler reads them per group
+    (optimizer_param_scheduler.py get_lr: param_group max_lr / min_lr, which get_megatron_optimizer sets from
+    OptimizerConfig.lr and min_lr, optimizer/__init__.py, megatron-core 0.16.1), and loading an optimizer restores
+    the checkpoint's groups. Equal to the checkpoint's unless checkpoint.allow_schedule_change let them differ."""
+    for group in scheduler.optimizer.param_groups:
+        if "max_lr" in group:
+            group["max_lr"] = cfg.optimizer.lr
+        if "min_lr" in group:
+            group["min_lr"] = cfg.optimizer.min_lr
+    scheduler.step(increment=0)

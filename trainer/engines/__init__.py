@@ -40,8 +40,14 @@ class Engine(Protocol):
     def evaluate(self) -> float:
         """Mean loss per token over the validation samples (the same ones every time)."""
 
-    def save(self, progress: Progress) -> Path:
-        """Save this step on every rank and publish it (trainer/checkpoint/store.py); the published directory."""
+    def save(self, progress: Progress, *, background: bool = False) -> Path | None:
+        """Save this step on every rank and publish it (trainer/checkpoint/store.py); the published directory. In
+        the background (where the engine can): None, the write goes on and `finish_saves` publishes it. A save
+        still in flight is published first."""
+
+    def finish_saves(self, *, wait: bool) -> list[Path]:
+        """Publish a background save whose write every rank has finished (wait: until they have); what was
+        published. Every rank calls it at the same point (it agrees over the ranks)."""
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Restore a checkpoint (any format: the weights alone from another engine's); where training stands."""

@@ -23,17 +23,20 @@ from pathlib import Path
 import deepspeed
 import torch
 from deepspeed.utils import safe_set_full_fp32_param
+from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.utils.data import Dataset
 
 from trainer.checkpoint import deepspeed as deepspeed_checkpoint
 from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.settings import KEY as SETTINGS
+from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import parallel
-from trainer.distributed.optimizer import build_scheduler
+from trainer.distributed.optimizer import apply_config_schedule, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.engines.deepspeed_config import derived_config, merged_config
 from trainer.model import llama, loss, weights
@@ -72,12 +75,20 @@ class DeepSpeedEngine:
         and whether DeepSpeed skipped the update (its overflow check; TRAINSTACK_FAULT's step faults are the
         megatron engine's, so `step` goes unused)."""
         lr = self.engine.optimizer.param_groups[0]["lr"]
+        micro_batches = [next(batches[0]) for _ in range(self.micro_batches_per_step)]
+        # The loss is the mean per token over the global batch (trainer/model/loss.py), so each micro-batch's
+        # summed loss is divided by the global batch's token count, counted before any backward. DeepSpeed
+        # averages gradients over DP (zero/stage_1_and_2.py average_tensor divides by the DP size, deepspeed
+        # 0.19.8); scale_wrt_gas=False stops its division by the micro-batches per step (runtime/engine.py).
+        tokens = sum(batch["loss_mask"].float().sum() for batch in micro_batches).to(parallel.device_type())
+        torch.distributed.all_reduce(tokens, group=parallel_state.get_data_parallel_group())
+        scale = self.dims.dp / tokens.clamp(min=1)
         totals = torch.zeros(2)
-        for _ in range(self.micro_batches_per_step):
-            loss, tokens = _loss_and_tokens(self.engine, next(batches[0]))
-            self.engine.backward(loss / tokens)  # DeepSpeed divides by the micro-batches per step
+        for batch in micro_batches:
+            summed, counted = _loss_and_tokens(self.engine, batch)
+            self.engine.backward(summed * scale, scale_wrt_gas=False)
             self.engine.step()  # reduces and steps at the global batch's last micro-batch only
-            totals += torch.stack([loss.detach().float().cpu(), tokens.cpu()])
+            totals += torch.stack([summed.detach().float().cpu(), counted.cpu()])
         skipped = not self.engine.was_step_applied()
         if not skipped:
             self.scheduler.step(increment=1)
@@ -91,8 +102,8 @@ class DeepSpeedEngine:
         for _ in range(self.cfg.schedule.eval_iters):
             totals = torch.zeros(2)
             for _ in range(self.micro_batches_per_step):
-                loss, tokens = _loss_and_tokens(self.engine, next(batches))
-                totals += torch.stack([loss.float().cpu(), tokens.cpu()])
+                summed, counted = _loss_and_tokens(self.engine, next(batches))
+                totals += torch.stack([summed.float().cpu(), counted.cpu()])
             losses.append(loss.global_mean(totals))
         return sum(losses) / len(losses)
 
@@ -101,10 +112,12 @@ class DeepSpeedEngine:
         """What ZeRO's shards depend on: a checkpoint resumes whole only where this is the same."""
         return {"dp": self.dims.dp, "zero_stage": self.cfg.zero.stage}
 
-    def save(self, progress: Progress) -> Path:
-        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published."""
+    def save(self, progress: Progress, *, background: bool = False) -> Path:
+        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published
+        (always before it returns: this engine saves in the foreground)."""
         client_state = {
             "model_record": self.model_record.to_dict(),
+            SETTINGS: run_settings(self.cfg),
             "scheduler": self.scheduler.state_dict(),
             "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
             "layout": self.layout,
@@ -113,6 +126,9 @@ class DeepSpeedEngine:
         return deepspeed_checkpoint.save(
             self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state
         )
+
+    def finish_saves(self, *, wait: bool) -> list[Path]:
+        return []  # nothing is written in the background
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,
@@ -135,6 +151,7 @@ class DeepSpeedEngine:
                     flush=True,
                 )
         self.scheduler.load_state_dict(saved["scheduler"])
+        apply_config_schedule(self.scheduler, self.cfg)
         return Progress(**saved["progress"])
 
 

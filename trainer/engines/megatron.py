@@ -9,12 +9,14 @@ nothing, the LR schedule included.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch.utils.data import Dataset
@@ -23,12 +25,13 @@ from trainer import faults
 from trainer.checkpoint import formats
 from trainer.checkpoint import megatron as megatron_checkpoint
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
 from trainer.config import TrainConfig
 from trainer.contract import metrics as metric
 from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
 from trainer.distributed import fast_path, parallel
-from trainer.distributed.optimizer import build_optimizer, build_scheduler
+from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
 from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, loss
 from trainer.monitoring import monitor as monitoring
@@ -47,6 +50,9 @@ class MegatronEngine:
     valid_data: Dataset
     padded_vocab_size: int
     model_record: ModelRecord
+    writing: megatron_checkpoint.Write | None = None  # a save still being written in the background
+    # megatron's write-results queue while it starts (trainer/checkpoint/megatron.py start_writer_queue)
+    writer_queue: threading.Thread | None = None
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
@@ -63,14 +69,27 @@ class MegatronEngine:
         if step is not None:
             faults.inject_in_step(step, self.chunks)
         lr = self.optimizer.param_groups[0]["lr"]
-        # Every rank gets the same loss and norm (both are reduced over the ranks), so all decide alike.
+        # megatron's own optimizer step split in two (ChainedOptimizer.step, megatron-core 0.16.1
+        # optimizer/optimizer.py): gradients prepared and their norm computed once, for the non-finite check and
+        # the clipping alike. Every rank gets the same loss and norm (both reduced over the ranks): all decide alike.
         self.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
         grad_norm = float(self.optimizer.get_grad_norm())
         if not faults.SkipCounter.finite(mean_loss, grad_norm):
-            return mean_loss, grad_norm, lr, True
-        self.optimizer.step()  # megatron's bf16 path has no grad scaler: it would apply a non-finite step
+            return mean_loss, grad_norm, lr, True  # megatron's bf16 path has no grad scaler to catch it
+        self.apply_gradients(grad_norm)
         self.scheduler.step(increment=1)
         return mean_loss, grad_norm, lr, False
+
+    def apply_gradients(self, grad_norm: float) -> None:
+        """Clip the prepared gradients by their global norm (computed once, in train_step), then AdamW."""
+        # get_megatron_optimizer returns a ChainedOptimizer, or one optimizer (megatron-core 0.16.1 optimizer/__init__.py)
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = optimizer.get_parameters()
+            if params and optimizer.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(
+                    params, max_norm=optimizer.config.clip_grad, total_norm=grad_norm
+                )
+        self.optimizer.step_with_ready_grads()
 
     def evaluate(self) -> float:
         with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
@@ -100,18 +119,39 @@ class MegatronEngine:
             totals += output["lm loss"].to(totals.device)
         return loss.global_mean(totals)
 
-    def save(self, progress: Progress) -> Path:
+    def save(self, progress: Progress, *, background: bool = False) -> Path | None:
+        self.finish_saves(wait=True)  # one save in flight at most; it is published before the next is staged
+        if self.writer_queue is not None:
+            self.writer_queue.join()
+        c = self.cfg.checkpoint
         with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
-            return megatron_checkpoint.save(
+            write = megatron_checkpoint.save(
                 self.cfg.checkpoint_dir,
                 self.chunks,
                 self.optimizer,
                 self.scheduler,
                 progress,
                 self.dims,
-                self.cfg.checkpoint.keep_last,
+                c.keep_last,
                 self.model_record,
+                settings=run_settings(self.cfg),
+                # Only the distributed optimizer has a choice: the others' state is per parameter, any layout.
+                optimizer_format=c.optimizer_format
+                if self.cfg.parallel.use_distributed_optimizer
+                else "fully_reshardable",
+                background=background,
             )
+        if background:
+            self.writing = write
+            return None
+        return write.finish()
+
+    def finish_saves(self, *, wait: bool) -> list[Path]:
+        """Publish the save written in the background once every rank's write is done (wait: until it is)."""
+        if self.writing is None or not (wait or self.writing.done()):
+            return []
+        write, self.writing = self.writing, None
+        return [write.finish()]
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote; with weights_only, or from a weights-only or another engine's checkpoint, the
@@ -120,7 +160,9 @@ class MegatronEngine:
             formats.load_weights(path, self.chunks)
             self.optimizer.reload_model_params()  # its fp32 master weights were copied from the initialization
             return Progress()
-        return megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+        progress = megatron_checkpoint.load(path, self.chunks, self.optimizer, self.scheduler, self.dims)
+        apply_config_schedule(self.scheduler, self.cfg)
+        return progress
 
     def _batches(self, dataset: Dataset, consumed_samples: int) -> list[Iterator[dict]]:
         return micro_batch_streams(dataset, consumed_samples, self.cfg, self.dims)
@@ -135,16 +177,25 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     train_data, valid_data = train_and_valid(cfg)
     cfg = with_resolved_model(cfg)
-    # Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP.
+    built, chunks, optimizer, scheduler = build_model_and_optimizer(cfg)
+    record = ModelRecord(cfg.model, cfg.data.seq_length)
+    engine = MegatronEngine(
+        cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
+    )
+    engine.writer_queue = megatron_checkpoint.start_writer_queue()  # ready by the first save
+    return engine
+
+
+def build_model_and_optimizer(
+    cfg: TrainConfig,
+) -> tuple[llama.Built, list[torch.nn.Module], MegatronOptimizer, OptimizerParamScheduler]:
+    """Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP; its optimizer and LR
+    schedule, and the pipeline schedule told how to reduce gradients (cfg's model resolved)."""
     built = llama.build(cfg)
     chunks = parallel.wrap_data_parallel(built.chunks, cfg, built.config)
     optimizer = build_optimizer(cfg, chunks)
     parallel.connect_schedule(built.config, chunks, optimizer, cfg)
-    scheduler = build_scheduler(cfg, optimizer)
-    record = ModelRecord(cfg.model, cfg.data.seq_length)
-    return MegatronEngine(
-        cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
-    )
+    return built, chunks, optimizer, build_scheduler(cfg, optimizer)
 
 
 def _forward_step(batches, chunk):
@@ -155,6 +206,9 @@ def _forward_step(batches, chunk):
 
 
 def _loss_sum(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
-    """Summed loss and token count; megatron's schedule divides by both counts to get the mean."""
+    """Summed loss and token count. With calculate_per_token_loss (trainer/model/llama.py) the schedule leaves the
+    sum as it is and finalize_model_grads divides the gradients by the global batch's token count (megatron-core
+    0.16.1 pipeline_parallel/schedules.py forward_step_calc_loss, distributed/finalize_model_grads.py): the
+    gradient of the per-token mean over the whole global batch, however its tokens fall into micro-batches."""
     total, tokens = loss.masked_sum(per_token_loss, loss_mask)
     return total, tokens.to(torch.int), {"lm loss": torch.stack([total.detach(), tokens])}

@@ -91,6 +91,7 @@ def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
         fp8=cfg.fp8.format,
         fp8_recipe=cfg.fp8.recipe,
         deallocate_pipeline_outputs=True,
+        calculate_per_token_loss=True,  # loss per token of the global batch (trainer/engines/megatron.py)
         **recompute,
     )
 

@@ -33,6 +33,11 @@ def summed_over_ranks(totals: torch.Tensor) -> torch.Tensor:
 
 
 def global_mean(totals: torch.Tensor) -> float:
-    """[loss sum, tokens] of this rank's micro-batches -> the mean loss per token over every rank, on every rank."""
-    total, tokens = summed_over_ranks(totals)
+    """[loss sum, tokens] of this rank's micro-batches -> the mean loss per token over every rank, on every rank.
+    One all-reduce over all ranks rather than summed_over_ranks' two: the last pipeline stage's tensor-parallel
+    ranks hold the same sums (the vocabulary-parallel loss is reduced over TP) and the other stages zeros, so the
+    sum over all ranks is TP times the data-parallel sum in both entries alike, and their ratio is the mean."""
+    totals = totals.to(device=device_type(), dtype=torch.float64)
+    torch.distributed.all_reduce(totals)
+    total, tokens = totals
     return (total / tokens).item()
