@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from moto.batch.models import batch_backends
@@ -27,6 +28,28 @@ def test_status_lists_recent_jobs_and_details_one(stack):
     assert detail.returncode == 0, detail.stderr
     assert f"job {job_id} (watch-me): SUCCEEDED" in detail.stdout
     assert "log:      /trainstack/test/train / " in detail.stdout
+
+
+def test_status_names_a_straggler_from_the_runs_health_report(stack):
+    job_id = submitted_job(stack)
+    detail = stack.make("status", f"JOB={job_id}")
+    assert (
+        "health:   no health report yet (s3://trainstack-test-checkpoints/watch-me/health.json)"
+        in detail.stdout
+    )
+    # What rank 0 writes into /fsx/checkpoints/watch-me and FSx exports (trainer/health/report.py's format).
+    ranks = [{"rank": 3, "host": "ip-10-0-1-7", "instance_id": "i-0abc", "compute_s": 2.4, "median_s": 1.0,
+              "ratio": 2.4, "windows": 3}]  # fmt: skip
+    health = {"stragglers": {"step": 60, "interval": 20, "median_s": 1.0, "ranks": ranks}}
+    stack.client("s3").put_object(
+        Bucket="trainstack-test-checkpoints", Key="watch-me/health.json", Body=json.dumps(health)
+    )
+    detail = stack.make("status", f"JOB={job_id}")
+    assert detail.returncode == 0, detail.stderr
+    assert (
+        "health:   stragglers at step 60: rank 3 on ip-10-0-1-7 (i-0abc) 2.4x the median step compute time "
+        "for 3 windows"
+    ) in detail.stdout
 
 
 def test_logs_print_the_main_node_stream(stack):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
 
+from botocore.exceptions import ClientError
+
+from trainer.health.report import HEALTH_FILE, summary
 from trainer.jobs.aws import batch_job_url, client, log_stream_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 
@@ -78,6 +82,21 @@ def print_status(outputs: StackOutputs, job_id: str | None) -> None:
         print(f"  log:      {outputs['log_group']} / {stream}")
         print(f"            {log_stream_url(outputs.region, outputs['log_group'], stream)}")
     print(f"  console:  {batch_job_url(outputs.region, job['jobId'])}")
+    print(f"  health:   {health_line(outputs, job)}")
+
+
+def health_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
+    """What the run's health checks found (stragglers by rank, host and instance; a hang), from the health.json
+    rank 0 writes into the run directory /fsx/checkpoints/<run>, which FSx exports to the checkpoints bucket as
+    <run>/health.json (the data repository association maps /checkpoints to the bucket's root: infra/lustre.py)."""
+    key = f"{job['jobName']}/{HEALTH_FILE}"  # submit names the job after its run
+    try:
+        body = client("s3", outputs.region).get_object(Bucket=outputs["checkpoints_bucket"], Key=key)["Body"]
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return f"no health report yet (s3://{outputs['checkpoints_bucket']}/{key})"
+        raise
+    return summary(json.loads(body.read()))
 
 
 def print_logs(outputs: StackOutputs, job_id: str | None, follow: bool, poll_s: float = 5.0) -> None:
