@@ -17,7 +17,13 @@ WILDCARD_RESOURCE_ACTIONS = (
     "ssmmessages:CreateDataChannel",
     "ssmmessages:OpenControlChannel",
     "ssmmessages:OpenDataChannel",
+    # Describe actions of EC2 Auto Scaling name no resource type (Service Authorization Reference, "Actions,
+    # resources, and condition keys for Amazon EC2 Auto Scaling"); a failing node looks up its own group.
+    "autoscaling:DescribeAutoScalingInstances",
 )
+# What a node that fails its preflight does to itself (trainer/launch/quarantine.py): mark itself Unhealthy in the
+# Auto Scaling group Batch runs it in, or terminate itself where it is in none.
+QUARANTINE_ACTIONS = ["autoscaling:SetInstanceHealth", "ec2:TerminateInstances"]
 
 ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
 LOG_WRITE_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]

@@ -17,6 +17,7 @@ from infra.config import StackConfig
 from infra.iam import (
     ECR_PULL_ACTIONS,
     LOG_WRITE_ACTIONS,
+    QUARANTINE_ACTIONS,
     WILDCARD_RESOURCE_ACTIONS,
     allow,
     policy_document,
@@ -99,6 +100,18 @@ class Identity(pulumi.ComponentResource):
             ),
             allow(
                 "UseStackKey", ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey"], [args.keys.key.arn]
+            ),
+            allow("FindOwnAutoScalingGroup", ["autoscaling:DescribeAutoScalingInstances"], ["*"]),
+            # Only this stack's instances: the launch template and the compute environment tag every node with
+            # the stack's tags (aws:ResourceTag works for both actions: Service Authorization Reference).
+            allow(
+                "QuarantineOwnNode",
+                QUARANTINE_ACTIONS,
+                [
+                    pulumi.Output.concat("arn:aws:ec2:", region, ":", account, ":instance/*"),
+                    pulumi.Output.concat("arn:aws:autoscaling:", region, ":", account, ":autoScalingGroup:*"),
+                ],
+                Condition={"StringEquals": {"aws:ResourceTag/stack": cfg.stack}},
             ),
         )
         self.execution_role = self._role(

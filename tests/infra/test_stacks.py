@@ -428,6 +428,18 @@ def test_job_role_reads_datasets_and_writes_only_checkpoints(stack):
     assert kms["Resource"] == [stack.key_arn]
 
 
+def test_job_role_may_take_only_its_own_stacks_nodes_out_of_service(stack):
+    policy = json.loads(stack.one("iam.RolePolicy", "-job").inputs["policy"])
+    (quarantine,) = [s for s in policy["Statement"] if "autoscaling:SetInstanceHealth" in s["Action"]]
+    assert sorted(quarantine["Action"]) == ["autoscaling:SetInstanceHealth", "ec2:TerminateInstances"]
+    assert quarantine["Condition"] == {"StringEquals": {"aws:ResourceTag/stack": stack.stack}}
+    assert "*" not in quarantine["Resource"]
+    # The nodes carry that tag: the launch template tags each instance, the compute environment too.
+    template = stack.one("ec2.LaunchTemplate", "-gpu").inputs
+    instance_tags = [t["tags"] for t in template["tagSpecifications"] if t["resourceType"] == "instance"]
+    assert instance_tags == [stack.config.tags]
+
+
 # --- protection, outputs ----------------------------------------------------------------------------------------
 
 DATA_HOLDERS = ("kms.Key", "s3.Bucket", "fsx.LustreFileSystem", "ecr.Repository")
