@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
             + engines.problems(cfg, world_size)
         )
         problems = problems or start_problems(cfg, resolved_model(cfg), fresh=fresh)
-        problems += monitoring.listen_problems(cfg.monitoring, parallel.device_type(), world_size)
+        problems += monitoring.listen_problems(cfg.monitoring, device, world_size)
         if problems:
             raise ConfigError(problems)
     except ConfigError as error:

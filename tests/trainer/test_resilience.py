@@ -210,6 +210,7 @@ def test_fresh_starts_over_once_and_a_restarted_rank_resumes_instead(tmp_path, t
         "straight",
         tiny_config,
         *SHORT,
+        "checkpoint.async_save=false",  # step 8's checkpoint published before the kill, whatever the timing
         fault="kill step=10 rank=0 restart=0",
         options=("--fresh", "--max-restarts", "1"),
     )
