@@ -1,8 +1,55 @@
-"""Shared test setup: the repository root is importable (trainer, infra, policy packages)."""
+"""Shared test setup: the repository root is importable (trainer, infra, policy packages); a local IMDSv2."""
 
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+class Imds(BaseHTTPRequestHandler):
+    """IMDSv2 (AWS EC2 User Guide, "Retrieve instance metadata"): a token from PUT /latest/api/token with a TTL
+    header, then metadata only with that token; a request without it is refused."""
+
+    token = "AQAEAExampleToken=="
+    instance_id = "i-0123456789abcdef0"
+    region = "us-east-1"
+
+    def do_PUT(self):
+        ok = (
+            self.path == "/latest/api/token"
+            and int(self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", 0)) > 0
+        )
+        self._reply(200 if ok else 400, self.token)
+
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
+            return self._reply(401, "")
+        values = {
+            "/latest/meta-data/instance-id": self.instance_id,
+            "/latest/meta-data/placement/region": self.region,
+        }
+        self._reply(200, values[self.path]) if self.path in values else self._reply(404, "")
+
+    def _reply(self, code: int, body: str):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def imds():
+    """The endpoint of a local IMDSv2 (set Imds.instance_id with monkeypatch to change what it answers)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()

@@ -5,8 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -15,10 +13,11 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
+from tests.conftest import Imds
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
 from trainer.launch.checks import FAILED, OK, check_gpu_health
 from trainer.launch.gpu_health import read_gpus
-from trainer.launch.imds import IMDS_ENDPOINT_ENV, TOKEN_HEADER, TOKEN_TTL_HEADER
+from trainer.launch.imds import IMDS_ENDPOINT_ENV
 from trainer.launch.preflight import STATUS_FILE_ENV
 from trainer.launch.quarantine import instance_identity, take_out_of_service
 
@@ -82,41 +81,6 @@ def test_nvml_faults_are_named_per_gpu():
         "GPU 4 (GPU-volta-pages): retired pages pending (needs a GPU reset)",
     ]
     assert check_gpu_health(read_gpus(ReplayedNvml(READINGS["devices"][:1])), pynvml).status == OK
-
-
-class Imds(BaseHTTPRequestHandler):
-    """IMDSv2: a token from PUT /latest/api/token, then metadata only with that token."""
-
-    instance_id = "i-unset"
-
-    def do_PUT(self):
-        ok = self.path == "/latest/api/token" and self.headers.get(TOKEN_TTL_HEADER)
-        self._reply(200 if ok else 400, "token-123")
-
-    def do_GET(self):
-        if self.headers.get(TOKEN_HEADER) != "token-123":
-            return self._reply(401, "")
-        values = {
-            "/latest/meta-data/instance-id": self.instance_id,
-            "/latest/meta-data/placement/region": REGION,
-        }
-        self._reply(200, values[self.path]) if self.path in values else self._reply(404, "")
-
-    def _reply(self, code, body):
-        self.send_response(code)
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def imds():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ import json
 import os
 import pickle
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
@@ -80,40 +78,6 @@ def test_slow_fault_needs_its_seconds():
 
 
 # The instance id: IMDSv2's token flow against a real HTTP server playing IMDS.
-
-
-class _Imds(BaseHTTPRequestHandler):
-    token = "AQAEAExampleToken=="
-
-    def do_PUT(self):
-        assert self.path == "/latest/api/token"
-        assert int(self.headers["X-aws-ec2-metadata-token-ttl-seconds"]) > 0
-        self._answer(200, self.token)
-
-    def do_GET(self):
-        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
-            self._answer(401, "")  # IMDSv2 only: a request without the token is refused
-        elif self.path == "/latest/meta-data/instance-id":
-            self._answer(200, "i-0123456789abcdef0")
-        else:
-            self._answer(404, "")
-
-    def _answer(self, status: int, body: str):
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def imds():
-    server = HTTPServer(("127.0.0.1", 0), _Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 def test_instance_id_comes_from_imdsv2_with_a_session_token(imds):
