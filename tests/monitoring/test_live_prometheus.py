@@ -1,6 +1,6 @@
 """A real Prometheus server scrapes a real CPU training run (`python -m trainer train`, the local recipe made
 short) and its HTTP API returns the training series: the target was up, loss and steps came from rank 0, step time
-from every rank with its pipeline stage."""
+and pipeline idle time from every rank with its pipeline stage."""
 
 from __future__ import annotations
 
@@ -57,5 +57,13 @@ def test_prometheus_scrapes_a_training_run(prometheus_server, tiny_corpus, tmp_p
     step_times = query("last_over_time(trainstack_step_duration_seconds[10m])")
     assert sorted((r["metric"]["rank"], r["metric"]["stage"]) for r in step_times) == [("0", "0"), ("1", "1")]
     assert all(float(r["value"][1]) > 0 for r in step_times)
+    # Each stage's wait on its neighbour, a part of its step (PP=2: both stages send and receive every step).
+    idle = {
+        r["metric"]["stage"]: r
+        for r in query("last_over_time(trainstack_pipeline_idle_duration_seconds[10m])")
+    }
+    assert sorted(idle) == ["0", "1"]
+    steps_by_stage = {r["metric"]["stage"]: float(r["value"][1]) for r in step_times}
+    assert all(0 < float(r["value"][1]) < steps_by_stage[stage] for stage, r in idle.items())
     [memory] = query("last_over_time(trainstack_host_memory_used_bytes[10m])")  # node metrics: local rank 0
     assert memory["metric"]["instance"] == f"127.0.0.1:{port}"

@@ -9,15 +9,18 @@ from trainer.checkpoint.store import LATEST, latest_checkpoint
 from .conftest import sealed_checkpoint
 
 
+@pytest.mark.slow
 def test_resumed_run_repeats_the_straight_run_exactly(launcher, single):
-    # A run stopped right after saving step 10 (same config, 20 steps planned) continues from that checkpoint.
+    # A run stopped right after saving step 15 (same config, 20 steps planned) continues from that checkpoint:
+    # the run's third save in the background, written with the plan its first made and its second checked
+    # (trainer/checkpoint/megatron.py Plans).
     checkpoints = launcher.run_dir("resumed") / "checkpoints"
-    shutil.copytree(single.run_dir / "checkpoints" / "iter_0000010", checkpoints / "iter_0000010")
-    (checkpoints / LATEST).write_text("iter_0000010\n")
+    shutil.copytree(single.run_dir / "checkpoints" / "iter_0000015", checkpoints / "iter_0000015")
+    (checkpoints / LATEST).write_text("iter_0000015\n")
     resumed = launcher.launch("resumed", 1)
     straight = single.losses()
-    assert sorted(resumed.losses()) == list(range(11, 21))
-    assert resumed.losses() == {step: straight[step] for step in range(11, 21)}
+    assert sorted(resumed.losses()) == list(range(16, 21))
+    assert resumed.losses() == {step: straight[step] for step in range(16, 21)}
     assert resumed.records[-1]["val_loss"] == single.records[-1]["val_loss"]
 
 
@@ -32,6 +35,7 @@ def test_straight_run_keeps_the_last_three_checkpoints_and_points_at_the_newest(
     assert (checkpoints / LATEST).read_text() == "iter_0000020\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "nproc", "pp"), [("reshard_tp1_pp2", 2, 2), ("reshard_tp1_pp1", 1, 1)])
 def test_tp2_pp2_checkpoint_loads_at_another_layout_with_the_same_loss(launcher, tp2_pp2, name, nproc, pp):
     saved = tp2_pp2.run_dir / "checkpoints" / "iter_0000003"

@@ -181,6 +181,7 @@ def test_layout_checks_for_context_parallelism_and_partial_recompute():
     )
 
 
+@pytest.mark.slow
 def test_overlapped_weight_gather_and_partial_recompute_train_as_a_single_process_does(launcher, single):
     # The CPU-runnable part of the fast path, really run (gloo): DP=2 with the distributed optimizer, the
     # gradient reduce-scatter overlapped with backward, the weight all-gather overlapped with the next forward

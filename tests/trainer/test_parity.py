@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # multi-process runs against a single process (make test runs them)
+
 RELATIVE = 1e-5
 PARITY_STEPS = 3
 

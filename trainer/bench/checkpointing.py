@@ -1,9 +1,11 @@
 """Checkpoint speed, measured inside a bench worker (trainer/bench/worker.py) on the production engine:
 
-- a synchronous save and its load at the same layout (bytes, seconds: throughput against the disk's write speed);
-- the stall of a background save: the seconds it blocks training (its start: staging, planning, the common
-  state, forking the writer; its end: finalizing and publishing at a step boundary), the step that starts one
-  against the steps that do not, and how long until it is published (steps keep running meanwhile);
+- a synchronous save (bytes, seconds: throughput against the disk's write speed) and its load at the same layout;
+- the stall of the background saves a run makes on its interval: the seconds each blocks training (its start: staging, the state dict, planning, the common state, forking
+  the writer; its end: finalizing and publishing at a step boundary), the step that starts one against the steps
+  that do not, and how long until it is published (steps keep running meanwhile). A run's first save of a format
+  plans it, its second checks the plan again, the ones after reuse it (trainer/checkpoint/megatron.py Plans): the
+  last of BACKGROUND_SAVES is a steady-state save, the first a run's first;
 - a load at another layout, in a worker started at that layout (`--load`).
 """
 
@@ -19,6 +21,7 @@ from trainer.checkpoint.store import Progress
 from trainer.engines.megatron import MegatronEngine
 
 PLAIN_STEPS = 2  # steps without a save, the stall's baseline
+BACKGROUND_SAVES = 3  # plan, check the plan, reuse it
 
 
 def _timed(call) -> tuple[float, object]:
@@ -29,16 +32,21 @@ def _timed(call) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
-    save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
-    load_seconds, _ = _timed(lambda: run.load(saved))
-    size = sum(path.stat().st_size for path in saved.rglob("*") if path.is_file())
-    plain = [_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS)]
+def _size(checkpoint: Path) -> int:
+    return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
 
+
+def _keep_every_save(run: MegatronEngine) -> None:
+    """The first save is loaded at another layout afterwards: none is pruned."""
+    c = run.cfg.checkpoint.model_copy(update={"keep_last": 1 + BACKGROUND_SAVES})
+    run.cfg = run.cfg.model_copy(update={"checkpoint": c})
+
+
+def _background_save(run: MegatronEngine, batches: list, step: int, plain: float) -> dict:
     started = time.perf_counter()
     step_seconds, _ = _timed(lambda: run.train_step(batches))
-    # What training waits for: staging, planning, the common state, the fork of the writer.
-    start_seconds, _ = _timed(lambda: run.save(Progress(step=step + 1), background=True))
+    # What training waits for: staging, the state dict, planning, the common state, the fork of the writer.
+    start_seconds, _ = _timed(lambda: run.save(Progress(step=step), background=True))
     while_writing = []
     published: list[Path] = []
     while not published:
@@ -47,17 +55,33 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
         # Also blocking: the check at each step boundary, and once written, finalizing and publishing.
         check_seconds, published = _timed(lambda: run.finish_saves(wait=False))
     return {
-        "bytes": size,
+        "start_seconds": start_seconds,
+        "publish_step_seconds": check_seconds,  # the check that finalized and published it
+        "blocking_seconds": start_seconds + check_seconds,
+        "stall_seconds": step_seconds + start_seconds - plain,
+        "steps_while_writing_seconds": while_writing,
+        "publish_seconds": time.perf_counter() - started,
+    }
+
+
+def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
+    _keep_every_save(run)
+    save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
+    load_seconds, _ = _timed(lambda: run.load(saved))
+    plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
+    background = [_background_save(run, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)]
+    steady = background[-1]
+    return {
+        "bytes": _size(saved),
         "save_seconds": save_seconds,
         "load_seconds": load_seconds,
-        "plain_step_seconds": statistics.median(plain),
-        "saving_step_seconds": step_seconds + start_seconds,
-        "background_start_seconds": start_seconds,
-        "background_publish_step_seconds": check_seconds,  # the check that finalized and published it
-        "background_blocking_seconds": start_seconds + check_seconds,
-        "stall_seconds": step_seconds + start_seconds - statistics.median(plain),
-        "steps_while_writing_seconds": while_writing,
-        "background_publish_seconds": time.perf_counter() - started,
+        "plain_step_seconds": plain,
+        "background_saves": background,
+        "background_blocking_seconds": steady["blocking_seconds"],
+        "first_background_blocking_seconds": background[0]["blocking_seconds"],
+        "stall_seconds": steady["stall_seconds"],
+        "steps_while_writing_seconds": steady["steps_while_writing_seconds"],
+        "background_publish_seconds": steady["publish_seconds"],
         "checkpoint": str(saved),
     }
 

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from rich.console import Console
 
 from trainer.bench.allocations import AllocationTrace
@@ -38,20 +37,14 @@ TRACED_STEPS = 2
 
 
 class PipelineWaits:
-    """Wall time spent in megatron-core's pipeline send/receive (every schedule goes through _communicate)."""
+    """Wall time spent in megatron-core's pipeline send/receive (trainer/distributed/parallel.py on_pipeline_wait)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        communicate = P2PCommunicator._communicate
+        parallel.on_pipeline_wait(self.add)
 
-        def timed(communicator, *args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return communicate(communicator, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        P2PCommunicator._communicate = timed
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
 
 
 def kernels() -> str:

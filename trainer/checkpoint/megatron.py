@@ -9,6 +9,10 @@ Saves and loads are fully parallel: each data-parallel replica writes, and reads
 hold alike (FullyParallelSaveStrategyWrapper, FullyParallelLoadStrategyWrapper). A save in the background
 (`Write`) returns once the state is copied off the devices and the writer is forked (megatron-core's
 AsyncCallsQueue); it is published, by the store's protocol, only once every rank's write has finished.
+A run's saves share a `Plans`: the first save of each optimizer format plans the write (which rank writes what,
+the global metadata) and checks the sharding; the ones after it reuse that plan, as Megatron-LM does with
+--ckpt-assume-constant-structure (megatron/training/checkpointing.py, core_v0.16.1): a run's state has the same
+tensors and shapes at every save.
 The distributed optimizer's state is saved dp_reshardable (each DP rank its own buffers, no gather; loads at the
 same TP x PP x VP, any DP) or fully_reshardable (gathered per parameter onto DP rank 0: any layout); a
 dp_reshardable one loaded at another TP x PP x VP restores weights, progress and LR schedule, and Adam's moments
@@ -20,9 +24,10 @@ from the local spec's checkpoints) are the only ones allowed to be absent.
 from __future__ import annotations
 
 import atexit
+import os
 import random
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +40,7 @@ from megatron.core.dist_checkpointing.serialization import (
 )
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.base import AsyncSaveShardedStrategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
     FullyParallelSaveStrategyWrapper,
@@ -58,6 +64,8 @@ ENGINE = "megatron"
 _DEFAULT_OPTIMIZER_FORMAT = "fully_reshardable"
 # Transformer Engine's modules keep FP8 metadata under these keys; the local spec has none (issue 13, defect 13).
 _EXTRA_STATE = "_extra_state"
+# The background writer's niceness (nice(2)): a CPU share well below a training rank's, not starved.
+WRITER_NICENESS = 10
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -181,6 +189,45 @@ def start_writer_queue() -> threading.Thread:
     return thread
 
 
+@dataclass
+class Plans:
+    """What a run's saves keep between them: one save strategy per optimizer format, whose cached plans (megatron-
+    core 0.16.1 TorchDistSaveShardedStrategy `use_cached_ckpt_structure`, FullyParallelSaveStrategyWrapper
+    `do_cache_distribution`) skip the planning collectives after the first save; and the one queue of background
+    writes. Valid while the state's structure stays (one model and optimizer per process)."""
+
+    strategies: dict[str, AsyncSaveShardedStrategy] = field(default_factory=dict)
+    queue: AsyncCallsQueue = field(default_factory=AsyncCallsQueue)
+
+    def strategy(self, optimizer_format: str) -> tuple[AsyncSaveShardedStrategy, bool]:
+        """The strategy for saves in this format, and whether this is its first save (whose sharding is checked:
+        dist_checkpointing.save's validate_access_integrity, a gather of every rank's shard metadata)."""
+        if optimizer_format in self.strategies:
+            return self.strategies[optimizer_format], False
+        strategy = get_default_save_sharded_strategy()
+        strategy.use_cached_ckpt_structure = True
+        replicas = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        # Replicated tensors are written by the data-parallel replicas in turn rather than all by one. Without
+        # replicas the wrapper has nothing to share out, caches no distribution and so re-checks the sharding at
+        # every save (megatron-core 0.16.1 exchange_utils.py determine_main_replica_uniform_distribution returns
+        # None for a group of one; fully_parallel.py apply_saving_parallelization): it is left out.
+        if torch.distributed.get_world_size(replicas) > 1:
+            strategy = FullyParallelSaveStrategyWrapper(strategy, replicas, do_cache_distribution=True)
+        self.strategies[optimizer_format] = strategy
+        return strategy, True
+
+
+def _yielding(write):
+    """The background writer, run at a lower CPU priority than training (it and the processes it starts): where
+    cores are few, the ranks' next steps come first and the writer takes what they leave."""
+
+    def run(*args, **kwargs):
+        os.nice(WRITER_NICENESS)
+        return write(*args, **kwargs)
+
+    return run
+
+
 def save(
     directory: Path,
     model: list[torch.nn.Module],
@@ -194,11 +241,12 @@ def save(
     settings: dict | None = None,
     optimizer_format: str = _DEFAULT_OPTIMIZER_FORMAT,
     background: bool = False,
+    plans: Plans | None = None,
 ) -> Write:
     """Start saving on every rank into the staging directory; `finish()` on the result publishes it (rename into
     place, point `latest` at it, drop the oldest beyond keep_last). In the background, this returns once the state
     is copied off the devices and the writer process is forked. Without optimizer and scheduler it saves the
-    weights only."""
+    weights only. `plans`: the run's, reused from its earlier saves (None: a one-off save, planned afresh)."""
     staging = stage(directory, progress.step)
     state = _state_dict(
         model,
@@ -212,25 +260,29 @@ def save(
         settings=settings,
         optimizer_format=optimizer_format,
     )
-    # Replicated tensors are written by the data-parallel replicas in turn rather than all by one.
-    strategy = FullyParallelSaveStrategyWrapper(
-        get_default_save_sharded_strategy(),
-        parallel_state.get_data_parallel_group(with_context_parallel=True),
-    )
+    plans = plans or Plans()
+    strategy, first = plans.strategy(optimizer_format if optimizer is not None else "weights")
     write = Write(staging, progress.step, keep_last, queue=None)
-    try:
-        # The writer processes are forked inside: they inherit TRAINSTACK_FAULT's save faults.
-        with faults.inject_in_save(progress.step):
+    # The writer processes are forked inside: they inherit TRAINSTACK_FAULT's save faults.
+    with faults.inject_in_save(progress.step):
+        try:
             request = dist_checkpointing.save(
-                state, str(staging), sharded_strategy=strategy, async_sharded_save=background
+                state,
+                str(staging),
+                sharded_strategy=strategy,
+                async_sharded_save=background,
+                validate_access_integrity=first,
             )
-            if request is not None:
-                write.queue = AsyncCallsQueue()
-                write.queue.schedule_async_request(request)
-    except (CheckpointException, OSError) as error:
-        write.failure = error
-    if background:  # a failure before the write started: every rank stops here alike
-        agree_or_raise(write.failure, f"saving step {progress.step} to {staging}", staging)
+        except (CheckpointException, OSError) as error:
+            write.failure, request = error, None
+        if background:
+            # Every rank has planned its write, or every rank stops here alike; agreed before any writer starts,
+            # while the ranks' CPUs are still theirs alone.
+            agree_or_raise(write.failure, f"saving step {progress.step} to {staging}", staging)
+            write.queue = plans.queue
+            # A fork that fails (the OS out of processes or memory) raises on that rank alone: its process ends
+            # and torchrun stops the others and restarts the group, which resumes from the newest checkpoint.
+            write.queue.schedule_async_request(request._replace(async_fn=_yielding(request.async_fn)))
     return write
 
 

@@ -8,6 +8,8 @@ DistributedDataParallel (gradient buckets, reduce-scatter for the distributed op
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -19,6 +21,7 @@ from megatron.core.distributed import (
     finalize_model_grads,
 )
 from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
@@ -138,3 +141,28 @@ def connect_schedule(
         config.grad_sync_func = per_chunk([chunk.start_grad_sync for chunk in chunks])
     if cfg.parallel.overlap_param_gather:
         config.param_sync_func = per_chunk([chunk.start_param_sync for chunk in chunks])
+
+
+_pipeline_wait_listeners: list[Callable[[float], None]] = []
+
+
+def on_pipeline_wait(listener: Callable[[float], None]) -> None:
+    """Call `listener(seconds)` after each pipeline send/receive of this process, with its wall time: where a stage
+    waits for its neighbours (the pipeline's idle time, transfers included). Every schedule's transfers go through
+    P2PCommunicator._communicate (megatron-core 0.16.1 pipeline_parallel/p2p_communication.py), wrapped once per
+    process; a listener added twice is called once."""
+    if not _pipeline_wait_listeners:
+        communicate = P2PCommunicator._communicate
+
+        def timed(communicator, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return communicate(communicator, *args, **kwargs)
+            finally:
+                seconds = time.perf_counter() - started
+                for call in _pipeline_wait_listeners:
+                    call(seconds)
+
+        P2PCommunicator._communicate = timed
+    if listener not in _pipeline_wait_listeners:
+        _pipeline_wait_listeners.append(listener)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,6 +53,8 @@ class MegatronEngine:
     writing: megatron_checkpoint.Write | None = None  # a save still being written in the background
     # megatron's write-results queue while it starts (trainer/checkpoint/megatron.py start_writer_queue)
     writer_queue: threading.Thread | None = None
+    # the save plans the run's saves reuse, and their queue of background writes
+    plans: megatron_checkpoint.Plans = field(default_factory=megatron_checkpoint.Plans)
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
@@ -135,16 +137,20 @@ class MegatronEngine:
                 c.keep_last,
                 self.model_record,
                 settings=run_settings(self.cfg),
-                # Only the distributed optimizer has a choice: the others' state is per parameter, any layout.
-                optimizer_format=c.optimizer_format
-                if self.cfg.parallel.use_distributed_optimizer
-                else "fully_reshardable",
+                optimizer_format=self._optimizer_format(),
                 background=background,
+                plans=self.plans,
             )
         if background:
             self.writing = write
             return None
         return write.finish()
+
+    def _optimizer_format(self) -> str:
+        """checkpoint.optimizer_format where there is a choice: the others' state is per parameter, any layout."""
+        if not self.cfg.parallel.use_distributed_optimizer:
+            return "fully_reshardable"
+        return self.cfg.checkpoint.optimizer_format
 
     def finish_saves(self, *, wait: bool) -> list[Path]:
         """Publish the save written in the background once every rank's write is done (wait: until it is)."""
@@ -183,6 +189,8 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
         cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
     )
     engine.writer_queue = megatron_checkpoint.start_writer_queue()  # ready by the first save
+    if dims.pp > 1:
+        parallel.on_pipeline_wait(monitoring.pipeline_idle)
     return engine
 
 

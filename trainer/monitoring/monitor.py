@@ -178,8 +178,19 @@ def timed(metric: r.Metric) -> Iterator[None]:
     try:
         yield
     finally:
-        if _active is not None:
-            _active.add_phase(metric, time.perf_counter() - started)
+        add_phase(metric, time.perf_counter() - started)
+
+
+def add_phase(metric: r.Metric, seconds: float) -> None:
+    """Add seconds measured elsewhere to `metric` (a step phase adds up until end_step)."""
+    if _active is not None:
+        _active.add_phase(metric, seconds)
+
+
+def pipeline_idle(seconds: float) -> None:
+    """A pipeline send/receive's wall time, into this step's pipeline idle time (trainer/distributed/parallel.py
+    on_pipeline_wait)."""
+    add_phase(r.PIPELINE_IDLE_TIME, seconds)
 
 
 def _pipeline_stage() -> int:
