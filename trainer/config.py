@@ -188,9 +188,11 @@ class CheckpointConfig(_Section):
     # Saves on the interval write in the background while training goes on (megatron); the last and the
     # SIGTERM save are synchronous.
     async_save: bool = True
-    # Optimizer state format (megatron, distributed optimizer): fully_reshardable (loads at any layout).
-    # dp_reshardable (each DP rank writes its own shard, no gather) is refused: see consistency_problems.
-    optimizer_format: Literal["dp_reshardable", "fully_reshardable"] = "fully_reshardable"
+    # Optimizer state format (megatron, distributed optimizer): dp_reshardable (each DP rank writes its own
+    # shard, no gather; its moments load at the same TP x PP x VP, any DP) or fully_reshardable (any layout).
+    # auto: the saves written in the background on the interval, which resume the same job, dp_reshardable; the
+    # synchronous ones (the run's last, the SIGTERM save, every save with async_save off) fully_reshardable.
+    optimizer_format: Literal["auto", "dp_reshardable", "fully_reshardable"] = "auto"
     # Resume although the config changes the LR schedule or data settings the checkpoint was trained under
     # (trainer/checkpoint/settings.py): the config's values take effect. Without it such a resume is refused.
     allow_schedule_change: bool = False
@@ -270,14 +272,6 @@ def consistency_problems(cfg: TrainConfig) -> list[str]:
     """Cross-field checks that need no world size or device (the planner runs them on configs it derives)."""
     m, d, s, o = cfg.model, cfg.data, cfg.schedule, cfg.optimizer
     problems = []
-    if cfg.checkpoint.optimizer_format == "dp_reshardable":
-        # Loading it fails in megatron-core 0.16.1 (load_parameter_state_from_dp_reshardable copies into
-        # parameters outside no_grad); patched, a resume from it did not repeat the uninterrupted run's losses
-        # (torch AdamW, CPU; found 2026-12-03, not yet explained).
-        problems.append(
-            "checkpoint.optimizer_format = dp_reshardable: a run resumed from such a checkpoint does not repeat "
-            "the uninterrupted run with megatron-core 0.16.1 here; use fully_reshardable (loads at any layout)"
-        )
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         problems.append(
             f"model.hidden_size = {m.hidden_size} is not divisible by model.num_attention_heads = "

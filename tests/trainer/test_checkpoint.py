@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from trainer.checkpoint.megatron import saved_state
 from trainer.checkpoint.store import LATEST, latest_checkpoint
 
 from .conftest import sealed_checkpoint
@@ -13,7 +14,7 @@ from .conftest import sealed_checkpoint
 def test_resumed_run_repeats_the_straight_run_exactly(launcher, single):
     # A run stopped right after saving step 15 (same config, 20 steps planned) continues from that checkpoint:
     # the run's third save in the background, written with the plan its first made and its second checked
-    # (trainer/checkpoint/megatron.py Plans).
+    # (trainer/checkpoint/megatron.py Plans), in dp_reshardable (checkpoint.optimizer_format auto).
     checkpoints = launcher.run_dir("resumed") / "checkpoints"
     shutil.copytree(single.run_dir / "checkpoints" / "iter_0000015", checkpoints / "iter_0000015")
     (checkpoints / LATEST).write_text("iter_0000015\n")
@@ -22,6 +23,19 @@ def test_resumed_run_repeats_the_straight_run_exactly(launcher, single):
     assert sorted(resumed.losses()) == list(range(16, 21))
     assert resumed.losses() == {step: straight[step] for step in range(16, 21)}
     assert resumed.records[-1]["val_loss"] == single.records[-1]["val_loss"]
+
+
+def test_interval_saves_skip_the_gather_and_the_last_save_loads_at_any_layout(single):
+    # checkpoint.optimizer_format auto: the background saves on the interval dp_reshardable, the last fully.
+    formats = {
+        path.name: saved_state(path)["optimizer_format"]
+        for path in sorted((single.run_dir / "checkpoints").glob("iter_*"))
+    }
+    assert formats == {
+        "iter_0000010": "dp_reshardable",
+        "iter_0000015": "dp_reshardable",
+        "iter_0000020": "fully_reshardable",
+    }
 
 
 def test_straight_run_keeps_the_last_three_checkpoints_and_points_at_the_newest(single):

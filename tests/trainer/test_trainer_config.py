@@ -181,12 +181,6 @@ def test_keeping_no_checkpoint_is_refused():
     assert "checkpoint.keep_last = 0: Input should be greater than 0" in problems_of("checkpoint.keep_last=0")
 
 
-def test_dp_reshardable_optimizer_state_is_refused_until_it_resumes_exactly():
-    problems = problems_of("checkpoint.optimizer_format=dp_reshardable")
-    assert "checkpoint.optimizer_format = dp_reshardable: a run resumed from such a checkpoint" in problems
-    assert "use fully_reshardable" in problems
-
-
 def test_config_module_imports_neither_torch_nor_megatron():
     import subprocess
     import sys

@@ -1,12 +1,14 @@
 """Checkpoint speed, measured inside a bench worker (trainer/bench/worker.py) on the production engine:
 
-- a synchronous save (bytes, seconds: throughput against the disk's write speed) and its load at the same layout;
+- a synchronous save in the format of a run's interval saves (dp_reshardable) (bytes, seconds: throughput against
+  the disk's write speed) and its load at the same layout;
 - the stall of the background saves a run makes on its interval: the seconds each blocks training (its start: staging, the state dict, planning, the common state, forking
   the writer; its end: finalizing and publishing at a step boundary), the step that starts one against the steps
   that do not, and how long until it is published (steps keep running meanwhile). A run's first save of a format
   plans it, its second checks the plan again, the ones after reuse it (trainer/checkpoint/megatron.py Plans): the
   last of BACKGROUND_SAVES is a steady-state save, the first a run's first;
-- a load at another layout, in a worker started at that layout (`--load`).
+- a load at another layout, in a worker started at that layout (`--load`): weights, step and LR schedule (a
+  dp_reshardable checkpoint's Adam moments load at its own TP x PP x VP only).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def _size(checkpoint: Path) -> int:
     return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
 
 
-def _keep_every_save(run: MegatronEngine) -> None:
-    """The first save is loaded at another layout afterwards: none is pruned."""
-    c = run.cfg.checkpoint.model_copy(update={"keep_last": 1 + BACKGROUND_SAVES})
+def _interval_saves(run: MegatronEngine) -> None:
+    """Every save in the format a run's interval saves use (checkpoint.optimizer_format auto: dp_reshardable), and
+    none pruned: the first is loaded at another layout afterwards."""
+    update = {"keep_last": 1 + BACKGROUND_SAVES, "optimizer_format": "dp_reshardable"}
+    c = run.cfg.checkpoint.model_copy(update=update)
     run.cfg = run.cfg.model_copy(update={"checkpoint": c})
 
 
@@ -65,7 +69,7 @@ def _background_save(run: MegatronEngine, batches: list, step: int, plain: float
 
 
 def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
-    _keep_every_save(run)
+    _interval_saves(run)
     save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))

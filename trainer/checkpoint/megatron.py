@@ -320,7 +320,11 @@ def load(
     state = _load(request, checkpoint)
     _load_model(model, state["model"])
     if with_optimizer:
-        optimizer.load_state_dict(state["optimizer"])
+        # Without grad: dp_reshardable's load copies into parameters that require grad, and megatron-core 0.16.1
+        # leaves it outside no_grad (optimizer/distrib_optimizer.py load_parameter_state_from_dp_reshardable has no
+        # @torch.no_grad(), unlike load_parameter_state_from_fs_model_space beside it).
+        with torch.no_grad():
+            optimizer.load_state_dict(state["optimizer"])
     else:
         optimizer.reload_model_params()  # fp32 masters from the loaded weights; Adam's moments start from zero
         if torch.distributed.get_rank() == 0:

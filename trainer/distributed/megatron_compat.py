@@ -22,8 +22,9 @@ where their FusedAdam keeps one per param group; its distributed-optimizer check
 6. Building a load request reads the step from the optimizer's state, which a fresh torch AdamW lacks:
    `prepare_torch_adam_for_load()` gives it its step-0 state first.
 7. Loading the `fully_reshardable` format copies every state key but `step` from the checkpoint and fails on
-   the per-parameter `step`; and load_state_dict gives all parameters one shared `step` tensor, which AdamW then
-   increments once per parameter. Each parameter keeps the restored step, in a tensor of its own.
+   the per-parameter `step`; the `dp_reshardable` format copies the load request's own stale `step` over it; and
+   load_state_dict gives all parameters one shared `step` tensor, which AdamW then increments once per parameter.
+   Each parameter keeps the step restored from the param groups, in a tensor of its own.
 """
 
 from __future__ import annotations
@@ -115,7 +116,11 @@ def _bridge_torch_adam_load() -> None:
     def set_states_with_own_step(self, model_param, tensors):  # 7.
         group_index, group_order = self.model_param_group_index_map[model_param]
         state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
-        if "step" in state and "step" not in tensors:
+        if "step" in state:
+            # The step load_state_dict restored from the param groups, in a tensor of its own. A dp_reshardable
+            # load passes a `step` too: the load request's (a LocalNonpersistentObject of the state the request
+            # was built from, megatron-core 0.16.1 distrib_optimizer.py sharded_param_state_dp_reshardable), not
+            # the checkpoint's: it is not used.
             state["step"] = state["step"].clone()
             tensors = {**tensors, "step": state["step"]}
         return set_states(self, model_param, tensors)

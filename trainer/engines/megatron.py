@@ -137,7 +137,7 @@ class MegatronEngine:
                 c.keep_last,
                 self.model_record,
                 settings=run_settings(self.cfg),
-                optimizer_format=self._optimizer_format(),
+                optimizer_format=self._optimizer_format(background),
                 background=background,
                 plans=self.plans,
             )
@@ -146,11 +146,14 @@ class MegatronEngine:
             return None
         return write.finish()
 
-    def _optimizer_format(self) -> str:
-        """checkpoint.optimizer_format where there is a choice: the others' state is per parameter, any layout."""
+    def _optimizer_format(self, background: bool) -> str:
+        """checkpoint.optimizer_format for this save (config.py says what auto picks)."""
+        chosen = self.cfg.checkpoint.optimizer_format
         if not self.cfg.parallel.use_distributed_optimizer:
-            return "fully_reshardable"
-        return self.cfg.checkpoint.optimizer_format
+            return "fully_reshardable"  # the others' state is per parameter: any layout, nothing to choose
+        if chosen == "auto":
+            return "dp_reshardable" if background else "fully_reshardable"
+        return chosen
 
     def finish_saves(self, *, wait: bool) -> list[Path]:
         """Publish the save written in the background once every rank's write is done (wait: until it is)."""
