@@ -287,3 +287,32 @@ def test_gpu_runs_get_the_nccl_flight_recorder_dumping_into_the_run_directory(tm
     assert [os.environ[name] for name in names] == ["20000", "1", "1"]
     assert os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "hang" / "nccl_trace_rank_")
     assert (tmp_path / "hang").is_dir()
+
+
+def test_a_process_forked_beside_the_hang_watchdog_starts_without_an_error(tmp_path):
+    # A background checkpoint save forks its writer while the watchdog thread runs; the child's after-fork hook
+    # (CPython threading._after_fork) stops every other thread through Thread._stop.
+    import subprocess
+    import sys
+
+    code = f"""
+import os
+from pathlib import Path
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+from trainer.health.collectives import CollectiveTracker
+from trainer.health.watchdog import HangWatchdog
+watchdog = HangWatchdog(
+    CollectiveTracker(), lambda: None, Path("{tmp_path}"), min_seconds=60, step_multiple=3, timeout_seconds=60
+)
+watchdog.start()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+watchdog.stop()
+dist.destroy_process_group()
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "_after_fork" not in result.stderr and "TypeError" not in result.stderr, result.stderr[-2000:]

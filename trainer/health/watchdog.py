@@ -68,7 +68,9 @@ class HangWatchdog(threading.Thread):
         self.step = 0
         self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self.last_step = time.monotonic()
-        self._stop = threading.Event()
+        # Not `_stop`: threading.Thread has a method of that name, which a fork's child calls on every other
+        # thread (CPython 3.11 threading.py _after_fork); shadowed, each forked checkpoint writer printed a TypeError.
+        self._stopping = threading.Event()
 
     def step_done(self, step: int, step_time: float) -> None:
         self.step = step
@@ -80,10 +82,10 @@ class HangWatchdog(threading.Thread):
         return min(max(self.min_seconds, self.step_multiple * median), self.timeout_seconds)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
+        while not self._stopping.wait(self.poll_seconds):
             idle = time.monotonic() - max(self.last_step, self.tracker.last_progress)
             if idle > self.limit():
                 self._on_hang(idle)
