@@ -9,6 +9,8 @@ import json
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -292,9 +294,6 @@ def test_gpu_runs_get_the_nccl_flight_recorder_dumping_into_the_run_directory(tm
 def test_a_process_forked_beside_the_hang_watchdog_starts_without_an_error(tmp_path):
     # A background checkpoint save forks its writer while the watchdog thread runs; the child's after-fork hook
     # (CPython threading._after_fork) stops every other thread through Thread._stop.
-    import subprocess
-    import sys
-
     code = f"""
 import os
 from pathlib import Path

@@ -1,10 +1,11 @@
 """Checkpoint speed, measured inside a bench worker (trainer/bench/worker.py) on the production engine:
 
-- a synchronous save in the format of a run's interval saves (dp_reshardable) (bytes, seconds: throughput against
-  the disk's write speed) and its load at the same layout;
-- the stall of the background saves a run makes on its interval: the seconds each blocks training (its start: staging, the state dict, planning, the common state, forking
-  the writer; its end: finalizing and publishing at a step boundary), the step that starts one against the steps
-  that do not, and how long until it is published (steps keep running meanwhile). A run's first save of a format
+- a synchronous save in the format of a run's interval saves (dp_reshardable under auto) (bytes, seconds:
+  throughput against the disk's write speed) and its load at the same layout;
+- the stall of the background saves a run makes on its interval: the seconds each blocks training (its start:
+  staging, the state dict, planning, the common state, forking the writer; its end: finalizing and publishing at
+  a step boundary), the step that starts one against the steps that do not, and how long until it is published
+  (steps keep running meanwhile). A run's first save of a format
   plans it, its second checks the plan again, the ones after reuse it (trainer/checkpoint/megatron.py Plans): the
   last of BACKGROUND_SAVES is a steady-state save, the first a run's first;
 - a load at another layout, in a worker started at that layout (`--load`): weights, step and LR schedule (a
@@ -39,9 +40,9 @@ def _size(checkpoint: Path) -> int:
 
 
 def _interval_saves(run: MegatronEngine) -> None:
-    """Every save in the format a run's interval saves use (checkpoint.optimizer_format auto: dp_reshardable), and
-    none pruned: the first is loaded at another layout afterwards."""
-    update = {"keep_last": 1 + BACKGROUND_SAVES, "optimizer_format": "dp_reshardable"}
+    """Every save in the format a run's interval (background) saves use, and none pruned: the first is loaded at
+    another layout afterwards."""
+    update = {"keep_last": 1 + BACKGROUND_SAVES, "optimizer_format": run.optimizer_format(background=True)}
     c = run.cfg.checkpoint.model_copy(update=update)
     run.cfg = run.cfg.model_copy(update={"checkpoint": c})
 

@@ -137,7 +137,7 @@ class MegatronEngine:
                 c.keep_last,
                 self.model_record,
                 settings=run_settings(self.cfg),
-                optimizer_format=self._optimizer_format(background),
+                optimizer_format=self.optimizer_format(background),
                 background=background,
                 plans=self.plans,
             )
@@ -146,8 +146,8 @@ class MegatronEngine:
             return None
         return write.finish()
 
-    def _optimizer_format(self, background: bool) -> str:
-        """checkpoint.optimizer_format for this save (config.py says what auto picks)."""
+    def optimizer_format(self, background: bool) -> str:
+        """checkpoint.optimizer_format for a save, in the background or not (config.py says what auto picks)."""
         chosen = self.cfg.checkpoint.optimizer_format
         if not self.cfg.parallel.use_distributed_optimizer:
             return "fully_reshardable"  # the others' state is per parameter: any layout, nothing to choose
