@@ -72,7 +72,9 @@ def test_zero_and_deepspeed_sections_are_refused_under_the_megatron_engine():
 
 
 def test_derived_config_carries_batches_precision_clipping_zero_and_offload():
-    cfg = zero3("zero.offload_optimizer=cpu", "zero.offload_param=cpu", "optimizer.clip_grad=0.5")
+    cfg = zero3(
+        "precision=bf16", "zero.offload_optimizer=cpu", "zero.offload_param=cpu", "optimizer.clip_grad=0.5"
+    )
     derived = derived_config(cfg, 2, torch_optimizer_offload=False)
     assert derived["train_batch_size"] == 16
     assert derived["train_micro_batch_size_per_gpu"] == 4
