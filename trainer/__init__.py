@@ -15,3 +15,9 @@ for _message in (
     "`load_state_dict` is deprecated and will be removed",
 ):
     warnings.filterwarnings("ignore", message=_message)
+
+# Before megatron-core is imported too: its fused functions are not compiled where CUDA is absent (they do not run
+# there; compiling them at import is half of a CPU process's start-up).
+from trainer.distributed import cpu_jit  # noqa: E402
+
+cpu_jit.install()
