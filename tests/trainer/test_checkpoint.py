@@ -1,6 +1,10 @@
 """Checkpoints: resume continues exactly, layouts reshard, old ones are pruned, a half-written one is ignored."""
 
+import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +73,33 @@ def test_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
     (tmp_path / LATEST).write_text("iter_0000400\n")  # dangling: that one was deleted by hand
     assert latest_checkpoint(tmp_path) == tmp_path / "iter_0000200"
     assert latest_checkpoint(tmp_path / "none") is None
+
+
+WRITER_QUEUE_PROBE = """
+import json
+import psutil
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from trainer.checkpoint.megatron import start_writer_queue
+start_writer_queue().join()
+managers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+print(json.dumps({
+    "managers": len(managers),
+    "torch_loaded": ["libtorch" in open(f"/proc/{p.pid}/maps").read() for p in managers],
+    "queued": filesystem_async._get_write_results_queue().qsize(),
+}))
+"""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/maps").exists(), reason="reads a process's mapped libraries from /proc"
+)
+def test_the_write_results_process_has_torch_loaded_before_the_first_save_and_an_empty_queue():
+    # Unpickling the first save's WriteResults otherwise imports torch there while that save waits.
+    result = subprocess.run(
+        [sys.executable, "-c", WRITER_QUEUE_PROBE], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "managers": 1,
+        "torch_loaded": [True],
+        "queued": 0,
+    }
