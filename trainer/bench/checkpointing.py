@@ -74,19 +74,15 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
     save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
-    background = [_background_save(run, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)]
-    steady = background[-1]
     return {
         "bytes": _size(saved),
         "save_seconds": save_seconds,
         "load_seconds": load_seconds,
         "plain_step_seconds": plain,
-        "background_saves": background,
-        "background_blocking_seconds": steady["blocking_seconds"],
-        "first_background_blocking_seconds": background[0]["blocking_seconds"],
-        "stall_seconds": steady["stall_seconds"],
-        "steps_while_writing_seconds": steady["steps_while_writing_seconds"],
-        "background_publish_seconds": steady["publish_seconds"],
+        # In order: a run's first background save, ..., a steady-state one (the last).
+        "background_saves": [
+            _background_save(run, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)
+        ],
         "checkpoint": str(saved),
     }
 

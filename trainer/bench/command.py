@@ -238,7 +238,7 @@ def add_checkpoint_results(
         report,
         "checkpoint stall per background save, steady state",
         "s",
-        saved["background_blocking_seconds"],
+        saved["background_saves"][-1]["blocking_seconds"],
         "synchronous save",
         saved["save_seconds"],
     )
@@ -246,7 +246,7 @@ def add_checkpoint_results(
         report,
         "checkpoint stall of a run's first background save",
         "s",
-        saved["first_background_blocking_seconds"],
+        saved["background_saves"][0]["blocking_seconds"],
         "synchronous save",
         saved["save_seconds"],
     )
