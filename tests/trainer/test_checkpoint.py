@@ -11,7 +11,7 @@ import pytest
 from trainer.checkpoint.megatron import saved_state
 from trainer.checkpoint.store import LATEST, latest_checkpoint
 
-from .conftest import sealed_checkpoint
+from .conftest import ROOT, sealed_checkpoint
 
 
 @pytest.mark.slow
@@ -96,7 +96,12 @@ print(json.dumps({
 def test_the_write_results_process_has_torch_loaded_before_the_first_save_and_an_empty_queue():
     # Unpickling the first save's WriteResults otherwise imports torch there while that save waits.
     result = subprocess.run(
-        [sys.executable, "-c", WRITER_QUEUE_PROBE], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", WRITER_QUEUE_PROBE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
         "managers": 1,
