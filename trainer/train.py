@@ -15,8 +15,6 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -24,21 +22,20 @@ from rich.markup import escape
 
 from trainer import engines, faults
 from trainer.arguments import positive_int
-from trainer.checkpoint import formats
-from trainer.checkpoint.start import start_problems, starting_checkpoint
-from trainer.checkpoint.store import CheckpointSaveError, Progress, latest_checkpoint
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.start import start_problems
+from trainer.checkpoint.store import CheckpointSaveError
 from trainer.config import (
     ConfigError,
+    ParallelDims,
     TrainConfig,
     accelerator_problems,
     data_problems,
     layout_problems,
     load_config,
 )
-from trainer.contract import metrics as metric
-from trainer.data.loader import resolved_model
+from trainer.data.loader import with_resolved_model
 from trainer.distributed import fast_path, parallel
-from trainer.distributed.parallel import ParallelDims
 from trainer.engines import Engine
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
@@ -106,7 +103,9 @@ def main(args: argparse.Namespace) -> int:
             + data_problems(cfg)
             + engines.problems(cfg, world_size)
         )
-        problems = problems or start_problems(cfg, resolved_model(cfg), fresh=fresh)
+        if not problems:
+            cfg = with_resolved_model(cfg)  # the tokenizer's vocabulary, resolved once: the run's one cfg
+            problems = start_problems(cfg, cfg.model, fresh=fresh)
         problems += monitoring.listen_problems(cfg.monitoring, device, world_size)
         if problems:
             raise ConfigError(problems)
@@ -163,51 +162,48 @@ def train(
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
     console.print(precision_note(cfg, parallel.device_type()))
     monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
-    run = engines.build(cfg, dims)
-    progress = _resume(run, console)
+    engine = engines.build(cfg, dims)
+    checkpointer = Checkpointer(engine, console)
+    progress = checkpointer.load()
     if progress.step >= s.train_iters:
         console.print(
             f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
             "(make train FRESH=1, or --fresh, starts over)"
         )
         return
-    logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
+    logger = _metrics_logger(engine, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
-        _log(logger, 0, val_loss=run.evaluate())  # the untrained model: where the loss starts
-    batches = run.train_batches(progress.consumed_samples)
+        _log(logger, 0, val_loss=engine.evaluate())  # the untrained model: where the loss starts
+    batches = engine.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
-    saved_step = progress.step
     health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
     try:
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
-                _published(run.finish_saves(wait=True), console)  # the interval's save, if still in flight
-                if progress.step != saved_step:
-                    _save(run, progress, console)
+                checkpointer.stop(progress)
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
             monitoring.begin_step()
             try:
-                loss, grad_norm, lr, skipped = run.train_step(batches, step=progress.step + 1)
+                loss, grad_norm, lr, skipped = engine.train_step(batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
             step_time = time.perf_counter() - started
             monitoring.end_step(step_time)
-            _published(run.finish_saves(wait=False), console)  # a background save every rank has written
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
             stragglers = health.step_done(step, step_time)  # health: the same list on every rank
-            skips.record(step, skipped, newest_checkpoint=lambda: _newest_checkpoint(run, console))
+            skips.record(step, skipped, newest_checkpoint=checkpointer.newest)
             progress.skipped_steps = skips.total
             if skipped:
                 console.print(
                     f"step {step}: skipped, no update (loss {loss:.4g}, gradient norm {grad_norm:.4g}); "
                     f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
                 )
-            val_loss = run.evaluate() if step % s.eval_interval == 0 or last else None
+            val_loss = engine.evaluate() if step % s.eval_interval == 0 or last else None
             if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers:
                 memory = _max_over_ranks(peak_memory_gib())
                 _log(
@@ -222,9 +218,7 @@ def train(
                     skipped_steps=skips.total,
                     stragglers=stragglers,
                 )
-            if last or (cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0):
-                _save(run, progress, console, background=cfg.checkpoint.async_save and not last)
-                saved_step = step
+            checkpointer.save(progress, last_step=last, val_loss=val_loss)
     finally:
         health.close()
         monitoring.stop(completed=sys.exc_info()[0] is None)
@@ -238,28 +232,6 @@ def _max_over_ranks(value: float) -> float:
     return tensor.item()
 
 
-def _save(run: Engine, progress: Progress, console: Console, *, background: bool = False) -> None:
-    with monitoring.timed(metric.CHECKPOINT_SAVE):
-        saved = run.save(progress, background=background)
-    if saved is None:
-        console.print(
-            f"step {progress.step}: saving in the background (published when every rank has written)"
-        )
-    else:
-        console.print(f"step {progress.step}: saved {saved}")
-
-
-def _published(paths: list[Path], console: Console) -> None:
-    for path in paths:
-        console.print(f"saved {path}")
-
-
-def _newest_checkpoint(run: Engine, console: Console) -> Path | None:
-    """The newest intact checkpoint, once a save still in flight is published (every rank calls it alike)."""
-    _published(run.finish_saves(wait=True), console)
-    return latest_checkpoint(run.cfg.checkpoint_dir, warn=lambda _: None)
-
-
 def _remove_run_outputs(cfg: TrainConfig) -> None:
     shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
@@ -267,41 +239,16 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     health_report.remove(cfg.run_dir)
 
 
-def _resume(run: Engine, console: Console) -> Progress:
-    """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
-    picks it (warning about damaged ones) and tells the others, so that every rank loads the same one."""
-    found = [starting_checkpoint(run.cfg) if torch.distributed.get_rank() == 0 else None]
-    torch.distributed.broadcast_object_list(found, src=0)
-    start = found[0]
-    if start is None:
-        return Progress()
-    with monitoring.timed(metric.CHECKPOINT_LOAD):
-        progress = run.load(start.path, weights_only=start.weights_only)
-    source = formats.read_record(start.path)
-    if source is not None and source.hf_config:  # carried along, so that an export writes it back
-        run.model_record = replace(run.model_record, hf_config=source.hf_config)
-    if not start.resumed and progress.step == 0:
-        console.print(
-            f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"
-        )
-    else:
-        what = "resumed from" if start.resumed else "continued from checkpoint.load"
-        console.print(
-            f"{what} {start.path} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
-        )
-    return progress
-
-
-def _metrics_logger(run: Engine, start_step: int, console: Console) -> MetricsLogger:
-    cfg, s = run.cfg, run.cfg.schedule
-    flops_per_sequence = model_flops_per_sequence(cfg.model, cfg.data.seq_length, run.padded_vocab_size)
+def _metrics_logger(engine: Engine, start_step: int, console: Console) -> MetricsLogger:
+    cfg, s = engine.cfg, engine.cfg.schedule
+    flops_per_sequence = model_flops_per_sequence(cfg.model, cfg.data.seq_length, engine.padded_vocab_size)
     return MetricsLogger(
         cfg.run_dir,
         train_iters=s.train_iters,
         start_step=start_step,
         flops_per_step=flops_per_sequence * s.global_batch_size,
         tokens_per_step=s.global_batch_size * cfg.data.seq_length,
-        world_size=run.dims.world_size,
+        world_size=engine.dims.world_size,
         peak_tflops=peak_tflops_per_device(cfg.logging.peak_tflops_per_device),
         tensorboard=cfg.logging.tensorboard,
         console=console,

@@ -39,13 +39,15 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
     return path
 
 
-def sealed_checkpoint(path: Path) -> Path:
-    """A directory as a finished save leaves it: a data file, then the manifest that lists it."""
+def sealed_checkpoint(path: Path, val_loss: float | None = None) -> Path:
+    """A directory as a finished save leaves it: a data file, then the manifest that lists it (with the validation
+    loss at its step, where given)."""
     from trainer.checkpoint.store import write_manifest
 
     path.mkdir(parents=True)
     (path / "common.pt").write_bytes(b"weights")
-    write_manifest(path, int(path.name.removeprefix("iter_")))
+    metrics = {"val_loss": val_loss} if val_loss is not None else None
+    write_manifest(path, int(path.name.removeprefix("iter_")), metrics)
     return path
 
 

@@ -22,7 +22,7 @@ from megatron.core import dist_checkpointing  # noqa: E402
 from trainer.checkpoint import megatron as checkpoint  # noqa: E402
 from trainer.checkpoint.record import ModelRecord  # noqa: E402
 from trainer.checkpoint.store import Progress  # noqa: E402
-from trainer.config import ModelConfig  # noqa: E402
+from trainer.config import ModelConfig, ParallelDims  # noqa: E402
 from trainer.distributed import parallel  # noqa: E402
 from trainer.model import llama  # noqa: E402
 from trainer.model.weights import model_only_config  # noqa: E402
@@ -75,8 +75,8 @@ def same_weights(a, b) -> bool:
 
 
 def save(directory: Path, chunks) -> Path:
-    dims = parallel.ParallelDims(tp=1, pp=1, dp=1, vp=1)
-    write = checkpoint.save(directory, chunks, None, None, Progress(), dims, 1, ModelRecord(MODEL, 16))
+    dims = ParallelDims(tp=1, pp=1, dp=1, vp=1)
+    write = checkpoint.save(directory, chunks, None, None, Progress(), dims, ModelRecord(MODEL, 16))
     return write.finish()
 
 

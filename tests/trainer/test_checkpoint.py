@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from trainer.checkpoint.megatron import saved_state
-from trainer.checkpoint.store import LATEST, latest_checkpoint
+from trainer.checkpoint.store import (
+    LATEST,
+    MANIFEST,
+    checkpoint_dirs,
+    checkpoint_name,
+    latest_checkpoint,
+    prune,
+)
 
 from .conftest import ROOT, sealed_checkpoint
 
@@ -75,12 +82,33 @@ def test_latest_falls_back_to_the_newest_complete_checkpoint(tmp_path):
     assert latest_checkpoint(tmp_path / "none") is None
 
 
+def test_retention_keeps_the_newest_and_the_best_by_validation_loss(tmp_path):
+    losses = {100: 3.0, 200: 2.0, 300: None, 400: 2.5, 500: 2.9, 600: None}
+    for step, val_loss in losses.items():
+        sealed_checkpoint(tmp_path / checkpoint_name(step), val_loss)
+    deleted = prune(tmp_path, keep_last=2, keep_best=1)
+    assert [path.name for path in deleted] == ["iter_0000100", "iter_0000300", "iter_0000400"]
+    assert [path.name for path in checkpoint_dirs(tmp_path)] == [
+        "iter_0000200",
+        "iter_0000500",
+        "iter_0000600",
+    ]
+
+
+def test_retention_never_deletes_a_damaged_checkpoint_nor_counts_it_as_the_newest(tmp_path):
+    for step in (100, 200, 300):
+        sealed_checkpoint(tmp_path / checkpoint_name(step))
+    (tmp_path / "iter_0000300" / MANIFEST).unlink()  # the newest is damaged: the newest intact one stays
+    assert prune(tmp_path, keep_last=1) == [tmp_path / "iter_0000100"]
+    assert [path.name for path in checkpoint_dirs(tmp_path)] == ["iter_0000200", "iter_0000300"]
+
+
 WRITER_QUEUE_PROBE = """
 import json
 import psutil
 from megatron.core.dist_checkpointing.strategies import filesystem_async
-from trainer.checkpoint.megatron import start_writer_queue
-start_writer_queue().join()
+from trainer.checkpoint.writer import Writer
+Writer().ready()
 managers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
 print(json.dumps({
     "managers": len(managers),

@@ -10,9 +10,9 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
-from trainer.config import ConfigError, accelerator_problems, layout_problems, load_config
+from trainer.config import ConfigError, ParallelDims, accelerator_problems, layout_problems, load_config
 from trainer.distributed.optimizer import optimizer_config
-from trainer.distributed.parallel import ParallelDims, ddp_config
+from trainer.distributed.parallel import ddp_config
 from trainer.model.llama import transformer_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"

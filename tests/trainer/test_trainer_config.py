@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.config import ConfigError, data_problems, layout_problems, load_config, validate_layout
+from trainer.config import ConfigError, ParallelDims, data_problems, layout_problems, load_config
 from trainer.data.tokenizer import train_bpe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
@@ -65,7 +65,7 @@ def test_layers_not_divisible_by_pipeline_stages_times_virtual_stages():
 
 def test_world_size_other_than_tp_pp_dp_says_what_to_launch():
     with pytest.raises(ConfigError) as error:
-        validate_layout(local("parallel.data_parallel_size=2"), 4, "cpu")
+        ParallelDims.from_config(local("parallel.data_parallel_size=2").parallel, 4)
     assert "world size 4 != parallel.tensor_model_parallel_size x pipeline_model_parallel_size x " in str(
         error.value
     )

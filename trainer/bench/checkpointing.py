@@ -4,10 +4,11 @@
   throughput against the disk's write speed) and its load at the same layout;
 - the stall of the background saves a run makes on its interval: the seconds each blocks training (its start:
   staging, the state dict, planning, the common state, forking the writer; its end: finalizing and publishing at
-  a step boundary), the step that starts one against the steps that do not, and how long until it is published
-  (steps keep running meanwhile). A run's first save of a format
-  plans it, its second checks the plan again, the ones after reuse it (trainer/checkpoint/megatron.py Plans): the
-  last of BACKGROUND_SAVES is a steady-state save, the first a run's first;
+  a step boundary), each measured directly between barriers; how much slower the steps run while the writer
+  works (their median against a plain step's, a ratio); and how long until it is published (steps keep running
+  meanwhile). A run's first save of a format plans it, its second checks the plan again, the ones after reuse it
+  (trainer/checkpoint/megatron.py Plans): the last of BACKGROUND_SAVES is a steady-state save, the first a run's
+  first;
 - a load at another layout, in a worker started at that layout (`--load`): weights, step and LR schedule (a
   dp_reshardable checkpoint's Adam moments load at its own TP x PP x VP only).
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint.store import Progress
+from trainer.checkpoint.writer import Write, Writer
 from trainer.engines.megatron import MegatronEngine
 
 PLAIN_STEPS = 2  # steps without a save, the stall's baseline
@@ -40,30 +42,34 @@ def _size(checkpoint: Path) -> int:
 
 
 def _interval_saves(run: MegatronEngine) -> None:
-    """Every save in the format a run's interval (background) saves use, and none pruned: the first is loaded at
-    another layout afterwards."""
-    update = {"keep_last": 1 + BACKGROUND_SAVES, "optimizer_format": run.optimizer_format(background=True)}
-    c = run.cfg.checkpoint.model_copy(update=update)
+    """Every save in the format a run's interval (background) saves use (none is pruned: nothing here prunes; the
+    first is loaded at another layout afterwards)."""
+    c = run.cfg.checkpoint.model_copy(update={"optimizer_format": run.optimizer_format(background=True)})
     run.cfg = run.cfg.model_copy(update={"checkpoint": c})
 
 
-def _background_save(run: MegatronEngine, batches: list, step: int, plain: float) -> dict:
+def _published(write: Write) -> Path | None:
+    """The check the checkpointer makes at each step boundary: publish once every rank's write is done."""
+    return write.finish() if write.done() else None
+
+
+def _background_save(run: MegatronEngine, writer: Writer, batches: list, step: int, plain: float) -> dict:
     started = time.perf_counter()
-    step_seconds, _ = _timed(lambda: run.train_step(batches))
     # What training waits for: staging, the state dict, planning, the common state, the fork of the writer.
-    start_seconds, _ = _timed(lambda: run.save(Progress(step=step), background=True))
+    start_seconds, write = _timed(lambda: run.save(Progress(step=step), writer=writer))
     while_writing = []
-    published: list[Path] = []
-    while not published:
+    published = None
+    while published is None:
         seconds, _ = _timed(lambda: run.train_step(batches))
         while_writing.append(seconds)
         # Also blocking: the check at each step boundary, and once written, finalizing and publishing.
-        check_seconds, published = _timed(lambda: run.finish_saves(wait=False))
+        check_seconds, published = _timed(lambda: _published(write))
     return {
         "start_seconds": start_seconds,
         "publish_step_seconds": check_seconds,  # the check that finalized and published it
         "blocking_seconds": start_seconds + check_seconds,
-        "stall_seconds": step_seconds + start_seconds - plain,
+        # The steps that run while the writer works, against a plain step: what the writer takes of the CPUs.
+        "step_slowdown_while_writing": statistics.median(while_writing) / plain,
         "steps_while_writing_seconds": while_writing,
         "publish_seconds": time.perf_counter() - started,
     }
@@ -71,7 +77,9 @@ def _background_save(run: MegatronEngine, batches: list, step: int, plain: float
 
 def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
     _interval_saves(run)
-    save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
+    writer = Writer()
+    writer.ready()  # as a run's checkpointer has it by its first save (trainer/checkpoint/writer.py)
+    save_seconds, saved = _timed(lambda: run.save(Progress(step=step)).finish())
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
     return {
@@ -81,7 +89,7 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
         "plain_step_seconds": plain,
         # In order: a run's first background save, ..., a steady-state one (the last).
         "background_saves": [
-            _background_save(run, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)
+            _background_save(run, writer, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)
         ],
         "checkpoint": str(saved),
     }

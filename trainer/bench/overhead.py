@@ -24,7 +24,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from rich.console import Console
 
 from trainer import metrics, train
-from trainer.config import TrainConfig, load_config
+from trainer.config import ParallelDims, TrainConfig, load_config
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import parallel
 from trainer.engines.megatron import build_model_and_optimizer
@@ -32,7 +32,7 @@ from trainer.engines.megatron import build_model_and_optimizer
 WARMUP = 3  # iterations left out: allocations, first-step setup
 
 
-def bare_loop(cfg: TrainConfig, dims: parallel.ParallelDims, steps: int) -> list[float]:
+def bare_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float]:
     cfg = with_resolved_model(cfg)
     _, chunks, optimizer, scheduler = build_model_and_optimizer(cfg)  # the trainer's model, DDP and optimizer
     s, seq = cfg.schedule, cfg.data.seq_length
@@ -71,7 +71,7 @@ def bare_loop(cfg: TrainConfig, dims: parallel.ParallelDims, steps: int) -> list
     return seconds[WARMUP:]
 
 
-def trainer_loop(cfg: TrainConfig, dims: parallel.ParallelDims, steps: int) -> list[float]:
+def trainer_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float]:
     logged: list[float] = []
     log = metrics.MetricsLogger.log
 

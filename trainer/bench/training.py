@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.config import TrainConfig, load_config
+from trainer.config import ParallelDims, TrainConfig, load_config
 from trainer.launch.batch import Rendezvous
 from trainer.plan.memory import estimate_stages
 from trainer.plan.performance import bubble_fraction
@@ -119,8 +119,9 @@ def tokens_per_s(run: MeasuredRun) -> float:
 def pipeline_idle(run: MeasuredRun) -> dict:
     """Per pipeline stage, the median share of a step spent in send/receive, against 1F1B's bubble."""
     p, s = run.cfg.parallel, run.cfg.schedule
-    dp = run.world_size // p.model_parallel_size
-    micro_batches = s.global_batch_size // (s.micro_batch_size * dp)
+    micro_batches = ParallelDims.from_config(p, run.world_size).micro_batches(
+        s.global_batch_size, s.micro_batch_size
+    )
     stages: dict[int, list[float]] = {}
     for rank in run.ranks:
         shares = [step["pipeline_wait_seconds"] / step["seconds"] for step in rank["steps"]]

@@ -28,7 +28,8 @@ from rich.console import Console
 
 from trainer.bench.allocations import AllocationTrace
 from trainer.bench.checkpointing import time_checkpoint, time_load
-from trainer.config import load_config
+from trainer.config import ParallelDims, load_config
+from trainer.data.loader import with_resolved_model
 from trainer.distributed import parallel
 from trainer.engines import megatron
 from trainer.model.llama import HAVE_TRANSFORMER_ENGINE
@@ -72,14 +73,12 @@ def measure_memory(run: megatron.MegatronEngine, trace: AllocationTrace) -> dict
     }
 
 
-def measure(
-    cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool, load: Path | None = None
-) -> dict:
+def measure(cfg, dims: ParallelDims, steps: int, save_checkpoint: bool, load: Path | None = None) -> dict:
     device = parallel.device_type()
     waits = PipelineWaits()
     with AllocationTrace(device) as trace:
         with trace.phase("build"):
-            run = megatron.build(cfg, dims)
+            run = megatron.build(with_resolved_model(cfg), dims)
         step_optimizer = run.apply_gradients  # clip and AdamW (the gradients are prepared already)
 
         def traced_optimizer_step(grad_norm):

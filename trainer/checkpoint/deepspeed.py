@@ -15,7 +15,8 @@ import torch
 
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import KEY as SETTINGS
-from trainer.checkpoint.store import agree_or_raise, publish, stage
+from trainer.checkpoint.store import stage
+from trainer.checkpoint.writer import Write
 from trainer.model import llama
 
 if TYPE_CHECKING:
@@ -49,10 +50,8 @@ def full_weights(path: Path, record: ModelRecord | None = None) -> dict[str, tor
     return {llama.local_spec_name(name): tensor.contiguous() for name, tensor in state.items()}
 
 
-def save(
-    engine: deepspeed.DeepSpeedEngine, directory: Path, step: int, keep_last: int, client_state: dict
-) -> Path:
-    """DeepSpeed's checkpoint of this step, written into the store's staging directory and then published."""
+def save(engine: deepspeed.DeepSpeedEngine, directory: Path, step: int, client_state: dict) -> Write:
+    """DeepSpeed's checkpoint of this step, written into the store's staging directory; `finish()` publishes it."""
     staging = stage(directory, step)
     try:
         engine.save_checkpoint(
@@ -61,5 +60,4 @@ def save(
         failure = None
     except OSError as error:
         failure = error
-    agree_or_raise(failure, f"saving step {step} to {staging}", staging)
-    return publish(staging, step, keep_last)
+    return Write(staging, step, failure=failure)

@@ -7,8 +7,8 @@ format; a weights-only checkpoint (`python -m trainer convert` writes them) hold
 
 Saves and loads are fully parallel: each data-parallel replica writes, and reads, its share of what the replicas
 hold alike (FullyParallelSaveStrategyWrapper, FullyParallelLoadStrategyWrapper). A save in the background
-(`Write`) returns once the state is copied off the devices and the writer is forked (megatron-core's
-AsyncCallsQueue); it is published, by the store's protocol, only once every rank's write has finished.
+returns once the state is copied off the devices and the writer is forked (trainer/checkpoint/writer.py); it is
+published, by the store's protocol, only once every rank's write has finished.
 A run's saves share a `Plans`: the first save of each optimizer format plans the write (which rank writes what,
 the global metadata) and checks the sharding; the ones after it reuse that plan, as Megatron-LM does with
 --ckpt-assume-constant-structure (megatron/training/checkpointing.py, core_v0.16.1): a run's state has the same
@@ -23,10 +23,7 @@ from the local spec's checkpoints) are the only ones allowed to be absent.
 
 from __future__ import annotations
 
-import atexit
-import os
 import random
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,8 +35,6 @@ from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
 )
-from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.base import AsyncSaveShardedStrategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
@@ -50,25 +45,21 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.storage import WriteResult
 
 from trainer import faults
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import KEY as SETTINGS
-from trainer.checkpoint.store import CheckpointError, Progress, agree_or_raise, publish, stage
+from trainer.checkpoint.store import CheckpointError, Progress, agree_or_raise, stage
+from trainer.checkpoint.writer import Write, Writer
+from trainer.config import ParallelDims
 from trainer.distributed import megatron_compat
-from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, weights
 
 ENGINE = "megatron"
 # What checkpoints saved before the trainer recorded its optimizer format used: loads at any layout.
 _DEFAULT_OPTIMIZER_FORMAT = "fully_reshardable"
-# Transformer Engine's modules keep FP8 metadata under these keys; the local spec has none (issue 13, defect 13).
+# Transformer Engine's modules keep FP8 metadata under these keys; the local spec has none.
 _EXTRA_STATE = "_extra_state"
-# The background writer's niceness (nice(2)): a CPU share well below a training rank's, not starved.
-WRITER_NICENESS = 10
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -142,76 +133,13 @@ def _set_rng_state(state: dict) -> None:
 
 
 @dataclass
-class Write:
-    """A checkpoint being written into its staging directory; published by `finish` once every rank is done."""
-
-    staging: Path
-    step: int
-    keep_last: int
-    queue: AsyncCallsQueue | None  # the background write; None: written already
-    failure: BaseException | None = None
-
-    def done(self) -> bool:
-        """Whether every rank's write has finished (a collective while one is in flight: call it on every rank
-        at the same point)."""
-        if self.queue is None:
-            return True
-        try:
-            if not self.queue.maybe_finalize_async_calls(blocking=False):
-                return False
-        except (CheckpointException, OSError) as error:  # megatron gathers every rank's write failures
-            self.failure = error
-        self.queue = None
-        return True
-
-    def finish(self) -> Path:
-        """Wait for every rank's write, then seal and publish (store.publish); raises CheckpointSaveError on every
-        rank when any rank's write failed, leaving the previous checkpoint as the newest."""
-        if self.queue is not None:
-            try:
-                self.queue.maybe_finalize_async_calls(blocking=True)
-            except (CheckpointException, OSError) as error:
-                self.failure = error
-            self.queue = None
-        agree_or_raise(self.failure, f"saving step {self.step} to {self.staging}", self.staging)
-        return publish(self.staging, self.step, self.keep_last)
-
-
-def start_writer_queue() -> threading.Thread:
-    """Start megatron's write-results queue now, in a thread, while training runs, and have its process import what
-    a save's results are made of. The queue is a Manager process started by spawn (a fresh Python's start-up,
-    seconds; tens of seconds on a loaded machine) that the first save would otherwise wait for (megatron-core
-    0.16.1 strategies/filesystem_async.py _get_write_results_queue, created once per process). Each save's writer
-    puts its WriteResults there, which that fresh process unpickles, importing torch.distributed.checkpoint and so
-    torch: 6.6 s of a first synchronous save's 7.1 s (2.8 M parameters, 4 ranks on 2 cores, profiled), also
-    here while training runs. Join the thread before the first save."""
-    thread = threading.Thread(target=_warm_writer_queue, daemon=True)
-    thread.start()
-    # A process that exits while the thread is still starting the Manager would wait forever at exit for a
-    # Manager process nobody shuts down (multiprocessing joins its children at exit): let the start finish
-    # first, so that the Manager's own finalizer shuts it down (atexit runs this before multiprocessing's hook,
-    # which was registered earlier).
-    atexit.register(thread.join)
-    return thread
-
-
-def _warm_writer_queue() -> None:
-    results = filesystem_async._get_write_results_queue()
-    # What write_preloaded_data puts: WriteResults holding the file system writer's _StorageInfo (torch 2.13
-    # distributed/checkpoint/filesystem.py _write_item).
-    results.put([WriteResult(MetadataIndex("warm-up"), 0, _StorageInfo("warm-up", 0, 0))])
-    results.get()
-
-
-@dataclass
 class Plans:
     """What a run's saves keep between them: one save strategy per optimizer format, whose cached plans (megatron-
     core 0.16.1 TorchDistSaveShardedStrategy `use_cached_ckpt_structure`, FullyParallelSaveStrategyWrapper
-    `do_cache_distribution`) skip the planning collectives after the first save; and the one queue of background
-    writes. Valid while the state's structure stays (one model and optimizer per process)."""
+    `do_cache_distribution`) skip the planning collectives after the first save. Valid while the state's structure
+    stays (one model and optimizer per process)."""
 
     strategies: dict[str, AsyncSaveShardedStrategy] = field(default_factory=dict)
-    queue: AsyncCallsQueue = field(default_factory=AsyncCallsQueue)
 
     def strategy(self, optimizer_format: str) -> tuple[AsyncSaveShardedStrategy, bool]:
         """The strategy for saves in this format, and whether this is its first save (whose sharding is checked:
@@ -231,17 +159,6 @@ class Plans:
         return strategy, True
 
 
-def _yielding(write):
-    """The background writer, run at a lower CPU priority than training (it and the processes it starts): where
-    cores are few, the ranks' next steps come first and the writer takes what they leave."""
-
-    def run(*args, **kwargs):
-        os.nice(WRITER_NICENESS)
-        return write(*args, **kwargs)
-
-    return run
-
-
 def save(
     directory: Path,
     model: list[torch.nn.Module],
@@ -249,18 +166,17 @@ def save(
     scheduler: OptimizerParamScheduler | None,
     progress: Progress,
     dims: ParallelDims,
-    keep_last: int,
     record: ModelRecord,
     *,
     settings: dict | None = None,
     optimizer_format: str = _DEFAULT_OPTIMIZER_FORMAT,
-    background: bool = False,
+    writer: Writer | None = None,
     plans: Plans | None = None,
 ) -> Write:
     """Start saving on every rank into the staging directory; `finish()` on the result publishes it (rename into
-    place, point `latest` at it, drop the oldest beyond keep_last). In the background, this returns once the state
-    is copied off the devices and the writer process is forked. Without optimizer and scheduler it saves the
-    weights only. `plans`: the run's, reused from its earlier saves (None: a one-off save, planned afresh)."""
+    place, point `latest` at it). With a writer, in the background: this returns once the state is copied off the
+    devices and the writer process is forked. Without optimizer and scheduler it saves the weights only.
+    `plans`: the run's, reused from its earlier saves (None: a one-off save, planned afresh)."""
     staging = stage(directory, progress.step)
     state = _state_dict(
         model,
@@ -276,7 +192,8 @@ def save(
     )
     plans = plans or Plans()
     strategy, first = plans.strategy(optimizer_format if optimizer is not None else "weights")
-    write = Write(staging, progress.step, keep_last, queue=None)
+    saved_format = optimizer_format if optimizer is not None else None
+    write = Write(staging, progress.step, optimizer_format=saved_format)
     # The writer processes are forked inside: they inherit TRAINSTACK_FAULT's save faults.
     with faults.inject_in_save(progress.step):
         try:
@@ -284,19 +201,16 @@ def save(
                 state,
                 str(staging),
                 sharded_strategy=strategy,
-                async_sharded_save=background,
+                async_sharded_save=writer is not None,
                 validate_access_integrity=first,
             )
         except (CheckpointException, OSError) as error:
             write.failure, request = error, None
-        if background:
+        if writer is not None:
             # Every rank has planned its write, or every rank stops here alike; agreed before any writer starts,
             # while the ranks' CPUs are still theirs alone.
             agree_or_raise(write.failure, f"saving step {progress.step} to {staging}", staging)
-            write.queue = plans.queue
-            # A fork that fails (the OS out of processes or memory) raises on that rank alone: its process ends
-            # and torchrun stops the others and restarts the group, which resumes from the newest checkpoint.
-            write.queue.schedule_async_request(request._replace(async_fn=_yielding(request.async_fn)))
+            writer.schedule(write, request)
     return write
 
 

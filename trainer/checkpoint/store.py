@@ -1,9 +1,12 @@
 """The checkpoint directory protocol, whatever the engine's format inside each checkpoint:
 
     iter_0000200/   one checkpoint, written by the engine into iter_0000200.tmp, then sealed with manifest.json
-                    (every file's size; small files' SHA-256) and renamed into place when every rank has finished
+                    (every file's size; small files' SHA-256; the validation loss at its step, where known) and
+                    renamed into place when every rank has finished
     latest          the name of the newest complete checkpoint, rewritten last
-A crash never leaves a half-written `iter_*` directory; old ones are renamed away before they are deleted. A
+Which checkpoints stay is `retained`'s rule (the checkpointer applies it after each publish): the newest
+`keep_last`, the `keep_best` of lowest validation loss, and always the newest intact one; damaged ones are never
+deleted. A crash never leaves a half-written `iter_*` directory; old ones are renamed away before they are deleted. A
 directory that does not match its manifest (a copy cut short, a truncated file, garbage) is skipped with a
 warning, never loaded. A save that fails on any rank fails on every rank, and `latest` keeps naming the previous
 checkpoint.
@@ -66,10 +69,20 @@ def _file_record(path: Path) -> dict:
     return {"bytes": size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def write_manifest(checkpoint: Path, step: int) -> None:
+def write_manifest(checkpoint: Path, step: int, metrics: dict[str, float] | None = None) -> None:
     files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
     manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): _file_record(p) for p in files}}
+    manifest.update(metrics or {})
     write_atomically(checkpoint / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def manifest_value(checkpoint: Path, key: str) -> float | None:
+    """A value a checkpoint's manifest recorded beside its files (e.g. val_loss), if any."""
+    try:
+        value = json.loads((checkpoint / MANIFEST).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def damage(checkpoint: Path) -> str | None:
@@ -128,24 +141,24 @@ def stage(directory: Path, step: int) -> Path:
     return staging
 
 
-def publish(staging: Path, step: int, keep_last: int) -> Path:
-    """Once every rank has written `staging` (and agreed so): rank 0 seals, renames and points `latest` at it,
-    and prunes; every rank learns whether that worked."""
+def publish(staging: Path, step: int, metrics: dict[str, float] | None = None) -> Path:
+    """Once every rank has written `staging` (and agreed so): rank 0 seals it (its manifest, with `metrics`),
+    renames it and points `latest` at it; every rank learns whether that worked."""
     final = staging.with_suffix("")
     failure = None
     if torch.distributed.get_rank() == 0:
         try:
-            _publish(staging, final, step, keep_last)
+            _publish(staging, final, step, metrics)
         except OSError as error:
             failure = error
     agree_or_raise(failure, f"publishing {final}", staging)
     return final
 
 
-def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
-    """Seal the staging directory with its manifest, rename it into place, point `latest` at it, prune."""
+def _publish(staging: Path, final: Path, step: int, metrics: dict[str, float] | None) -> None:
+    """Seal the staging directory with its manifest, rename it into place, point `latest` at it."""
     directory = final.parent
-    write_manifest(staging, step)
+    write_manifest(staging, step, metrics)
     # The same step saved again (resumed from an older `latest`): swap it in, then drop the old one.
     replaced = final.with_name(final.name + ".replaced.tmp")
     if final.exists():
@@ -153,12 +166,26 @@ def _publish(staging: Path, final: Path, step: int, keep_last: int) -> None:
     staging.rename(final)
     write_atomically(directory / LATEST, final.name + "\n")
     shutil.rmtree(replaced, ignore_errors=True)
-    # Only intact checkpoints count and go: a damaged one may be someone's copy in progress.
-    older = [path for path in checkpoint_dirs(directory) if path != final and damage(path) is None]
-    for old in older[: max(0, len(older) - (keep_last - 1))]:
+
+
+def retained(directory: Path, keep_last: int, keep_best: int = 0) -> set[Path]:
+    """The intact checkpoints retention keeps: the newest `keep_last`, the `keep_best` with the lowest validation
+    loss their manifests recorded, and always the newest (keep_last >= 1)."""
+    intact = [path for path in checkpoint_dirs(directory) if damage(path) is None]
+    scored = [(loss, path) for path in intact if (loss := manifest_value(path, "val_loss")) is not None]
+    best = [path for _, path in sorted(scored)[:keep_best]]
+    return {*intact[-max(keep_last, 1) :], *best}
+
+
+def prune(directory: Path, keep_last: int, keep_best: int = 0) -> list[Path]:
+    """Delete the intact checkpoints `retained` does not keep (rank 0); what was deleted. Only intact checkpoints
+    go: a damaged one may be someone's copy in progress, or the evidence of what went wrong."""
+    keep = retained(directory, keep_last, keep_best)
+    doomed = [path for path in checkpoint_dirs(directory) if path not in keep and damage(path) is None]
+    for old in doomed:
         # Renamed first, so that a crash mid-delete leaves a .tmp directory, not a damaged checkpoint.
-        doomed = old.rename(old.with_name(old.name + ".pruned.tmp"))
-        shutil.rmtree(doomed)
+        shutil.rmtree(old.rename(old.with_name(old.name + ".pruned.tmp")))
+    return doomed
 
 
 def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:

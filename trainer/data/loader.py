@@ -15,7 +15,7 @@ from trainer.distributed.parallel import device_type
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from trainer.distributed.parallel import ParallelDims
+    from trainer.config import ParallelDims
 
 
 def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:

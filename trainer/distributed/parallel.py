@@ -1,6 +1,6 @@
 """Parallelism as a layer you can see: the (TP, PP, DP) layout, its process groups, and megatron's DDP.
 
-`ParallelDims` checks world = TP x PP x DP once; `initialize()` starts the process group (NCCL on GPUs, gloo on
+The layout itself (`ParallelDims`, world = TP x PP x CP x DP checked once) is trainer/config/layout.py's; `initialize()` starts the process group (NCCL on GPUs, gloo on
 CPU) and megatron-core's parallel_state; `wrap_data_parallel()` puts each model chunk under megatron's
 DistributedDataParallel (gradient buckets, reduce-scatter for the distributed optimizer).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -25,37 +24,8 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
-from trainer.config import ParallelConfig, TrainConfig
+from trainer.config import ParallelDims, TrainConfig
 from trainer.distributed import fast_path, megatron_compat
-
-
-@dataclass(frozen=True)
-class ParallelDims:
-    tp: int
-    pp: int
-    dp: int
-    vp: int  # model chunks per pipeline rank; 1: plain 1F1B
-    cp: int = 1  # context parallel: GPUs that split each sequence
-
-    @classmethod
-    def from_config(cls, parallel: ParallelConfig, world_size: int) -> ParallelDims:
-        tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
-        return cls(
-            tp=tp,
-            pp=pp,
-            dp=world_size // parallel.model_parallel_size,
-            vp=parallel.virtual_pipeline_model_parallel_size,
-            cp=parallel.context_parallel_size,
-        )
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
-
-    def __str__(self) -> str:
-        interleave = f" (x{self.vp} virtual stages)" if self.vp > 1 else ""
-        context = f" x CP={self.cp}" if self.cp > 1 else ""
-        return f"TP={self.tp} x PP={self.pp}{interleave}{context} x DP={self.dp}"
 
 
 def device_type() -> str:

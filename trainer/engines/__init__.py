@@ -3,7 +3,8 @@
     megatron    megatron-core: tensor, pipeline and data parallel (1F1B, interleaved), distributed optimizer
     deepspeed   DeepSpeed ZeRO stage 1-3 data parallel of the same model (TP = PP = 1)
 
-The loop in trainer/train.py knows only `Engine`. A new engine is a module here with a `build(cfg, dims)` that
+The loop in trainer/train.py knows only `Engine`, and its checkpoints only through the checkpointer
+(trainer/checkpoint/checkpointer.py), which calls the engine's `save` and `load`. A new engine is a module here with a `build(cfg, dims)` that
 returns one, a value of `engine:` in trainer/config.py, and its checkpoint format in trainer/checkpoint/.
 """
 
@@ -16,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from trainer.checkpoint.record import ModelRecord
     from trainer.checkpoint.store import Progress
-    from trainer.config import TrainConfig
-    from trainer.distributed.parallel import ParallelDims
+    from trainer.checkpoint.writer import Write, Writer
+    from trainer.config import ParallelDims, TrainConfig
 
 
 class Engine(Protocol):
@@ -27,6 +28,7 @@ class Engine(Protocol):
     dims: ParallelDims
     padded_vocab_size: int
     model_record: ModelRecord  # what each checkpoint records about the model
+    saves_in_background: bool  # whether `save` takes a Writer
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         """This rank's micro-batch streams over the training samples, from consumed_samples on."""
@@ -40,14 +42,9 @@ class Engine(Protocol):
     def evaluate(self) -> float:
         """Mean loss per token over the validation samples (the same ones every time)."""
 
-    def save(self, progress: Progress, *, background: bool = False) -> Path | None:
-        """Save this step on every rank and publish it (trainer/checkpoint/store.py); the published directory. In
-        the background (where the engine can): None, the write goes on and `finish_saves` publishes it. A save
-        still in flight is published first."""
-
-    def finish_saves(self, *, wait: bool) -> list[Path]:
-        """Publish a background save whose write every rank has finished (wait: until they have); what was
-        published. Every rank calls it at the same point (it agrees over the ranks)."""
+    def save(self, progress: Progress, *, writer: Writer | None = None) -> Write:
+        """Write this step's checkpoint in the engine's format into the store's staging directory, on every rank;
+        with a writer, in the background. The checkpointer publishes it (trainer/checkpoint/checkpointer.py)."""
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Restore a checkpoint (any format: the weights alone from another engine's); where training stands."""
@@ -64,7 +61,11 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
 
 
 def build(cfg: TrainConfig, dims: ParallelDims) -> Engine:
-    """The engine cfg names, built for this rank: data, model, optimizer and LR schedule from the seed."""
+    """The engine cfg names, built for this rank: data, model, optimizer and LR schedule from the seed; its cfg
+    is `cfg` with the vocabulary resolved (the train command resolves it before: then `cfg` itself)."""
+    from trainer.data.loader import with_resolved_model
+
+    cfg = with_resolved_model(cfg)
     if cfg.engine == "deepspeed":
         from trainer.engines import deepspeed  # imports DeepSpeed, which megatron runs do without
 

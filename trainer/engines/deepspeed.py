@@ -33,11 +33,11 @@ from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import KEY as SETTINGS
 from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
-from trainer.config import TrainConfig
-from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
+from trainer.checkpoint.writer import Write, Writer
+from trainer.config import ParallelDims, TrainConfig
+from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_scheduler
-from trainer.distributed.parallel import ParallelDims
 from trainer.engines.deepspeed_config import derived_config, merged_config
 from trainer.model import llama, loss, weights
 
@@ -112,9 +112,10 @@ class DeepSpeedEngine:
         """What ZeRO's shards depend on: a checkpoint resumes whole only where this is the same."""
         return {"dp": self.dims.dp, "zero_stage": self.cfg.zero.stage}
 
-    def save(self, progress: Progress, *, background: bool = False) -> Path:
-        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory and then published
-        (always before it returns: this engine saves in the foreground)."""
+    saves_in_background = False  # DeepSpeed's own save writes before it returns
+
+    def save(self, progress: Progress, *, writer: Writer | None = None) -> Write:
+        """DeepSpeed's checkpoint of this step, written into the trainer's staging directory before it returns."""
         client_state = {
             "model_record": self.model_record.to_dict(),
             SETTINGS: run_settings(self.cfg),
@@ -122,13 +123,7 @@ class DeepSpeedEngine:
             "progress": {"step": progress.step, "consumed_samples": progress.consumed_samples},
             "layout": self.layout,
         }
-        c = self.cfg.checkpoint
-        return deepspeed_checkpoint.save(
-            self.engine, self.cfg.checkpoint_dir, progress.step, c.keep_last, client_state
-        )
-
-    def finish_saves(self, *, wait: bool) -> list[Path]:
-        return []  # nothing is written in the background
+        return deepspeed_checkpoint.save(self.engine, self.cfg.checkpoint_dir, progress.step, client_state)
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote, at the same data-parallel size and ZeRO stage; at another, the weights (fp32,
@@ -158,7 +153,6 @@ class DeepSpeedEngine:
 def build(cfg: TrainConfig, dims: ParallelDims) -> DeepSpeedEngine:
     """Data, model, AdamW, DeepSpeed engine and LR schedule for this rank, initialized from the seed."""
     train_data, valid_data = train_and_valid(cfg)
-    cfg = with_resolved_model(cfg)
     built = llama.build(cfg)  # megatron-core's GPTModel at TP = PP = 1, as the megatron engine initializes it
     (chunk,) = built.chunks
     engine = _engine(cfg, chunk, dims.dp)
@@ -192,8 +186,8 @@ def save_weights(
     (chunk,) = llama.build(cfg.model_copy(update={"model": record.config})).chunks
     weights.load_into([chunk], full_weights.__getitem__)  # before DeepSpeed takes its fp32 masters from it
     return deepspeed_checkpoint.save(
-        _engine(cfg, chunk, 1), directory, 0, 1, {"model_record": record.to_dict()}
-    )
+        _engine(cfg, chunk, 1), directory, 0, {"model_record": record.to_dict()}
+    ).finish()
 
 
 def _adamw(cfg: TrainConfig, chunk: torch.nn.Module) -> tuple[torch.optim.Optimizer, bool]:

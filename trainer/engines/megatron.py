@@ -9,7 +9,6 @@ nothing, the LR schedule included.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +26,12 @@ from trainer.checkpoint import megatron as megatron_checkpoint
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
-from trainer.config import TrainConfig
+from trainer.checkpoint.writer import Write, Writer
+from trainer.config import ParallelDims, TrainConfig
 from trainer.contract import metrics as metric
-from trainer.data.loader import micro_batch_streams, train_and_valid, with_resolved_model
+from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
-from trainer.distributed.parallel import ParallelDims
 from trainer.model import llama, loss
 from trainer.monitoring import monitor as monitoring
 
@@ -50,11 +49,9 @@ class MegatronEngine:
     valid_data: Dataset
     padded_vocab_size: int
     model_record: ModelRecord
-    writing: megatron_checkpoint.Write | None = None  # a save still being written in the background
-    # megatron's write-results queue while it starts (trainer/checkpoint/megatron.py start_writer_queue)
-    writer_queue: threading.Thread | None = None
-    # the save plans the run's saves reuse, and their queue of background writes
+    # the save plans the run's saves reuse
     plans: megatron_checkpoint.Plans = field(default_factory=megatron_checkpoint.Plans)
+    saves_in_background = True  # with a Writer (trainer/checkpoint/writer.py)
 
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
@@ -121,30 +118,21 @@ class MegatronEngine:
             totals += output["lm loss"].to(totals.device)
         return loss.global_mean(totals)
 
-    def save(self, progress: Progress, *, background: bool = False) -> Path | None:
-        self.finish_saves(wait=True)  # one save in flight at most; it is published before the next is staged
-        if self.writer_queue is not None:
-            self.writer_queue.join()
-        c = self.cfg.checkpoint
+    def save(self, progress: Progress, *, writer: Writer | None = None) -> Write:
         with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
-            write = megatron_checkpoint.save(
+            return megatron_checkpoint.save(
                 self.cfg.checkpoint_dir,
                 self.chunks,
                 self.optimizer,
                 self.scheduler,
                 progress,
                 self.dims,
-                c.keep_last,
                 self.model_record,
                 settings=run_settings(self.cfg),
-                optimizer_format=self.optimizer_format(background),
-                background=background,
+                optimizer_format=self.optimizer_format(background=writer is not None),
+                writer=writer,
                 plans=self.plans,
             )
-        if background:
-            self.writing = write
-            return None
-        return write.finish()
 
     def optimizer_format(self, background: bool) -> str:
         """checkpoint.optimizer_format for a save, in the background or not (config.py says what auto picks)."""
@@ -154,13 +142,6 @@ class MegatronEngine:
         if chosen == "auto":
             return "dp_reshardable" if background else "fully_reshardable"
         return chosen
-
-    def finish_saves(self, *, wait: bool) -> list[Path]:
-        """Publish the save written in the background once every rank's write is done (wait: until it is)."""
-        if self.writing is None or not (wait or self.writing.done()):
-            return []
-        write, self.writing = self.writing, None
-        return [write.finish()]
 
     def load(self, path: Path, *, weights_only: bool = False) -> Progress:
         """Everything `save` wrote; with weights_only, or from a weights-only or another engine's checkpoint, the
@@ -185,13 +166,11 @@ def _resumable(path: Path) -> bool:
 def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
     """Data, model, optimizer and LR schedule for this rank, initialized from the seed."""
     train_data, valid_data = train_and_valid(cfg)
-    cfg = with_resolved_model(cfg)
     built, chunks, optimizer, scheduler = build_model_and_optimizer(cfg)
     record = ModelRecord(cfg.model, cfg.data.seq_length)
     engine = MegatronEngine(
         cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
     )
-    engine.writer_queue = megatron_checkpoint.start_writer_queue()  # ready by the first save
     if dims.pp > 1:
         parallel.on_pipeline_wait(monitoring.pipeline_idle)
     return engine

@@ -221,7 +221,7 @@ def _write_trainer_checkpoint(
         if rank == 0:
             _staging(out)
         torch.distributed.barrier()
-        megatron_checkpoint.save(staging, chunks, None, None, Progress(), dims, 1, record).finish()
+        megatron_checkpoint.save(staging, chunks, None, None, Progress(), dims, record).finish()
         if rank == 0:
             finish(staging)
             os.replace(staging, out)

@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trainer.config import TrainConfig
+from trainer.config import ParallelDims, TrainConfig
 from trainer.model.flops import ParameterCounts, parameter_counts
 
 Kernels = Literal["transformer_engine", "local"]
@@ -209,15 +209,10 @@ def estimate_stages(
     """The steady-state peak of every pipeline rank's GPUs (all TP and DP ranks of a stage are alike): the
     largest of three moments, the loss (last stage), the first layer of a backward, and the optimizer step."""
     p, s, m = cfg.parallel, cfg.schedule, cfg.model
-    tp, pp, vp, cp = (
-        p.tensor_model_parallel_size,
-        p.pipeline_model_parallel_size,
-        p.virtual_pipeline_model_parallel_size,
-        p.context_parallel_size,
-    )
-    dp = world_size // (tp * pp * cp)
+    dims = ParallelDims.from_config(p, world_size)
+    tp, pp, vp, cp, dp = dims.tp, dims.pp, dims.vp, dims.cp, dims.dp
     sp = tp if p.sequence_parallel else 1
-    num_microbatches = s.global_batch_size // (s.micro_batch_size * dp)
+    num_microbatches = dims.micro_batches(s.global_batch_size, s.micro_batch_size)
     seq = cfg.data.seq_length
     tokens = s.micro_batch_size * seq / cp  # this GPU's share of the micro-batch's tokens
     e = 2 if cfg.precision == "bf16" else FP32

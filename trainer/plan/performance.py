@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.config import TrainConfig
+from trainer.config import ParallelDims, TrainConfig
 from trainer.contract.catalog import InstanceType
 from trainer.model.flops import forward_flops_per_sequence, model_flops_per_sequence
 
@@ -133,15 +133,9 @@ def estimate_step_time(
     assumptions: Assumptions,
 ) -> StepTime:
     p, s, m = cfg.parallel, cfg.schedule, cfg.model
-    tp, pp, vp, cp = (
-        p.tensor_model_parallel_size,
-        p.pipeline_model_parallel_size,
-        p.virtual_pipeline_model_parallel_size,
-        p.context_parallel_size,
-    )
-    world = nodes * instance.gpus
-    dp = world // (tp * pp * cp)
-    micro_batches = s.global_batch_size // (s.micro_batch_size * dp)
+    dims = ParallelDims.from_config(p, nodes * instance.gpus)
+    tp, pp, vp, cp, dp = dims.tp, dims.pp, dims.vp, dims.cp, dims.dp
+    micro_batches = dims.micro_batches(s.global_batch_size, s.micro_batch_size)
     seq = cfg.data.seq_length
     activation_bytes = 2 if cfg.precision == "bf16" else FP32
     layers_per_stage = m.num_layers // pp
@@ -228,7 +222,7 @@ def estimate_step_time(
         data_parallel_s=data_parallel,
         bubble_fraction=bubble_fraction(pp, vp, micro_batches),
         tokens_per_s=s.global_batch_size * seq / total,
-        mfu=model_flops / (total * world * instance.peak_bf16_tflops_per_gpu * 1e12),
+        mfu=model_flops / (total * dims.world_size * instance.peak_bf16_tflops_per_gpu * 1e12),
         context_parallel_s=micro_batches * micro_batch_cp,
         hidden_s=micro_batches * (tp_hidden + cp_hidden) + dp_hidden,
     )

@@ -31,6 +31,7 @@ from trainer.config import (
     FP8Config,
     FusionConfig,
     ParallelConfig,
+    ParallelDims,
     TrainConfig,
     ZeroConfig,
     consistency_problems,
@@ -203,7 +204,7 @@ def search(
             continue
         if candidate.fp8.format is not None and candidate.fp8.recipe not in instance.fp8_recipes:
             continue  # no FP8 on the GPU, or not this recipe (MXFP8 is Blackwell's)
-        dp = world // candidate.parallel.model_parallel_size
+        dp = ParallelDims.from_config(candidate.parallel, world).dp
         memory = estimate_memory(candidate, world, padded_vocab, "transformer_engine")
         step = estimate_step_time(candidate, instance, nodes, padded_vocab, memory.parameters, assumptions)
         fits = memory.total <= capacity and memory.host <= host_capacity

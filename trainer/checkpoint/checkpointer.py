@@ -1,0 +1,132 @@
+"""The run's checkpoints as the training loop sees them: `load()` once, then `save(progress, ...)` after each step.
+
+The checkpointer owns everything between the loop and an engine's checkpoint format: which checkpoint a run starts
+from (rank 0 picks, every rank loads the same), the save interval, background saves (trainer/checkpoint/writer.py)
+and publishing them at a step boundary once every rank's write is done, the stop save, and retention (the newest
+`keep_last`, the `keep_best` by validation loss, never the newest intact one). The engine only writes and reads
+its format (Engine.save, Engine.load).
+
+Every method is a collective: every rank calls it at the same point of the loop with the same arguments (the
+ranks agree on a write's failure and on publishing; rank 0 alone renames, points `latest` and prunes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from rich.console import Console
+
+from trainer.checkpoint import formats
+from trainer.checkpoint.start import starting_checkpoint
+from trainer.checkpoint.store import Progress, latest_checkpoint, prune
+from trainer.checkpoint.writer import Write, Writer
+from trainer.contract import metrics as metric
+from trainer.monitoring import monitor as monitoring
+
+if TYPE_CHECKING:
+    from trainer.engines import Engine
+
+# The format a synchronous save of the distributed optimizer uses under checkpoint.optimizer_format auto.
+_ANY_LAYOUT = "fully_reshardable"
+
+
+class Checkpointer:
+    """Loads, saves, publishes and prunes one run's checkpoints for the training loop."""
+
+    def __init__(self, engine: Engine, console: Console) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg.checkpoint
+        self.directory = engine.cfg.checkpoint_dir
+        self.console = console
+        # Every save of a megatron run uses megatron's write-results queue, started now (writer.py).
+        self.writer = Writer() if engine.saves_in_background else None
+        self.in_flight: Write | None = None  # a background save not yet published
+        # The step of the newest save started or loaded, and its optimizer format (None: nothing to choose).
+        self.saved_step: int | None = None
+        self.saved_format: str | None = None
+
+    def load(self) -> Progress:
+        """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
+        picks it (warning about damaged ones) and tells the others, so that every rank loads the same one."""
+        found = [starting_checkpoint(self.engine.cfg) if torch.distributed.get_rank() == 0 else None]
+        torch.distributed.broadcast_object_list(found, src=0)
+        start = found[0]
+        self.saved_step = 0  # a stop before the first step saves nothing
+        if start is None:
+            return Progress()
+        with monitoring.timed(metric.CHECKPOINT_LOAD):
+            progress = self.engine.load(start.path, weights_only=start.weights_only)
+        source = formats.read_record(start.path)
+        if source is not None and source.hf_config:  # carried along, so that an export writes it back
+            self.engine.model_record = replace(self.engine.model_record, hf_config=source.hf_config)
+        if not start.resumed and progress.step == 0:
+            self.console.print(
+                f"started from the weights in {start.path} (checkpoint.load): new optimizer and LR schedule"
+            )
+        else:
+            what = "resumed from" if start.resumed else "continued from checkpoint.load"
+            self.console.print(
+                f"{what} {start.path} (step {progress.step}, {progress.consumed_samples:,} samples seen)"
+            )
+        self.saved_step = progress.step  # a stop before the next step need not save it again
+        return progress
+
+    def due(self, step: int, *, last_step: bool) -> bool:
+        """Whether the loop saves after `step`: on checkpoint.save_interval, and after the last step."""
+        return last_step or bool(self.cfg.save_interval and step % self.cfg.save_interval == 0)
+
+    def save(self, progress: Progress, *, last_step: bool = False, val_loss: float | None = None) -> None:
+        """After a step: save when due (in the background on the interval where the engine can, synchronously
+        after the last step) and publish any background save whose write every rank has finished."""
+        self.publish(wait=False)
+        if self.due(progress.step, last_step=last_step):
+            background = self.cfg.async_save and not last_step
+            self._save(progress, background=background, val_loss=val_loss)
+
+    def stop(self, progress: Progress) -> None:
+        """The save before a stop (SIGTERM): publish the one in flight, then save synchronously unless this step's
+        save already is (a background one at this step is saved again: synchronous saves load at any layout)."""
+        self.publish(wait=True)
+        if self.saved_step != progress.step or self.saved_format not in (None, _ANY_LAYOUT):
+            self._save(progress, background=False)
+
+    def publish(self, *, wait: bool) -> Path | None:
+        """Publish the background save once every rank's write is done (wait: until it is), then prune."""
+        write = self.in_flight
+        if write is None or not (wait or write.done()):
+            return None
+        self.in_flight = None
+        published = write.finish()
+        self.console.print(f"saved {published}")
+        self._prune()
+        return published
+
+    def newest(self) -> Path | None:
+        """The newest intact checkpoint, once a save still in flight is published."""
+        self.publish(wait=True)
+        return latest_checkpoint(self.directory, warn=lambda _: None)
+
+    def _save(self, progress: Progress, *, background: bool, val_loss: float | None = None) -> None:
+        self.publish(wait=True)  # one save in flight at most; it is published before the next is staged
+        if self.writer is not None:
+            self.writer.ready()
+        with monitoring.timed(metric.CHECKPOINT_SAVE):
+            write = self.engine.save(progress, writer=self.writer if background else None)
+        if val_loss is not None:
+            write.metrics["val_loss"] = val_loss
+        self.saved_step, self.saved_format = progress.step, write.optimizer_format
+        if write.queue is not None:
+            self.in_flight = write
+            self.console.print(
+                f"step {progress.step}: saving in the background (published when every rank has written)"
+            )
+            return
+        self.console.print(f"step {progress.step}: saved {write.finish()}")
+        self._prune()
+
+    def _prune(self) -> None:
+        if torch.distributed.get_rank() == 0:
+            prune(self.directory, self.cfg.keep_last, self.cfg.keep_best)

@@ -1,0 +1,54 @@
+"""The trainer's configuration: one typed tree, loaded from YAML with `--set section.key=value` overrides.
+
+    schema      the sections and TrainConfig (pydantic, unknown keys refused), each section with its own checks
+    checks      checks across sections and against a world size, a device, the accelerator and the prepared data
+    layout      ParallelDims: the (TP, PP, CP, DP) layout of a world, validated once, torch-free
+    load        YAML and --set overrides into a validated TrainConfig; `auto` keys resolved or refused
+
+Nothing here imports torch or megatron-core: the cluster-job tool and the planner use it to check a layout against
+a node count before anything starts.
+"""
+
+from trainer.config.checks import accelerator_problems, consistency_problems, data_problems, layout_problems
+from trainer.config.layout import ParallelDims
+from trainer.config.load import AUTO, LAYOUT_KEYS, auto_keys, load_config
+from trainer.config.schema import (
+    CheckpointConfig,
+    ConfigError,
+    DataConfig,
+    FP8Config,
+    FusionConfig,
+    HealthConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    ScheduleConfig,
+    TrainConfig,
+    ZeroConfig,
+)
+
+__all__ = [
+    "AUTO",
+    "LAYOUT_KEYS",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "FP8Config",
+    "FusionConfig",
+    "HealthConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ParallelConfig",
+    "ParallelDims",
+    "ScheduleConfig",
+    "TrainConfig",
+    "ZeroConfig",
+    "accelerator_problems",
+    "auto_keys",
+    "consistency_problems",
+    "data_problems",
+    "layout_problems",
+    "load_config",
+]
