@@ -72,7 +72,7 @@ bench-gpu: $(VENV)/.train-installed ## GPU benchmark (needs CUDA): ~1B Llama, MF
 	$(PY) -m trainer bench --gpu $(ARGS)
 
 # make monitoring: the Prometheus alert rules, Grafana dashboard and a scrape config for this machine's ranks, all
-# generated from trainer/monitoring/registry.py; make prometheus serves them (Debian's prometheus package) on PROM_PORT.
+# generated from trainer/contract/metrics.py; make prometheus serves them (Debian's prometheus package) on PROM_PORT.
 PROM_PORT ?= 9091
 
 .PHONY: monitoring
@@ -130,9 +130,10 @@ up: $(VENV)/.infra-installed ## pulumi up --stack STACK --policy-pack policy (ne
 	pulumi up --stack $(STACK) --policy-pack policy
 
 .PHONY: lint
-lint: $(VENV)/.dev-installed ## ruff over Python sources, hadolint over image/Dockerfile
+lint: $(VENV)/.dev-installed ## ruff and mypy over Python sources, hadolint over image/Dockerfile (as .pre-commit-config.yaml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	@if [ -f image/Dockerfile ]; then $(VENV)/bin/hadolint image/Dockerfile; fi
 
 .PHONY: format

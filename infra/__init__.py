@@ -1,5 +1,19 @@
 """The Pulumi program for a trainstack environment: one ComponentResource per concern, composed in __main__.py.
 
+    config          the stack configuration: one typed model read from Pulumi.<stack>.yaml, validated first
+    keys            the stack's customer-managed KMS key and its policy
+    network         the VPC: private and public subnets, NAT, endpoints, encrypted flow logs
+    data_lake       the datasets and checkpoints buckets
+    lustre          FSx for Lustre over the data lake, mounted at /fsx on every GPU node
+    registry        the trainer image repository (ECR)
+    identity        IAM for the cluster: instance role and profile, job role, execution role
+    iam             policy-document helpers and the action lists the components use
+    cluster         the GPU cluster on AWS Batch: EFA security group, placement, launch template, queues, jobs
+    node_bootstrap  what a GPU node runs at boot (the launch template's user data)
+    monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
+    preview         the offline preview: the real program under mocks, printed
+    mocks           the Pulumi mocks the offline preview and the tests run the program under
+
 `infra.config` and `trainer.contract.outputs` import neither pulumi nor pulumi_aws, so the trainer's tooling (plan, submit)
 can read a stack's config and validate its outputs with only the training requirements installed.
 """

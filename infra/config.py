@@ -21,6 +21,9 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType
+
+# The SIGTERM grace the launcher gives the ranks by default (the container contract, image/container.env).
+from trainer.contract.container import STOP_GRACE_SECONDS as DEFAULT_STOP_GRACE_SECONDS
 from trainer.contract.stack import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_NODE_COUNT,
@@ -60,8 +63,6 @@ _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 # EC2 CreatePlacementGroup: a name of up to 255 ASCII characters.
 _PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")
 
-# The trainer's default SIGTERM grace (trainer/launch/batch.py --stop-grace-seconds); tests/infra asserts they agree.
-DEFAULT_STOP_GRACE_SECONDS = 120
 # A hung job must not hold the nodes forever; a longer run resubmits and resumes from its newest checkpoint.
 DEFAULT_JOB_TIMEOUT_HOURS = 72
 

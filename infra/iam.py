@@ -21,7 +21,7 @@ WILDCARD_RESOURCE_ACTIONS = (
     # resources, and condition keys for Amazon EC2 Auto Scaling"); a failing node looks up its own group.
     "autoscaling:DescribeAutoScalingInstances",
 )
-# What a node that fails its preflight does to itself (trainer/launch/quarantine.py): mark itself Unhealthy in the
+# What a node that fails its preflight does to itself (trainer/preflight/quarantine.py): mark itself Unhealthy in the
 # Auto Scaling group Batch runs it in, or terminate itself where it is in none.
 QUARANTINE_ACTIONS = ["autoscaling:SetInstanceHealth", "ec2:TerminateInstances"]
 

@@ -2,4 +2,17 @@
 
 `pulumi preview|up --policy-pack policy` runs it for real (`policy/__main__.py` serves the pack);
 `make policy STACK=<env>` runs the same policies over the offline preview (`policy/offline.py`).
+
+    pack              the pack's name, enforcement level and every policy, in docs/policy.md's order
+    encryption        encryption at rest with a customer-managed KMS key; keys that rotate
+    s3                buckets: the stack's key, public access blocked, TLS only, versioned
+    iam               no statement allows every action or every resource beyond AWS's exceptions
+    network           no ingress from the internet, EFA's self-referencing rules, the S3 gateway endpoint
+    launch_templates  IMDSv2 only, no public IP on multi-interface (EFA) nodes
+    monitoring        alerting that reaches someone, messages under the stack's key
+    protection        data-holding resources protected in prod
+    aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
+    aws_types         the pulumi-aws type tokens the policies judge
+    resources         reading resources as the analyzer hands them over
+    offline           `make policy`: the policies over a stack's offline preview
 """

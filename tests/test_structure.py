@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import re
 from pathlib import Path
 
 from .conftest import ROOT
@@ -118,3 +120,69 @@ def test_the_checkpoint_store_imports_no_megatron():
         for target in _imports(modules["trainer.checkpoint.store"], modules)
     )
     assert "megatron" not in (ROOT / "trainer/checkpoint/store.py").read_text().replace("megatron's", "")
+
+
+def _package_dirs() -> list[Path]:
+    return sorted(
+        path.parent
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("__init__.py")
+        if ".venv" not in path.parts
+    )
+
+
+def test_every_package_docstring_names_each_of_its_modules():
+    unnamed = []
+    for package in _package_dirs():
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        members = [p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        members += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
+        words = set(re.findall(r"[\w]+", doc))
+        unnamed += [f"{package.relative_to(ROOT)}: {member}" for member in members if member not in words]
+    assert unnamed == []
+
+
+# A path to a file or folder of this repository, as comments, docstrings and docs name them.
+_REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:trainer|infra|policy|image|tests|docs|requirements|\.ci)/[\w./-]*\w)"
+)
+# Paths that a command creates (a temporary name written, then renamed).
+_WRITTEN_AT_RUN_TIME = (".tmp",)
+
+
+def _sources() -> list[Path]:
+    """The repository's text files where paths are named, outside virtualenvs, run outputs and git."""
+    skipped = {".venv", ".git", "runs", "data", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+    found = [ROOT / "Makefile", ROOT / "image" / "Dockerfile"]
+    for directory, subdirectories, files in os.walk(ROOT):
+        subdirectories[:] = [name for name in subdirectories if name not in skipped]
+        found += [
+            Path(directory) / name
+            for name in files
+            if name.endswith((".py", ".md", ".yaml", ".toml", ".sh", ".env"))
+        ]
+    return found
+
+
+def _named_paths() -> dict[str, set[str]]:
+    named: dict[str, set[str]] = {}
+    for source in _sources():
+        text = source.read_text(errors="replace")
+        for match in _REPO_PATH.finditer(text):
+            path = match.group(1).rstrip(".").split("#")[0]
+            if re.match(r"[\w./-]*\*", text[match.end() :]) or any(mark in path for mark in "*<>{}$"):
+                continue  # a pattern, not a path
+            if not path.endswith(_WRITTEN_AT_RUN_TIME):
+                named.setdefault(path, set()).add(str(source.relative_to(ROOT)))
+    return named
+
+
+def test_every_repository_path_named_in_code_and_docs_exists():
+    missing = {path: sorted(where) for path, where in _named_paths().items() if not (ROOT / path).exists()}
+    assert missing == {}
+
+
+def test_the_path_finder_finds_a_path_that_is_gone():
+    gone = "trainer/" + "config.py"  # split, so that this file names no missing path itself
+    assert _REPO_PATH.findall(f"see {gone}, or `docs/trainer.md`.") == [gone, "docs/trainer.md"]
+    assert not (ROOT / gone).exists()

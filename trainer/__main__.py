@@ -16,7 +16,7 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer checkpoint <-> Hugging Face Llama or DeepSpeed checkpoint",
     ),
     "score": (
-        "trainer.interop.score",
+        "trainer.evaluation.score",
         "mean loss per token and perplexity of a checkpoint (evaluation only)",
     ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
@@ -25,11 +25,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "measure data prep, training, checkpoints and memory against baselines",
     ),
     "launch": (
-        "trainer.launch.batch",
+        "trainer.launch.node",
         "map Batch node variables to torchrun, run the preflight, then a verb",
     ),
     "preflight": (
-        "trainer.launch.preflight",
+        "trainer.preflight.command",
         "check GPUs, EFA devices, checkpoint storage and an all-reduce",
     ),
     "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),

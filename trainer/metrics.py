@@ -18,8 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainer.contract import metrics as registry
 from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
+from trainer.engines.step import StepResult
 from trainer.monitoring import monitor as monitoring
 
+# metrics.jsonl's keys on every line (MetricsLogger.log writes them by name; val_loss and stragglers when measured).
 JSONL_KEYS = (
     "step",
     "loss",
@@ -93,32 +95,40 @@ class MetricsLogger:
         )
         self.progress.start()
         self.train_iters = train_iters
-        self.skipped_steps = (
-            0  # the total at the last logged step: the exporters' counter grows by the difference
-        )
+        # The total at the last logged step: the exporters' counter grows by the difference.
+        self.skipped_steps = 0
         self.line_every = max(1, train_iters // 20)  # every metric in a line every 5 %; the bar has the rest
 
     def log(
         self,
         step: int,
+        result: StepResult | None = None,
         *,
-        loss: float | None,
-        lr: float | None,
-        grad_norm: float | None,
-        step_time_s: float | None,
-        skipped_steps: int | None,
+        step_time_s: float | None = None,
+        skipped_steps: int | None = None,
         val_loss: float | None = None,
         peak_memory: float = 0.0,
         stragglers: list[dict] | None = None,
     ) -> None:
+        """Record a step: `result` is the step's (None for step 0, before any training: only val_loss)."""
         tokens_per_s = tflops = mfu = None
         if step_time_s:
             tokens_per_s = self.tokens_per_step / step_time_s
             tflops = self.flops_per_step / step_time_s / self.world_size / 1e12
             mfu = tflops / self.peak_tflops if self.peak_tflops else None
-        values = (step, loss, lr, grad_norm, tokens_per_s, tflops, mfu, step_time_s, skipped_steps)
+        values = {
+            "step": step,
+            "loss": result.loss if result else None,
+            "lr": result.lr if result else None,
+            "grad_norm": result.grad_norm if result else None,
+            "tokens_per_s": tokens_per_s,
+            "tflops_per_device": tflops,
+            "mfu": mfu,
+            "step_time_s": step_time_s,
+            "skipped_steps": skipped_steps,
+        }
         # A skipped step's loss or norm may be inf or nan, which JSON has no words for: null.
-        record = {key: _json_number(value) for key, value in zip(JSONL_KEYS, values, strict=True)}
+        record = {key: _json_number(value) for key, value in values.items()}
         if val_loss is not None:
             record["val_loss"] = val_loss
         if stragglers:  # at the end of a straggler window that found one (trainer/health/)
@@ -131,14 +141,15 @@ class MetricsLogger:
                 if key not in ("step", "stragglers") and value is not None and math.isfinite(value):
                     self.tensorboard.add_scalar(key, value, step)
         self._export(step, record, skipped_steps)
-        if loss is not None:
+        if result is not None:
             mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
             status = (
-                f"loss {loss:.4f}  lr {lr:.2e}  grad norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s  "
-                f"{tflops:.3g} TFLOP/s/device  {mfu_text}  {step_time_s:.2f} s/step  peak mem {peak_memory:.2f} GiB"
+                f"loss {result.loss:.4f}  lr {result.lr:.2e}  grad norm {result.grad_norm:.3f}  "
+                f"{tokens_per_s:,.0f} tok/s  {tflops:.3g} TFLOP/s/device  {mfu_text}  {step_time_s:.2f} s/step  "
+                f"peak mem {peak_memory:.2f} GiB"
             )
             self.progress.update(
-                self.task, completed=step, loss=f"{loss:.3f}", tokens_per_s=f"{tokens_per_s:,.0f}"
+                self.task, completed=step, loss=f"{result.loss:.3f}", tokens_per_s=f"{tokens_per_s:,.0f}"
             )
             if step % self.line_every == 0:
                 self.console.print(f"step {step}/{self.train_iters}: {status}")

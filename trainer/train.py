@@ -40,7 +40,7 @@ from trainer.engines import Engine
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
-from trainer.launch.batch import add_supervision_arguments
+from trainer.launch.torchrun import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
 from trainer.model.precision import precision_note
@@ -173,7 +173,9 @@ def train(
         return
     logger = _metrics_logger(engine, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
-        _log(logger, 0, val_loss=engine.evaluate())  # the untrained model: where the loss starts
+        val_loss = engine.evaluate()  # the untrained model: where the loss starts
+        if logger is not None:
+            logger.log(0, val_loss=val_loss)
     batches = engine.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
@@ -186,7 +188,7 @@ def train(
             started = time.perf_counter()
             monitoring.begin_step()
             try:
-                loss, grad_norm, lr, skipped = engine.train_step(batches, step=progress.step + 1)
+                result = engine.train_step(batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
@@ -196,28 +198,26 @@ def train(
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
             stragglers = health.step_done(step, step_time)  # health: the same list on every rank
-            skips.record(step, skipped, newest_checkpoint=checkpointer.newest)
+            skips.record(step, result.skipped, newest_checkpoint=checkpointer.newest)
             progress.skipped_steps = skips.total
-            if skipped:
+            if result.skipped:
                 console.print(
-                    f"step {step}: skipped, no update (loss {loss:.4g}, gradient norm {grad_norm:.4g}); "
+                    f"step {step}: skipped, no update (loss {result.loss:.4g}, gradient norm {result.grad_norm:.4g}); "
                     f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
                 )
             val_loss = engine.evaluate() if step % s.eval_interval == 0 or last else None
             if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers:
                 memory = _max_over_ranks(peak_memory_gib())
-                _log(
-                    logger,
-                    step,
-                    loss=loss,
-                    lr=lr,
-                    grad_norm=grad_norm,
-                    step_time_s=step_time,
-                    val_loss=val_loss,
-                    peak_memory=memory,
-                    skipped_steps=skips.total,
-                    stragglers=stragglers,
-                )
+                if logger is not None:  # rank 0's
+                    logger.log(
+                        step,
+                        result,
+                        step_time_s=step_time,
+                        skipped_steps=skips.total,
+                        val_loss=val_loss,
+                        peak_memory=memory,
+                        stragglers=stragglers,
+                    )
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
     finally:
         health.close()
@@ -253,10 +253,3 @@ def _metrics_logger(engine: Engine, start_step: int, console: Console) -> Metric
         tensorboard=cfg.logging.tensorboard,
         console=console,
     )
-
-
-def _log(logger: MetricsLogger | None, step: int, **values) -> None:
-    """Record a step on rank 0 (the others hold no logger); absent training values are null."""
-    if logger is not None:
-        absent = {"loss": None, "lr": None, "grad_norm": None, "step_time_s": None, "skipped_steps": None}
-        logger.log(step, **{**absent, **values})

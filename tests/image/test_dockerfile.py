@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from trainer.contract.image import efa_environment, image_pins
-from trainer.launch.netplugin import resolve, search_dirs
+from trainer.preflight.netplugin import resolve, search_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text()
@@ -104,4 +104,4 @@ def test_the_build_checks_the_tested_set_and_the_plugin_in_the_image():
     code = "\n".join(final)
     assert "import transformer_engine.pytorch, megatron.core.extensions.transformer_engine" in code
     assert "python -m trainer.contract.compatibility" in code
-    assert "python -m trainer.launch.netplugin" in code
+    assert "python -m trainer.preflight.netplugin" in code

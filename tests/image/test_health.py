@@ -15,11 +15,11 @@ from moto.server import ThreadedMotoServer
 
 from tests.conftest import Imds
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
-from trainer.launch.checks import FAILED, OK, check_gpu_health
-from trainer.launch.gpu_health import read_gpus
 from trainer.launch.imds import IMDS_ENDPOINT_ENV
-from trainer.launch.preflight import STATUS_FILE_ENV
-from trainer.launch.quarantine import instance_identity, take_out_of_service
+from trainer.preflight.checks import FAILED, OK, check_gpu_health
+from trainer.preflight.command import STATUS_FILE_ENV
+from trainer.preflight.gpu_health import read_gpus
+from trainer.preflight.quarantine import instance_identity, take_out_of_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]

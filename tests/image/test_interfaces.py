@@ -3,8 +3,8 @@ listing recorded in docker-library/cassandra#223: ecs-eth0 169.254.172.8/22 is l
 
 from trainer.contract.catalog import instance_type
 from trainer.contract.image import efa_environment
-from trainer.launch.checks import FAILED, OK, SKIPPED, check_bootstrap_interface
-from trainer.launch.interfaces import bootstrap_interface, matches
+from trainer.preflight.checks import FAILED, OK, SKIPPED, check_bootstrap_interface
+from trainer.preflight.interfaces import bootstrap_interface, matches
 
 AWSVPC_TASK = [("lo", "127.0.0.1"), ("ecs-eth0", "169.254.172.8"), ("eth0", "10.0.0.212")]
 P5 = instance_type("p5.48xlarge")

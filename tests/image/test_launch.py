@@ -9,7 +9,8 @@ import pytest
 
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
-from trainer.launch.batch import LaunchError, Rendezvous, rendezvous_from_env
+from trainer.launch.batch import rendezvous_from_env
+from trainer.launch.torchrun import LaunchError, Rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainer.contract.catalog import instance_type
-from trainer.launch.checks import FAILED, OK, check_nccl_network
-from trainer.launch.nccl_log import ProviderSelection, nccl_network, provider_selections
+from trainer.preflight.checks import FAILED, OK, check_nccl_network
+from trainer.preflight.nccl_log import ProviderSelection, nccl_network, provider_selections
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "aws_ofi_nccl_provider_formats.json").read_text())
 NCCL_INFO = "%s:%d:%d [%d] NCCL INFO "  # NVIDIA/nccl src/debug.cc

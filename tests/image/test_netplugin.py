@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.launch.netplugin import plugin_library_names, resolve, search_dirs
+from trainer.preflight.netplugin import plugin_library_names, resolve, search_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def test_loader_order_is_ld_library_path_then_cache_then_defaults(tmp_path):
 def test_the_build_check_fails_where_the_plugin_is_absent():
     """This machine has no EFA installer: the image-build check must refuse, naming what it looked for."""
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.launch.netplugin"],
+        [sys.executable, "-m", "trainer.preflight.netplugin"],
         cwd=ROOT,
         env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"},
         capture_output=True,

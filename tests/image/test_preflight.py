@@ -12,7 +12,7 @@ import pytest
 
 from trainer.contract.catalog import instance_type
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
-from trainer.launch.checks import (
+from trainer.preflight.checks import (
     FAILED,
     OK,
     SKIPPED,
@@ -22,9 +22,9 @@ from trainer.launch.checks import (
     check_efa_devices,
     check_gpus,
 )
-from trainer.launch.pairwise import judge, pair_rounds
-from trainer.launch.preflight import STATUS_FILE_ENV
-from trainer.launch.storage import lustre_problem, parse_mountinfo, unseen_tokens, write_token
+from trainer.preflight.command import STATUS_FILE_ENV
+from trainer.preflight.pairwise import judge, pair_rounds
+from trainer.preflight.storage import lustre_problem, parse_mountinfo, unseen_tokens, write_token
 
 ROOT = Path(__file__).resolve().parents[2]
 P5 = instance_type("p5.48xlarge")

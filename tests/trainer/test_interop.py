@@ -455,7 +455,7 @@ def test_score_data_windows_are_the_token_stream_in_file_order(tiny_corpus):
     import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from trainer.interop.score import _windows
+    from trainer.evaluation.score import _windows
 
     stream = np.memmap(tiny_corpus + ".bin", dtype=IndexedDataset(tiny_corpus).index.dtype, mode="r")
     windows = _windows(Namespace(data=tiny_corpus, samples=3, seq_length=None), 16)

@@ -28,7 +28,7 @@ from trainer.bench.report import add_memory_results, add_result, machine
 from trainer.bench.training import ROOT, BenchError, Layout, run_worker, step_seconds, tokens_per_s
 from trainer.data.prepare import default_workers, prepare_dataset
 from trainer.distributed import fast_path
-from trainer.launch.batch import Rendezvous
+from trainer.launch.torchrun import Rendezvous
 from trainer.metrics import peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
 from trainer.plan.search import vocab_size

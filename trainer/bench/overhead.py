@@ -75,8 +75,8 @@ def trainer_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float
     logged: list[float] = []
     log = metrics.MetricsLogger.log
 
-    def timed_log(self, step, **values):
-        result = log(self, step, **values)
+    def timed_log(self, *args, **values):
+        result = log(self, *args, **values)
         logged.append(time.perf_counter())
         return result
 

@@ -1,10 +1,14 @@
 """The contract between infra/, image/ and the trainer: torch-free facts each side reads and none keeps a copy of.
 
-    catalog     GPU instance types: GPUs, memory, EFA interfaces, peak FLOP/s, bandwidth (launch template, job
-                definition, MFU, planner, preflight)
-    image       the image's settings files: NCCL/EFA environment (efa.env), version pins (versions.env)
-    container   paths inside the container and the default command (container.env)
-    outputs     the names of the stack outputs the job tools read
+    catalog        GPU instance types: GPUs, memory, EFA interfaces, peak FLOP/s, bandwidth (launch template, job
+                   definition, MFU, planner, preflight)
+    image          the image's settings files: NCCL/EFA environment (efa.env), version pins (versions.env)
+    container      paths inside the container, the default command and the stop grace (container.env)
+    compatibility  whether the installed torch, TransformerEngine and megatron-core form the image's pinned set
+    metrics        every metric the trainer exports, defined once (exporters, alert rules, the stack's alarms)
+    outputs        the names of the stack outputs the job tools read
+    retry          the exit code that asks for a retry on fresh hosts
+    stack          which cluster a stack describes, from its checked-in Pulumi.<env>.yaml
 
 infra/ imports the trainer only through this package, and trainer/ imports nothing from infra/.
 """

@@ -71,7 +71,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     )
 }
 
-# The preflight times an all-reduce of this many bytes on GPUs (trainer/launch/preflight.py) and compares its
+# The preflight times an all-reduce of this many bytes on GPUs (trainer/preflight/command.py) and compares its
 # nccl-tests bus bandwidth with the floor below, which is taken at the same message size.
 ALLREDUCE_MESSAGE_BYTES = 256 * 2**20
 # A floor is this fraction of the lowest published 2-node nccl-tests all_reduce_perf bus bandwidth at that size:

@@ -14,3 +14,5 @@ DATASETS_DIR: str = _SETTINGS["TRAINSTACK_DATASETS_DIR"]  # linked to the datase
 CHECKPOINTS_DIR: str = _SETTINGS["TRAINSTACK_CHECKPOINT_ROOT"]
 DEFAULT_CONFIG: str = _SETTINGS["TRAINSTACK_DEFAULT_CONFIG"]  # relative to the image's working directory
 DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]
+# After SIGTERM, how long the ranks get to save and exit before the supervisor kills them.
+STOP_GRACE_SECONDS: int = int(_SETTINGS["TRAINSTACK_STOP_GRACE_SECONDS"])

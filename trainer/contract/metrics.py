@@ -75,7 +75,7 @@ TOKENS_PER_SECOND = Metric(
 MODEL_FLOPS = Metric(
     "model_flops_per_second_per_device",
     "gauge",
-    "Model FLOP/s per device (Megatron's formula, trainer/arithmetic.py)",
+    "Model FLOP/s per device (Megatron's formula, trainer/model/flops.py)",
     RUN_LABELS,
     cloudwatch="ModelFlopsPerSecondPerDevice",
     cloudwatch_unit="Count/Second",

@@ -1,5 +1,14 @@
 """Data for the trainer: text/JSONL -> tokenizer -> Megatron indexed dataset (.bin/.idx) -> GPT samples.
 
+    prepare    `python -m trainer prepare`: documents to a tokenized, indexed dataset with its manifest
+    sources    where documents come from: files, directories, JSONL, the Python standard library
+    tokenizer  byte-level BPE training, Hugging Face tokenizer.json reading
+    indexed    the .bin/.idx files, written with numpy alone
+    manifest   PREFIX.manifest.json: what a dataset was made from and what it holds
+    datasets   GPT samples through megatron-core's GPTDataset and blended builder; the data checks
+    sampler    micro-batches for one data-parallel rank from a position in the sample stream
+    loader     a run's train and validation samples and each rank's micro-batch streams
+
 This package stays import-light (no torch, no megatron-core) so `prepare --help` and its cache check are instant;
 the modules that need megatron-core import it where they use it.
 """

@@ -3,7 +3,7 @@ objects in trainer/model/llama.py (TransformerConfig), trainer/distributed/paral
 trainer/distributed/optimizer.py (OptimizerConfig).
 
 - `accelerator()`: whether TransformerEngine is installed and the GPU's compute capability, which
-  trainer/config.py's `accelerator_problems` checks the config against before any process group starts;
+  trainer/config/checks.py's `accelerator_problems` checks the config against before any process group starts;
 - `initialize_tp_communicators()`: TransformerEngine's userbuffers for `parallel.tp_comm_overlap`;
 - `this_context_parallel_rank()`: this CP rank's two chunks of every sequence;
 - `weights_gathered()`: with `parallel.overlap_param_gather` the updated weights arrive during the next forward,

@@ -1,11 +1,14 @@
 """Training engines: what does one optimizer step, evaluates, saves and loads, behind one interface.
 
-    megatron    megatron-core: tensor, pipeline and data parallel (1F1B, interleaved), distributed optimizer
-    deepspeed   DeepSpeed ZeRO stage 1-3 data parallel of the same model (TP = PP = 1)
+    megatron          megatron-core: tensor, pipeline and data parallel (1F1B, interleaved), distributed optimizer
+    deepspeed         DeepSpeed ZeRO stage 1-3 data parallel of the same model (TP = PP = 1)
+    deepspeed_config  the DeepSpeed config derived from the trainer's, merged with raw `deepspeed:` keys
+    step              StepResult: what one optimizer step reports
 
 The loop in trainer/train.py knows only `Engine`, and its checkpoints only through the checkpointer
-(trainer/checkpoint/checkpointer.py), which calls the engine's `save` and `load`. A new engine is a module here with a `build(cfg, dims)` that
-returns one, a value of `engine:` in trainer/config.py, and its checkpoint format in trainer/checkpoint/.
+(trainer/checkpoint/checkpointer.py), which calls the engine's `save` and `load`. A new engine is a module here
+with a `build(cfg, dims)` that returns one, a value of `engine:` in trainer/config/schema.py, and its checkpoint
+format in trainer/checkpoint/.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from trainer.engines.step import StepResult
 
 if TYPE_CHECKING:
     from trainer.checkpoint.record import ModelRecord
@@ -33,11 +38,8 @@ class Engine(Protocol):
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         """This rank's micro-batch streams over the training samples, from consumed_samples on."""
 
-    def train_step(
-        self, batches: list[Iterator[dict]], step: int | None = None
-    ) -> tuple[float, float, float, bool]:
-        """One optimizer step over a global batch: (mean loss per token, gradient norm before clipping, the LR the
-        step used, whether it was skipped). `step` is where TRAINSTACK_FAULT's step faults strike."""
+    def train_step(self, batches: list[Iterator[dict]], step: int | None = None) -> StepResult:
+        """One optimizer step over a global batch. `step` is where TRAINSTACK_FAULT's step faults strike."""
 
     def evaluate(self) -> float:
         """Mean loss per token over the validation samples (the same ones every time)."""

@@ -39,6 +39,7 @@ from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_scheduler
 from trainer.engines.deepspeed_config import derived_config, merged_config
+from trainer.engines.step import StepResult
 from trainer.model import llama, loss, weights
 
 # DeepSpeed logs its whole config and every ZeRO bucket at INFO; the trainer's console says what matters.
@@ -68,9 +69,7 @@ class DeepSpeedEngine:
     def micro_batches_per_step(self) -> int:
         return self.engine.gradient_accumulation_steps()
 
-    def train_step(
-        self, batches: list[Iterator], step: int | None = None
-    ) -> tuple[float, float, float, bool]:
+    def train_step(self, batches: list[Iterator], step: int | None = None) -> StepResult:
         """One optimizer step over a global batch; the mean loss, the gradient norm before clipping, the LR used,
         and whether DeepSpeed skipped the update (its overflow check; TRAINSTACK_FAULT's step faults are the
         megatron engine's, so `step` goes unused)."""
@@ -92,7 +91,7 @@ class DeepSpeedEngine:
         skipped = not self.engine.was_step_applied()
         if not skipped:
             self.scheduler.step(increment=1)
-        return loss.global_mean(totals), float(self.engine.get_global_grad_norm()), lr, skipped
+        return StepResult(loss.global_mean(totals), float(self.engine.get_global_grad_norm()), lr, skipped)
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -32,6 +32,7 @@ from trainer.contract import metrics as metric
 from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
+from trainer.engines.step import StepResult
 from trainer.model import llama, loss
 from trainer.monitoring import monitor as monitoring
 
@@ -56,9 +57,7 @@ class MegatronEngine:
     def train_batches(self, consumed_samples: int) -> list[Iterator[dict]]:
         return self._batches(self.train_data, consumed_samples)
 
-    def train_step(
-        self, batches: list[Iterator], step: int | None = None
-    ) -> tuple[float, float, float, bool]:
+    def train_step(self, batches: list[Iterator], step: int | None = None) -> StepResult:
         """One optimizer step over a global batch: micro-batches through the pipeline, then clip and AdamW."""
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
@@ -74,10 +73,12 @@ class MegatronEngine:
         self.optimizer.prepare_grads()  # gradients were reduced over DP in finalize_model_grads
         grad_norm = float(self.optimizer.get_grad_norm())
         if not faults.SkipCounter.finite(mean_loss, grad_norm):
-            return mean_loss, grad_norm, lr, True  # megatron's bf16 path has no grad scaler to catch it
+            return StepResult(
+                mean_loss, grad_norm, lr, skipped=True
+            )  # megatron's bf16 path has no grad scaler
         self.apply_gradients(grad_norm)
         self.scheduler.step(increment=1)
-        return mean_loss, grad_norm, lr, False
+        return StepResult(mean_loss, grad_norm, lr, skipped=False)
 
     def apply_gradients(self, grad_norm: float) -> None:
         """Clip the prepared gradients by their global norm (computed once, in train_step), then AdamW."""

@@ -1,1 +1,10 @@
-"""Runs on a stack's cluster: submit the trainer as an AWS Batch multi-node job, follow it, push images and data."""
+"""Runs on a stack's cluster: submit the trainer as an AWS Batch multi-node job, follow it, push images and data.
+
+submit   `make train STACK=<env>`: checks, then a Batch multi-node job
+job      status, logs and cancel of a stack's training jobs
+smoke    a two-node preflight job that proves a new stack
+push     the image to the stack's ECR repository
+upload   a prepared dataset to the stack's datasets bucket
+outputs  a stack's outputs (`pulumi stack output`, or a file)
+aws      boto3 clients for a stack's region, with adaptive retries
+"""

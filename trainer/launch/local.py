@@ -13,7 +13,7 @@ import sys
 import torch
 
 from trainer.config import TrainConfig
-from trainer.launch.batch import MASTER_PORT, Rendezvous, supervise, torchrun_command
+from trainer.launch.torchrun import MASTER_PORT, Rendezvous, supervise, torchrun_command
 
 
 def under_torchrun() -> bool:

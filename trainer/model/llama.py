@@ -38,7 +38,7 @@ except ImportError:
 
 def transformer_config(cfg: TrainConfig, device: str) -> TransformerConfig:
     """megatron-core's TransformerConfig for `cfg` (the GPU fast path's keys by their megatron-core names;
-    trainer/config.py has refused those this device cannot run before this is called)."""
+    trainer/config/checks.py has refused those this device cannot run before this is called)."""
     m, p = cfg.model, cfg.parallel
     fused = device == "cuda" and HAVE_TRANSFORMER_ENGINE  # megatron's fused kernels need CUDA
     recompute = {"none": {}, "selective": {"recompute_granularity": "selective"}}.get(

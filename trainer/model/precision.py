@@ -65,7 +65,7 @@ def choose_precision(device: Literal["cpu", "cuda"]) -> PrecisionChoice:
 
 
 class PrecisionSetting(Protocol):
-    """What precision_note reads of a TrainConfig (trainer/config.py resolves `auto` through this module)."""
+    """What precision_note reads of a TrainConfig (trainer/config/load.py resolves `auto` through this module)."""
 
     precision: str
     precision_choice: PrecisionChoice | None

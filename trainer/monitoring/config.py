@@ -1,4 +1,4 @@
-"""The trainer config's `monitoring:` section (trainer/config.py holds it as `TrainConfig.monitoring`)."""
+"""The trainer config's `monitoring:` section (trainer/config/schema.py holds it as `TrainConfig.monitoring`)."""
 
 from __future__ import annotations
 

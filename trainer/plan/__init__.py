@@ -1,5 +1,5 @@
 """The planner: which parallel layout to train a config with on a stack, how much memory each GPU needs, and how
-long and how much the run takes. Imports no torch (like trainer/config.py), so it runs anywhere.
+long and how much the run takes. Imports no torch (like trainer/config/), so it runs anywhere.
 
     memory.py       per-GPU memory of a layout, as this trainer allocates it
     performance.py  step time: compute, pipeline bubble, tensor/pipeline/data-parallel communication

@@ -1,6 +1,6 @@
 """Every layout `train` accepts for a config on N nodes of an instance type, estimated and ranked.
 
-A layout is a value for each of trainer/config.py's LAYOUT_KEYS. The keys the search may change are the free
+A layout is a value for each of trainer/config/load.py's LAYOUT_KEYS. The keys the search may change are the free
 ones (those the config marks `auto`, or all of them); the others keep the config's value. Each candidate passes
 `layout_problems` (the check `train` runs before starting), with TP inside a node; sequence parallelism is on
 whenever TP > 1 (less activation memory for the same communication volume). When both TP and PP are free, the

@@ -1,7 +1,7 @@
 """`python -m trainer preflight`: is every node fit to train? Run on every rank by `trainer launch` before training,
 and by `make smoke` as a job of its own.
 
-Checks (trainer/launch/checks.py), against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the Batch job
+Checks (trainer/preflight/checks.py), against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the Batch job
 definition): the GPUs CUDA sees and their NVML health, the EFA devices passed into the container, the interface NCCL
 bootstraps over, the checkpoint root (on /fsx in the cluster: Lustre, writable), an all-reduce across every rank
 against the catalog's bus bandwidth floor (below it, a pairwise test names the slow node), a token each node
@@ -9,7 +9,7 @@ writes under the checkpoint root and every other node reads, and NCCL's choice o
 On CPU it runs what applies (gloo all-reduce, checkpoint root, shared tokens) and says what it skipped.
 
 Rank 0 prints one line per node and check. A node whose own hardware or mounts failed takes itself out of service
-(trainer/launch/quarantine.py) and every rank exits with NODE_FAULT, which the job's retry strategy retries on
+(trainer/preflight/quarantine.py) and every rank exits with NODE_FAULT, which the job's retry strategy retries on
 fresh hosts; other failures (configuration, image) exit 1.
 """
 
@@ -22,7 +22,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from trainer.contract.catalog import ALLREDUCE_MESSAGE_BYTES, InstanceType, inst
 from trainer.contract.container import FSX_MOUNT
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT  # a node unfit to train
-from trainer.launch.checks import (
+from trainer.preflight.checks import (
     FAILED,
     OK,
     SKIPPED,
@@ -44,9 +44,9 @@ from trainer.launch.checks import (
     check_gpus,
     check_nccl_network,
 )
-from trainer.launch.interfaces import system_interfaces
-from trainer.launch.pairwise import judge, measure_pairs, pair_rounds
-from trainer.launch.storage import MOUNTINFO, unseen_tokens, write_token
+from trainer.preflight.interfaces import system_interfaces
+from trainer.preflight.pairwise import judge, measure_pairs, pair_rounds
+from trainer.preflight.storage import MOUNTINFO, unseen_tokens, write_token
 
 NCCL_LOG_PATTERN = "trainstack-preflight-nccl.%h.%p.log"
 # Where each node's local rank 0 writes the exit status (`trainer launch` sets it and returns that status).
@@ -105,7 +105,7 @@ def _local_checks(
     if cuda:
         import pynvml
 
-        from trainer.launch.gpu_health import read_gpus
+        from trainer.preflight.gpu_health import read_gpus
 
         checks.append(check_gpu_health(read_gpus(pynvml), pynvml))
     else:
@@ -180,7 +180,7 @@ def _take_out_of_service(checks: list[Check]) -> Check | None:
     """On a node with a fault of its own, in Batch: leave service. Returns the check that says what happened."""
     if not any(c.status == FAILED and c.node_fault for c in checks):
         return None
-    from trainer.launch.quarantine import instance_identity, take_out_of_service
+    from trainer.preflight.quarantine import instance_identity, take_out_of_service
 
     try:
         instance_id, region = instance_identity()
@@ -189,111 +189,155 @@ def _take_out_of_service(checks: list[Check]) -> Check | None:
         return Check("out of service", FAILED, f"could not leave service: {error}", node_fault=True)
 
 
+@dataclass
+class Node:
+    """Where this process stands, and what the checks need of the world."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node: int  # torchrun's node rank
+    instance: InstanceType | None
+    cuda: bool
+
+
 def main(args: argparse.Namespace) -> int:
+    """The phases in order: this node's own checks, the network (all-reduce, bandwidth, a pairwise search for a
+    slow node), shared storage, NCCL's network choice, then quarantine and the report. Every rank runs every phase."""
     import torch
     import torch.distributed as dist
 
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    node = int(os.environ.get("GROUP_RANK", "0"))  # torchrun's node rank
     checks: list[Check] = []
+    here = _where_am_i(checks, torch.cuda.is_available())
+    if here.local_rank == 0:
+        checks += _local_checks(args, here.instance, torch.cuda.device_count() if here.cuda else 0, here.cuda)
+    log_dir = Path(tempfile.mkdtemp(prefix="trainstack-preflight-"))
+    if here.cuda:
+        torch.cuda.set_device(here.local_rank)
+        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
+        os.environ["NCCL_DEBUG_FILE"] = str(log_dir / NCCL_LOG_PATTERN)
+    backend = "nccl" if here.cuda else "gloo"
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+        nodes = _network_checks(args, here, checks, dist, torch)
+        _storage_checks(args, here, checks, dist, nodes)
+    except Exception as error:  # a broken network must be reported, not raised past the report
+        checks.append(
+            Check(
+                "all-reduce", FAILED, f"{backend} all-reduce across {here.world_size} ranks failed: {error}"
+            )
+        )
+    if here.local_rank == 0:
+        checks.append(_nccl_check(here, log_dir))
+    shutil.rmtree(log_dir, ignore_errors=True)
+    in_batch = "AWS_BATCH_JOB_ID" in os.environ and not args.no_quarantine
+    if here.local_rank == 0 and in_batch and (leaving := _take_out_of_service(checks)) is not None:
+        checks.append(leaving)
+    return _report(here, checks, dist)
+
+
+def _where_am_i(checks: list[Check], cuda: bool) -> Node:
     instance = None
     if name := os.environ.get("TRAINSTACK_INSTANCE_TYPE"):
         try:
             instance = instance_type(name)
         except KeyError as error:
             checks.append(Check("instance type", FAILED, f"TRAINSTACK_INSTANCE_TYPE: {error.args[0]}"))
-    cuda = torch.cuda.is_available()
-    if local_rank == 0:
-        checks += _local_checks(args, instance, torch.cuda.device_count() if cuda else 0, cuda)
+    return Node(
+        rank=int(os.environ.get("RANK", "0")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        node=int(os.environ.get("GROUP_RANK", "0")),
+        instance=instance,
+        cuda=cuda,
+    )
 
-    log_dir = Path(tempfile.mkdtemp(prefix="trainstack-preflight-"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
-        os.environ["NCCL_DEBUG_FILE"] = str(log_dir / NCCL_LOG_PATTERN)
-    backend = "nccl" if cuda else "gloo"
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+def _network_checks(args: argparse.Namespace, here: Node, checks: list[Check], dist, torch) -> int:
+    """The all-reduce across every rank against the catalog's floor, and below it the pairwise search; the
+    number of nodes."""
+    rank, cuda, instance = here.rank, here.cuda, here.instance
+    device = torch.device("cuda", here.local_rank) if cuda else torch.device("cpu")
     size_bytes = (
         int(args.size_mb * 2**20) if args.size_mb else (ALLREDUCE_MESSAGE_BYTES if cuda else 4 * 2**20)
     )
     floor = instance.bus_bandwidth_floor if instance and cuda else None
     floor_gbps = args.floor_gbps or (floor.floor_gbps if floor else None)
     floor_source = "--floor-gbps" if args.floor_gbps else (floor.source if floor else "")
-    try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
-        placement: list = [None] * world_size
-        dist.all_gather_object(placement, (rank, node))
-        node_of_rank = dict(placement)
-        nodes = len(set(node_of_rank.values()))
-        bandwidth, seconds = _time_all_reduce(dist, torch, device, size_bytes, args.iters)
-        if rank == 0:
-            checks.append(
-                Check(
-                    "all-reduce",
-                    OK,
-                    f"{backend}, {world_size} ranks on {nodes} nodes, {size_bytes / 2**20:.0f} MiB: "
-                    f"{seconds * 1e3:.2f} ms, bus bandwidth {bandwidth:.2f} GB/s",
-                )
-            )
-        if nodes >= 2 and floor_gbps:
-            below = bandwidth < floor_gbps
-            if rank == 0:
-                checks.append(check_bandwidth(bandwidth, floor_gbps, floor_source))
-            if below:
-                (slow, unexplained), pairs = _pairwise(
-                    dist, torch, device, args, node_of_rank, node, floor_gbps, size_bytes
-                )
-                measured = ", ".join(f"nodes {a}+{b} {bw:.1f} GB/s" for (a, b), bw in sorted(pairs.items()))
-                if node in slow and local_rank == 0:
-                    checks.append(
-                        Check("slow node", FAILED, f"below the floor in every pair: {measured}", True)
-                    )
-                if rank == 0 and unexplained:
-                    checks.append(
-                        Check(
-                            "slow pairs",
-                            FAILED,
-                            f"{measured}; pairs {unexplained} cannot be pinned on one node (two nodes, or more than "
-                            "one slow): run make smoke on more nodes",
-                        )
-                    )
-        elif rank == 0:
-            checks.append(Check("bandwidth", SKIPPED, "one node, or no floor: NVLink/shared memory only"))
-        if nodes >= 2:
-            # A node's AWS_BATCH_JOB_ID may carry its node index (<job>#<node>): the directory must be the job's.
-            job = os.environ.get("AWS_BATCH_JOB_ID", "").partition("#")[0] or "local"
-            attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT") or os.environ.get("MASTER_PORT", "0")
-            shared = args.shared_dir or args.checkpoint_root.resolve() / ".preflight" / f"{job}-{attempt}"
-            if (storage := _shared_storage(dist, shared, node, nodes, local_rank)) is not None:
-                checks.append(storage)
-            dist.barrier()
-            if args.shared_dir is None and rank == 0:
-                shutil.rmtree(shared, ignore_errors=True)
-        elif local_rank == 0:
-            checks.append(Check("shared storage", SKIPPED, "one node"))
-    except Exception as error:  # a broken network must be reported, not raised past the report
+    placement: list = [None] * here.world_size
+    dist.all_gather_object(placement, (rank, here.node))
+    node_of_rank = dict(placement)
+    nodes = len(set(node_of_rank.values()))
+    bandwidth, seconds = _time_all_reduce(dist, torch, device, size_bytes, args.iters)
+    if rank == 0:
         checks.append(
-            Check("all-reduce", FAILED, f"{backend} all-reduce across {world_size} ranks failed: {error}")
+            Check(
+                "all-reduce",
+                OK,
+                f"{dist.get_backend()}, {here.world_size} ranks on {nodes} nodes, {size_bytes / 2**20:.0f} MiB: "
+                f"{seconds * 1e3:.2f} ms, bus bandwidth {bandwidth:.2f} GB/s",
+            )
         )
-    if cuda and local_rank == 0:
-        log_text = "".join(path.read_text(errors="replace") for path in log_dir.glob("*.log"))
-        checks.append(check_nccl_network(instance, log_text))
-    elif local_rank == 0:
-        checks.append(Check("nccl network", SKIPPED, "gloo on CPU: NCCL and EFA not used"))
-    shutil.rmtree(log_dir, ignore_errors=True)
+    if nodes >= 2 and floor_gbps:
+        below = bandwidth < floor_gbps
+        if rank == 0:
+            checks.append(check_bandwidth(bandwidth, floor_gbps, floor_source))
+        if below:
+            (slow, unexplained), pairs = _pairwise(
+                dist, torch, device, args, node_of_rank, here.node, floor_gbps, size_bytes
+            )
+            measured = ", ".join(f"nodes {a}+{b} {bw:.1f} GB/s" for (a, b), bw in sorted(pairs.items()))
+            if here.node in slow and here.local_rank == 0:
+                checks.append(Check("slow node", FAILED, f"below the floor in every pair: {measured}", True))
+            if rank == 0 and unexplained:
+                checks.append(
+                    Check(
+                        "slow pairs",
+                        FAILED,
+                        f"{measured}; pairs {unexplained} cannot be pinned on one node (two nodes, or more than "
+                        "one slow): run make smoke on more nodes",
+                    )
+                )
+    elif rank == 0:
+        checks.append(Check("bandwidth", SKIPPED, "one node, or no floor: NVLink/shared memory only"))
+    return nodes
 
-    in_batch = "AWS_BATCH_JOB_ID" in os.environ and not args.no_quarantine
-    if local_rank == 0 and in_batch and (leaving := _take_out_of_service(checks)) is not None:
-        checks.append(leaving)
+
+def _storage_checks(args: argparse.Namespace, here: Node, checks: list[Check], dist, nodes: int) -> None:
+    """Across nodes: every node reads the token each other node wrote under the checkpoint root."""
+    if nodes < 2:
+        if here.local_rank == 0:
+            checks.append(Check("shared storage", SKIPPED, "one node"))
+        return
+    # A node's AWS_BATCH_JOB_ID may carry its node index (<job>#<node>): the directory must be the job's.
+    job = os.environ.get("AWS_BATCH_JOB_ID", "").partition("#")[0] or "local"
+    attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT") or os.environ.get("MASTER_PORT", "0")
+    shared = args.shared_dir or args.checkpoint_root.resolve() / ".preflight" / f"{job}-{attempt}"
+    if (storage := _shared_storage(dist, shared, here.node, nodes, here.local_rank)) is not None:
+        checks.append(storage)
+    dist.barrier()
+    if args.shared_dir is None and here.rank == 0:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _nccl_check(here: Node, log_dir: Path) -> Check:
+    """NCCL's choice of network, from the log the all-reduce left (GPUs only)."""
+    if not here.cuda:
+        return Check("nccl network", SKIPPED, "gloo on CPU: NCCL and EFA not used")
+    log_text = "".join(path.read_text(errors="replace") for path in log_dir.glob("*.log"))
+    return check_nccl_network(here.instance, log_text)
+
+
+def _report(here: Node, checks: list[Check], dist) -> int:
+    """Every rank's checks gathered; rank 0 prints one line per node and check; the exit status, agreed."""
     host = socket.gethostname()
-    rows = [dict(asdict(c), host=host, node=node) for c in checks]
+    rows = [dict(asdict(c), host=host, node=here.node) for c in checks]
     if dist.is_initialized():
-        gathered: list = [None] * world_size
+        gathered: list = [None] * here.world_size
         dist.all_gather_object(gathered, rows)
         rows = [row for rank_rows in gathered for row in rank_rows]
     status = _exit_status(rows)
-    if rank == 0:
+    if here.rank == 0:
         for row in sorted(rows, key=lambda r: r["node"]):
             print(
                 f"preflight {row['status']:>7}  node {row['node']} {row['host']:<20} {row['name']:<16} "
@@ -302,7 +346,7 @@ def main(args: argparse.Namespace) -> int:
             )
         verdict = {0: "passed", 1: "FAILED", NODE_FAULT: f"FAILED: node fault, exit {NODE_FAULT} (retry)"}
         print("preflight: " + verdict[status], flush=True)
-    if local_rank == 0 and (status_file := os.environ.get(STATUS_FILE_ENV)):
+    if here.local_rank == 0 and (status_file := os.environ.get(STATUS_FILE_ENV)):
         Path(status_file).write_text(str(status))
     if dist.is_initialized():
         dist.barrier()  # torchrun stops the other ranks as soon as one exits non-zero: report first

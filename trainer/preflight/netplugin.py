@@ -1,4 +1,4 @@
-"""`python -m trainer.launch.netplugin`: does NCCL find the network plugin that image/efa.env asks for?
+"""`python -m trainer.preflight.netplugin`: does NCCL find the network plugin that image/efa.env asks for?
 
 NCCL opens its network plugin as NVIDIA/nccl src/plugin/plugin_open.cc does (openPluginLib): dlopen() of
 NCCL_NET_PLUGIN as given (libnccl-net.so when unset or empty); when that fails and the value holds no '/' and is not

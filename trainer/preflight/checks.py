@@ -13,10 +13,10 @@ from types import ModuleType
 
 from trainer.contract.catalog import InstanceType
 from trainer.contract.image import efa_environment
-from trainer.launch.gpu_health import GpuReading, problems
-from trainer.launch.interfaces import bootstrap_interface, is_link_local
-from trainer.launch.nccl_log import nccl_network, provider_selections
-from trainer.launch.storage import lustre_problem
+from trainer.preflight.gpu_health import GpuReading, problems
+from trainer.preflight.interfaces import bootstrap_interface, is_link_local
+from trainer.preflight.nccl_log import nccl_network, provider_selections
+from trainer.preflight.storage import lustre_problem
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
 EFA_DEVICE_DIR = Path("/dev/infiniband")

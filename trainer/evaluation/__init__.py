@@ -1,0 +1,5 @@
+"""Measuring a trained model apart from training it.
+
+score       `python -m trainer score`: mean loss per token and perplexity of a checkpoint on given tokens or
+            a prepared dataset's token stream
+"""

@@ -1,0 +1,156 @@
+"""torchrun for every backend: the rendezvous, its command line, and the supervisor that runs it.
+
+A backend (trainer/launch/batch.py for AWS Batch; local.py on the machine at hand) says where a node stands in the
+job (`Rendezvous`); `torchrun_command` runs `python -m trainer <verb>` on each of its devices, and `supervise` watches
+torchrun: SIGTERM goes to the ranks, which save and exit 0, so torchrun exits 0 too; after the stop grace
+(image/container.env TRAINSTACK_STOP_GRACE_SECONDS) the ranks left are killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.contract import retry
+from trainer.contract.container import STOP_GRACE_SECONDS
+
+MASTER_PORT = 29500
+# The preflight gets its own port so its store never collides with the training run's.
+PREFLIGHT_PORT = MASTER_PORT + 1
+
+
+class LaunchError(ValueError):
+    """A node variable or option that cannot form a rendezvous."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    nnodes: int
+    node_rank: int
+    master_addr: str | None  # None: a single node, torchrun --standalone
+
+    def torchrun_args(self, nproc_per_node: int, port: int, max_restarts: int) -> list[str]:
+        common = [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
+        if self.master_addr is None:
+            return ["--standalone", *common]
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={port}",
+            *common,
+        ]
+
+
+def devices_per_node() -> int:
+    import torch  # imported here: the launcher's other paths need no torch
+
+    return torch.cuda.device_count()
+
+
+def torchrun_command(
+    rdzv: Rendezvous, nproc: int, port: int, max_restarts: int, verb: list[str]
+) -> list[str]:
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun, *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
+
+
+def add_supervision_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the process that starts torchrun and watches it (here, and `train` outside torchrun)."""
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=int(os.environ.get("TRAINSTACK_MAX_RESTARTS", "0")),
+        help="restart every rank this many times after one fails; each restart resumes from the newest "
+        "checkpoint (also TRAINSTACK_MAX_RESTARTS; default 0)",
+    )
+    parser.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=float(os.environ.get("TRAINSTACK_STOP_GRACE_SECONDS", STOP_GRACE_SECONDS)),
+        help="after SIGTERM, how long the ranks get to reach a step boundary, save and exit before they are "
+        f"killed (also TRAINSTACK_STOP_GRACE_SECONDS; default {STOP_GRACE_SECONDS}, image/container.env)",
+    )
+
+
+def supervise(command: list[str], stop_grace_seconds: float) -> int:
+    """Run torchrun and return its exit status. SIGTERM is passed to the ranks, not to torchrun: each rank saves
+    at the next step boundary and exits 0, and torchrun, seeing every rank succeed, exits 0 (signalled itself, it
+    would raise and exit 1). Ranks still running `stop_grace_seconds` later are killed, torchrun first so that it
+    cannot restart them. SIGINT (Ctrl-C) reaches every process from the terminal; this one just waits."""
+    import psutil  # the image and the training requirements have it; the launcher's dry run needs none
+
+    # torch 2.13 keeps one rendezvous store across restarts, so restarted ranks could read the dead ones'
+    # addresses (pytorch/pytorch#135712): a store per rendezvous round instead.
+    environment = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **os.environ}
+    # A rank that exits for a retry says so here; torchrun itself exits 1 (trainer/contract/retry.py).
+    exit_request = Path(tempfile.mkdtemp(prefix="trainstack-")) / "exit-request"
+    environment[retry.EXIT_REQUEST_ENV] = str(exit_request)
+    _adopt_orphans()
+    torchrun = subprocess.Popen(command, env=environment)
+    stopping = threading.Event()
+
+    def signal_all(processes: list[psutil.Process], sig: signal.Signals) -> None:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
+
+    def tree(recursive: bool) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return psutil.Process(torchrun.pid).children(recursive=recursive)
+        return []
+
+    def kill_after_grace() -> None:
+        try:
+            torchrun.wait(timeout=stop_grace_seconds)
+        except subprocess.TimeoutExpired:
+            print(
+                f"launch: the ranks did not stop within {stop_grace_seconds:g} s of SIGTERM; killing them "
+                "(the newest complete checkpoint stands)",
+                file=sys.stderr,
+                flush=True,
+            )
+            descendants = tree(recursive=True)
+            signal_all([psutil.Process(torchrun.pid), *descendants], signal.SIGKILL)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        print(
+            f"launch: SIGTERM: the ranks save at the next step boundary, then stop (grace {stop_grace_seconds:g} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Between restarts there are no ranks: then torchrun itself is told (and exits 1).
+        with contextlib.suppress(psutil.NoSuchProcess):
+            signal_all(tree(recursive=False) or [psutil.Process(torchrun.pid)], signal.SIGTERM)
+        threading.Thread(target=kill_after_grace, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    status = torchrun.wait()
+    # What is left is orphaned: a killed rank's children (megatron's checkpoint writer keeps a Manager process).
+    leftovers = psutil.Process().children(recursive=True)
+    signal_all(leftovers, signal.SIGKILL)
+    psutil.wait_procs(leftovers, timeout=10)
+    status = retry.supervised_status(status if status >= 0 else 128 - status, exit_request)
+    shutil.rmtree(exit_request.parent, ignore_errors=True)
+    return status
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux), so that it can end them."""
+    if sys.platform == "linux":
+        pr_set_child_subreaper = 36
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
