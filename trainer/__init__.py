@@ -1,25 +1,25 @@
 """trainstack's trainer: `python -m trainer <verb>` (__main__.py lists the verbs; docs/architecture.md the layers).
 
-    train       the `train` command and the engine-agnostic training loop
-    metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
-    faults      SIGTERM agreement, skipped steps, collective failures, and the tests' fault hook
-    arguments   argument types shared by the verbs
-    config      the typed config tree, its checks, the layout (ParallelDims) and the YAML/--set loader
-    engines     what does a step, evaluates, saves and loads: megatron, deepspeed
-    checkpoint  the checkpointer the loop calls, the background writer, the directory protocol, each format
-    model       the Llama model, its arithmetic, loss and precision
-    distributed process groups, optimizer, the fast path, megatron-core's CPU bridges
-    data        prepare, tokenizers, indexed datasets, samples and micro-batch streams
-    evaluation  measuring a trained model (score)
-    interop     Hugging Face and DeepSpeed checkpoints in and out
-    launch      torchrun, each backend's rendezvous, the supervisor
-    preflight   the checks every node passes before training
-    health      straggler windows and the hang watchdog
-    monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
-    contract    what infra/, image/ and the trainer share
-    jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
-    plan        the planner: layouts, memory, step time, cost
-    bench       `make bench` and `make bench-gpu`
+train       the `train` command and the engine-agnostic training loop
+metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
+faults      SIGTERM agreement, skipped steps, collective failures, and the tests' fault hook
+arguments   argument types shared by the verbs
+config      the typed config tree, its checks, the layout (ParallelDims) and the YAML/--set loader
+engines     what does a step, evaluates, saves and loads: megatron, deepspeed
+checkpoint  the checkpointer the loop calls, the background writer, the directory protocol, each format
+model       the Llama model, its arithmetic, loss and precision
+distributed process groups, optimizer, the fast path, megatron-core's CPU bridges
+data        prepare, tokenizers, indexed datasets, samples and micro-batch streams
+evaluation  measuring a trained model (score)
+interop     Hugging Face and DeepSpeed checkpoints in and out
+launch      torchrun, each backend's rendezvous, the supervisor
+preflight   the checks every node passes before training
+health      straggler windows and the hang watchdog
+monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
+contract    what infra/, image/ and the trainer share
+jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
+plan        the planner: layouts, memory, step time, cost
+bench       `make bench` and `make bench-gpu`
 """
 
 import warnings
