@@ -24,7 +24,7 @@ from trainer import engines, faults
 from trainer.arguments import positive_int
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.start import start_problems
-from trainer.checkpoint.store import CheckpointSaveError
+from trainer.checkpoint.store import CheckpointError, CheckpointSaveError
 from trainer.config import (
     ConfigError,
     ParallelDims,
@@ -125,7 +125,7 @@ def _work(
     parallel.initialize(cfg, dims)
     try:
         train(cfg, dims, console, fresh=fresh, stop=stop)
-    except (faults.TrainingStopped, CheckpointSaveError) as error:
+    except (faults.TrainingStopped, CheckpointError, CheckpointSaveError) as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")  # every rank raised it; rank 0 says so
         return 1
     except RuntimeError as error:

@@ -39,6 +39,14 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
     return path
 
 
+@pytest.fixture
+def single_process_group(tmp_path):
+    """torch.distributed over gloo in this process alone (world size 1), for the store's collectives."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
 def sealed_checkpoint(path: Path, val_loss: float | None = None) -> Path:
     """A directory as a finished save leaves it: a data file, then the manifest that lists it (with the validation
     loss at its step, where given)."""

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint import digest
 from trainer.checkpoint.megatron import saved_state
+from trainer.checkpoint.start import start_problems
 from trainer.checkpoint.store import (
     LATEST,
     MANIFEST,
@@ -16,7 +18,10 @@ from trainer.checkpoint.store import (
     checkpoint_name,
     latest_checkpoint,
     prune,
+    verify,
+    write_manifest,
 )
+from trainer.config import load_config
 
 from .conftest import ROOT, sealed_checkpoint
 
@@ -101,6 +106,69 @@ def test_retention_never_deletes_a_damaged_checkpoint_nor_counts_it_as_the_newes
     (tmp_path / "iter_0000300" / MANIFEST).unlink()  # the newest is damaged: the newest intact one stays
     assert prune(tmp_path, keep_last=1) == [tmp_path / "iter_0000100"]
     assert [path.name for path in checkpoint_dirs(tmp_path)] == ["iter_0000200", "iter_0000300"]
+
+
+def test_every_byte_of_the_runs_checkpoints_was_hashed_by_its_writer_and_matches(single):
+    for checkpoint in checkpoint_dirs(single.run_dir / "checkpoints"):
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+        assert not list(checkpoint.rglob("*" + digest.SIDE_SUFFIX))  # the writers' side files are gone
+        assert {name for name in files} == {
+            str(p.relative_to(checkpoint))
+            for p in checkpoint.rglob("*")
+            if p.is_file() and p.name != MANIFEST
+        }
+        for name, record in files.items():
+            assert record[digest.ALGORITHM] == digest.file_digest(checkpoint / name), name
+
+
+def test_the_writers_stream_hashes_what_a_read_hashes(tmp_path):
+    with digest.hashing_open(tmp_path / "shard.distcp", "wb") as stream:
+        stream.write(b"a" * 1000)
+        stream.write(memoryview(bytes(range(256)) * 4))
+    side = json.loads((tmp_path / ("shard.distcp" + digest.SIDE_SUFFIX)).read_text())
+    assert side == {"bytes": 2024, digest.ALGORITHM: digest.file_digest(tmp_path / "shard.distcp")}
+    with digest.hashing_open(tmp_path / "patched", "wb") as stream:
+        stream.write(b"header")
+        stream.seek(0)  # a writer that patches what it wrote: the streamed digest would be wrong, so none
+        stream.write(b"HEADER")
+    assert not (tmp_path / ("patched" + digest.SIDE_SUFFIX)).exists()
+    assert digest.record(tmp_path / "patched") == {
+        "bytes": 6,
+        digest.ALGORITHM: digest.file_digest(tmp_path / "patched"),
+    }
+
+
+def test_a_same_size_bit_flip_in_a_100_mb_shard_is_caught_on_load(tmp_path, single_process_group):
+    checkpoint = tmp_path / "iter_0000010"
+    checkpoint.mkdir()
+    with digest.hashing_open(checkpoint / "__0_0.distcp", "wb") as stream:
+        for _ in range(100):
+            stream.write(bytes(range(256)) * 4096)  # 1 MiB
+    write_manifest(checkpoint, 10)
+    assert verify(checkpoint) is None
+    with (checkpoint / "__0_0.distcp").open("r+b") as shard:
+        shard.seek(73 * 2**20 + 5)
+        byte = shard.read(1)[0]
+        shard.seek(-1, 1)
+        shard.write(bytes([byte ^ 0x10]))
+    assert latest_checkpoint(tmp_path) == checkpoint  # sizes agree: finding the newest does not read 100 MB
+    assert verify(checkpoint) == (
+        "__0_0.distcp does not hold what the save wrote (its digest differs: a changed or corrupted byte)"
+    )
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_is_refused_naming_each(tmp_path, tiny_config):
+    cfg = load_config(tiny_config, [f"checkpoint.dir={tmp_path}"])
+    newest, before = (sealed_checkpoint(tmp_path / checkpoint_name(step)) for step in (20, 10))
+    (newest / MANIFEST).unlink()
+    (before / "common.pt").write_bytes(b"wei")  # truncated
+    (problem,) = start_problems(cfg, cfg.model.model_copy(update={"vocab_size": 512}))
+    assert problem.startswith(f"{tmp_path} holds checkpoints and none is intact (")
+    assert "iter_0000010: common.pt is 3 bytes, the save wrote 7" in problem
+    assert "iter_0000020: no manifest.json" in problem
+    assert "make train FRESH=1" in problem and "Nothing was deleted" in problem
+    assert start_problems(cfg, cfg.model, fresh=True) == []  # FRESH=1 starts over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000010", "iter_0000020"]
 
 
 WRITER_QUEUE_PROBE = """

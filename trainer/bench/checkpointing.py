@@ -1,7 +1,8 @@
 """Checkpoint speed, measured inside a bench worker (trainer/bench/worker.py) on the production engine:
 
 - a synchronous save in the format of a run's interval saves (dp_reshardable under auto) (bytes, seconds:
-  throughput against the disk's write speed) and its load at the same layout;
+  throughput against the disk's write speed), the digest of its every byte checked over the ranks (what a load
+  checks first, and about what the writers spend hashing as they write) and its load at the same layout;
 - the stall of the background saves a run makes on its interval: the seconds each blocks training (its start:
   staging, the state dict, planning, the common state, forking the writer; its end: finalizing and publishing at
   a step boundary), each measured directly between barriers; how much slower the steps run while the writer
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint.store import Progress
+from trainer.checkpoint.store import Progress, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.engines.megatron import MegatronEngine
 
@@ -80,11 +81,16 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
     writer = Writer()
     writer.ready()  # as a run's checkpointer has it by its first save (trainer/checkpoint/writer.py)
     save_seconds, saved = _timed(lambda: run.save(Progress(step=step)).finish())
+    # Every byte's digest, the files shared out over the ranks (what a run's load checks first): about what each
+    # rank's writer spends hashing its share while it writes.
+    verify_seconds, problem = _timed(lambda: verify(saved))
+    assert problem is None, problem
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
     return {
         "bytes": _size(saved),
         "save_seconds": save_seconds,
+        "verify_seconds": verify_seconds,
         "load_seconds": load_seconds,
         "plain_step_seconds": plain,
         # In order: a run's first background save, ..., a steady-state one (the last).

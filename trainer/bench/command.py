@@ -252,6 +252,14 @@ def add_checkpoint_results(
     )
     add_result(
         report,
+        "checkpoint digest of every byte (verify before a load)",
+        "s",
+        saved["verify_seconds"],
+        "synchronous save",
+        saved["save_seconds"],
+    )
+    add_result(
+        report,
         f"checkpoint load at {other.name} ({size})",
         "s",
         saved["load_seconds_other_layout"],

@@ -20,8 +20,8 @@ import torch
 from rich.console import Console
 
 from trainer.checkpoint import formats
-from trainer.checkpoint.start import starting_checkpoint
-from trainer.checkpoint.store import Progress, latest_checkpoint, prune
+from trainer.checkpoint.start import Start, starting_checkpoint
+from trainer.checkpoint.store import CheckpointError, Progress, latest_checkpoint, prune, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.contract import metrics as metric
 from trainer.monitoring import monitor as monitoring
@@ -50,10 +50,10 @@ class Checkpointer:
 
     def load(self) -> Progress:
         """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
-        picks it (warning about damaged ones) and tells the others, so that every rank loads the same one."""
-        found = [starting_checkpoint(self.engine.cfg) if torch.distributed.get_rank() == 0 else None]
-        torch.distributed.broadcast_object_list(found, src=0)
-        start = found[0]
+        picks it (warning about damaged ones) and tells the others, so that every rank loads the same one; every
+        byte of it is checked first (the ranks share the files), and a damaged one of the run's own gives way to
+        the one before it. A run whose checkpoints are all damaged stops here (CheckpointError on every rank)."""
+        start = self._verified_start()
         self.saved_step = 0  # a stop before the first step saves nothing
         if start is None:
             return Progress()
@@ -73,6 +73,29 @@ class Checkpointer:
             )
         self.saved_step = progress.step  # a stop before the next step need not save it again
         return progress
+
+    def _verified_start(self) -> Start | None:
+        damaged: dict[Path, str] = {}
+        while True:
+            picked: list[Start | CheckpointError | None] = [None]
+            if torch.distributed.get_rank() == 0:
+                try:
+                    picked[0] = starting_checkpoint(self.engine.cfg, damaged=damaged)
+                except CheckpointError as error:
+                    picked[0] = error
+            torch.distributed.broadcast_object_list(picked, src=0)
+            start = picked[0]
+            if isinstance(start, CheckpointError):
+                raise start
+            if start is None:
+                return None
+            problem = verify(start.path)
+            if problem is None:
+                return start
+            if not start.resumed:
+                raise CheckpointError(f"checkpoint.load = {start.path}: {problem}")
+            self.console.print(f"[yellow]warning:[/] skipping checkpoint {start.path}: {problem}")
+            damaged[start.path] = problem
 
     def due(self, step: int, *, last_step: bool) -> bool:
         """Whether the loop saves after `step`: on checkpoint.save_interval, and after the last step."""

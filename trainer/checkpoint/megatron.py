@@ -47,6 +47,7 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer import faults
+from trainer.checkpoint import digest
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import KEY as SETTINGS
 from trainer.checkpoint.store import CheckpointError, Progress, agree_or_raise, stage
@@ -177,6 +178,7 @@ def save(
     place, point `latest` at it). With a writer, in the background: this returns once the state is copied off the
     devices and the writer process is forked. Without optimizer and scheduler it saves the weights only.
     `plans`: the run's, reused from its earlier saves (None: a one-off save, planned afresh)."""
+    digest.install()  # every tensor file hashed as it is written
     staging = stage(directory, progress.step)
     state = _state_dict(
         model,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord, model_mismatches
 from trainer.checkpoint.settings import ALLOW, KEY, setting_changes
-from trainer.checkpoint.store import CheckpointError, latest_checkpoint
+from trainer.checkpoint.store import CheckpointError, damaged_checkpoints, latest_checkpoint
 from trainer.config import ModelConfig, TrainConfig
 
 
@@ -21,10 +22,18 @@ class Start:
     resumed: bool  # the run's own checkpoint, rather than checkpoint.load
 
 
-def starting_checkpoint(cfg: TrainConfig, *, fresh: bool = False) -> Start | None:
+def starting_checkpoint(
+    cfg: TrainConfig, *, fresh: bool = False, damaged: Mapping[Path, str] | None = None
+) -> Start | None:
     """The run's own newest checkpoint takes precedence, so a restarted run (a fine-tune too) continues where it
-    stopped; until it has one, checkpoint.load (its weights only with checkpoint.finetune); else None."""
-    own = latest_checkpoint(cfg.checkpoint_dir) if cfg.checkpoint.resume and not fresh else None
+    stopped; until it has one, checkpoint.load (its weights only with checkpoint.finetune); else None. When the
+    run has checkpoints and none is intact it refuses (CheckpointError) rather than start over. `damaged`: the
+    run's own checkpoints found damaged already (by a full check), with what is wrong."""
+    resume = cfg.checkpoint.resume and not fresh
+    damaged = damaged or {}
+    own = latest_checkpoint(cfg.checkpoint_dir, exclude=damaged.keys()) if resume else None
+    if resume and own is None and (none_intact := damaged_checkpoints(cfg.checkpoint_dir, damaged)):
+        raise CheckpointError(_none_intact(cfg.checkpoint_dir, none_intact))
     if own is not None:
         return Start(own, weights_only=False, resumed=True)
     if cfg.checkpoint.load:
@@ -34,6 +43,15 @@ def starting_checkpoint(cfg: TrainConfig, *, fresh: bool = False) -> Start | Non
             raise CheckpointError(f"checkpoint.load = {cfg.checkpoint.load!r}: {error}") from None
         return Start(source, weights_only=cfg.checkpoint.finetune, resumed=False)
     return None
+
+
+def _none_intact(directory: Path, damaged: Mapping[Path, str]) -> str:
+    named = "; ".join(f"{path.name}: {problem}" for path, problem in damaged.items())
+    return (
+        f"{directory} holds checkpoints and none is intact ({named}). Nothing was deleted: restore one (from the "
+        "checkpoints bucket's versions, or a copy), or start over with make train FRESH=1 (train --fresh), which "
+        "removes them"
+    )
 
 
 def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False) -> list[str]:

@@ -1,14 +1,15 @@
 """The checkpoint directory protocol, whatever the engine's format inside each checkpoint:
 
     iter_0000200/   one checkpoint, written by the engine into iter_0000200.tmp, then sealed with manifest.json
-                    (every file's size; small files' SHA-256; the validation loss at its step, where known) and
-                    renamed into place when every rank has finished
+                    (every file's size and XXH3-128 digest, trainer/checkpoint/digest.py; the validation loss at
+                    its step, where known) and renamed into place when every rank has finished
     latest          the name of the newest complete checkpoint, rewritten last
 Which checkpoints stay is `retained`'s rule (the checkpointer applies it after each publish): the newest
 `keep_last`, the `keep_best` of lowest validation loss, and always the newest intact one; damaged ones are never
 deleted. A crash never leaves a half-written `iter_*` directory; old ones are renamed away before they are deleted. A
 directory that does not match its manifest (a copy cut short, a truncated file, garbage) is skipped with a
-warning, never loaded. A save that fails on any rank fails on every rank, and `latest` keeps naming the previous
+warning, never loaded: finding the newest checks every size and the small files' digests (`damage`), and the
+checkpoint a run loads has every byte's digest checked first, the files shared out over the ranks (`verify`). A save that fails on any rank fails on every rank, and `latest` keeps naming the previous
 checkpoint.
 """
 
@@ -20,18 +21,20 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from trainer.checkpoint import digest
+
 LATEST = "latest"
 MANIFEST = "manifest.json"
-# Files up to this size are hashed as well as measured (dist_checkpointing's metadata and common state; at scale
-# the tensor files are too big to hash at save time).
-_HASHED_MAX_BYTES = 16 * 2**20
+# Finding the newest checkpoint re-reads files up to this size (the metadata and common state) to check their
+# digests; the tensor files' digests are checked by `verify` before a load.
+_QUICK_CHECK_MAX_BYTES = 16 * 2**20
 
 
 class CheckpointError(ValueError):
@@ -62,18 +65,26 @@ def checkpoint_dirs(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"iter_\d{7}", p.name))
 
 
-def _file_record(path: Path) -> dict:
-    size = path.stat().st_size
-    if size > _HASHED_MAX_BYTES:
-        return {"bytes": size}
-    return {"bytes": size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
 def write_manifest(checkpoint: Path, step: int, metrics: dict[str, float] | None = None) -> None:
-    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): _file_record(p) for p in files}}
+    """Seal a written checkpoint: every file's size and digest (streamed by its writer, else read now), then the
+    writers' side files go."""
+    every = [p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST]
+    sides = digest.side_files(every)
+    files = sorted(set(every) - set(sides))
+    manifest = {"step": step, "files": {str(p.relative_to(checkpoint)): digest.record(p) for p in files}}
     manifest.update(metrics or {})
     write_atomically(checkpoint / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    for side in sides:
+        side.unlink()
+
+
+def _digest_of(path: Path, expected: dict) -> tuple[str, str] | None:
+    """(the manifest's digest, the file's) under the algorithm the manifest used; None if it recorded none."""
+    if digest.ALGORITHM in expected:
+        return expected[digest.ALGORITHM], digest.file_digest(path)
+    if "sha256" in expected:  # manifests written before every byte was hashed
+        return expected["sha256"], hashlib.sha256(path.read_bytes()).hexdigest()
+    return None
 
 
 def manifest_value(checkpoint: Path, key: str) -> float | None:
@@ -85,9 +96,9 @@ def manifest_value(checkpoint: Path, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def damage(checkpoint: Path) -> str | None:
+def damage(checkpoint: Path, *, every_byte: bool = False) -> str | None:
     """What is wrong with a checkpoint directory, measured against the manifest its save wrote last; None when
-    every file it lists is there with its size (and, for small files, its hash)."""
+    every file it lists is there with its size and, for small files (every file with every_byte), its digest."""
     try:
         files = json.loads((checkpoint / MANIFEST).read_text())["files"]
         if not all(isinstance(record, dict) and "bytes" in record for record in files.values()):
@@ -97,15 +108,42 @@ def damage(checkpoint: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         return f"unreadable {MANIFEST} ({type(error).__name__}: {error})"
     for name, expected in files.items():
-        path = checkpoint / name
-        if not path.is_file():
-            return f"{name} is missing"
-        found = _file_record(path) if "sha256" in expected else {"bytes": path.stat().st_size}
-        if found["bytes"] != expected["bytes"]:
-            return f"{name} is {found['bytes']} bytes, the save wrote {expected['bytes']}"
-        if found != expected:
-            return f"{name} does not hold what the save wrote (SHA-256 differs)"
+        problem = _file_damage(checkpoint, name, expected, every_byte=every_byte)
+        if problem is not None:
+            return problem
     return None
+
+
+def _file_damage(checkpoint: Path, name: str, expected: dict, *, every_byte: bool) -> str | None:
+    path = checkpoint / name
+    if not path.is_file():
+        return f"{name} is missing"
+    size = path.stat().st_size
+    if size != expected["bytes"]:
+        return f"{name} is {size} bytes, the save wrote {expected['bytes']}"
+    if every_byte or size <= _QUICK_CHECK_MAX_BYTES:
+        digests = _digest_of(path, expected)
+        if digests is not None and digests[0] != digests[1]:
+            return (
+                f"{name} does not hold what the save wrote (its digest differs: a changed or corrupted byte)"
+            )
+    return None
+
+
+def verify(checkpoint: Path) -> str | None:
+    """Every byte of a checkpoint against its manifest, the files shared out over the ranks (each reads about
+    1/world of the bytes); what is wrong, the same on every rank, or None. A collective."""
+    problem = damage(checkpoint)  # the manifest, every size, the small files
+    if problem is None:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        by_size = sorted(files, key=lambda name: -files[name]["bytes"])  # large files spread first
+        for name in by_size[rank::world]:
+            if (problem := _file_damage(checkpoint, name, files[name], every_byte=True)) is not None:
+                break
+    found: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(found, problem)
+    return next((p for p in found if p is not None), None)
 
 
 _warned: set[str] = set()
@@ -117,9 +155,12 @@ def _warn_on_rank0(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def latest_checkpoint(directory: Path, warn: Callable[[str], None] = _warn_on_rank0) -> Path | None:
-    """The intact checkpoint `latest` names, else the newest intact one; damaged ones are skipped with a warning."""
-    found = checkpoint_dirs(directory)
+def latest_checkpoint(
+    directory: Path, warn: Callable[[str], None] = _warn_on_rank0, exclude: Collection[Path] = ()
+) -> Path | None:
+    """The intact checkpoint `latest` names, else the newest intact one; damaged ones are skipped with a warning,
+    and those in `exclude` (found damaged already) without one."""
+    found = [path for path in checkpoint_dirs(directory) if path not in exclude]
     pointer = directory / LATEST
     named = directory / pointer.read_text().strip() if pointer.is_file() else None
     for candidate in sorted(found, key=lambda path: (path == named, path.name), reverse=True):
@@ -128,6 +169,16 @@ def latest_checkpoint(directory: Path, warn: Callable[[str], None] = _warn_on_ra
             return candidate
         warn(f"skipping checkpoint {candidate}: {problem}")
     return None
+
+
+def damaged_checkpoints(directory: Path, known: Mapping[Path, str] | None = None) -> dict[Path, str]:
+    """Every checkpoint directory with what is wrong with it, when none is intact (empty when one is, or none is
+    there): the run would otherwise start over silently over its own history. `known`: problems found already."""
+    known = known or {}
+    problems = {path: known.get(path) or damage(path) for path in checkpoint_dirs(directory)}
+    if any(problem is None for problem in problems.values()):
+        return {}
+    return {path: problem for path, problem in problems.items() if problem is not None}
 
 
 def stage(directory: Path, step: int) -> Path:
