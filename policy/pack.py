@@ -20,6 +20,7 @@ POLICIES: list[Policy] = [
     s3.versioning,
     network.efa_self_traffic,
     launch_templates.no_public_ip_with_several_interfaces,
+    launch_templates.no_interface_subnet,
     network.no_internet_ingress,
     launch_templates.imdsv2_required,
     iam.no_wildcard_action,

@@ -43,10 +43,13 @@ def test_p4d_launch_template_has_4_efa_interfaces(dev):
     assert len(dev.launch_template.inputs["networkInterfaces"]) == 4
 
 
-def test_every_efa_interface_is_in_the_cluster_subnet_with_the_efa_group_and_no_public_ip(stack):
+def test_every_efa_interface_has_the_efa_group_no_subnet_and_no_public_ip(stack):
+    # The compute environment's subnets place the nodes; Batch ignores a template interface's subnet.
     cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
+    for environment in stack.all("batch.ComputeEnvironment"):
+        assert environment.inputs["computeResources"]["subnets"] == [cluster_subnet.id]
     for interface in stack.launch_template.inputs["networkInterfaces"]:
-        assert interface["subnetId"] == cluster_subnet.id
+        assert "subnetId" not in interface
         assert interface["securityGroups"] == [stack.efa_group.id]
         assert interface.get("associatePublicIpAddress", "false") == "false"
     assert stack.launch_template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
@@ -175,8 +178,8 @@ def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_
     assert resources["subnets"] == [cluster_subnet.id]
     # Batch refuses compute environment security groups beside launch template interfaces (aws/aws-cdk#21577).
     assert "securityGroupIds" not in resources
-    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup").name
-    assert stack.one("ec2.PlacementGroup").inputs["strategy"] == "cluster"
+    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup", "-gpu").name
+    assert stack.one("ec2.PlacementGroup", "-gpu").inputs["strategy"] == "cluster"
     assert resources["launchTemplate"] == {"launchTemplateId": stack.launch_template.id, "version": "1"}
     assert resources["instanceRole"] == stack.one("iam.InstanceProfile").outputs["arn"]
 
@@ -481,7 +484,11 @@ def test_spot_adds_a_single_node_queue_and_job_definition(stack):
         return
     environment = stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
     assert environment["type"] == "SPOT" and environment["minVcpus"] == 0
-    assert "placementGroup" not in environment
+    # Its own cluster placement group: "All instances that use an EFA must be in the same cluster placement group"
+    # (Batch user guide, "Elastic Fabric Adapter").
+    group = stack.one("ec2.PlacementGroup", "-spot")
+    assert environment["placementGroup"] == group.name and group.inputs["strategy"] == "cluster"
+    assert group.name != stack.one("ec2.PlacementGroup", "-gpu").name
     spot_interfaces = stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
     assert (
         spot_interfaces == stack.launch_template.inputs["networkInterfaces"]
