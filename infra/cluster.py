@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
 RETRY_ATTEMPTS = 3
+# IMDSv2 token responses travel one hop. Enough for a multi-node job's containers: they run in awsvpc mode, where the
+# task has its own network interface with "the same networking properties as Amazon EC2 instances" (ECS developer
+# guide, "Amazon ECS task networking options for the EC2 launch type") and reaches IMDS unless the agent sets
+# ECS_AWSVPC_BLOCK_IMDS (ECS developer guide, "Amazon ECS container instance IAM role"); bridge-mode containers, one
+# hop further, get no token. docs/cluster.md and docs/infra.md state this number (tests/infra/test_imds_hop_limit.py).
+IMDS_HOP_LIMIT = 1
 
 
 def container_memory_mib(instance: InstanceType) -> int:
@@ -304,7 +310,7 @@ class Cluster(pulumi.ComponentResource):
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",  # IMDSv2 only
-                "http_put_response_hop_limit": 1,  # containers get credentials from their job role, not the node's
+                "http_put_response_hop_limit": IMDS_HOP_LIMIT,
             },
             block_device_mappings=[
                 {

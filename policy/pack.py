@@ -42,4 +42,5 @@ POLICIES: list[Policy] = [
     aws_rules.create_grant_for_services,
     monitoring.alarm_has_action,
     monitoring.topic_encrypted,
+    monitoring.fsx_free_capacity_period,
 ]

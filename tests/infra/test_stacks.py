@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -398,6 +399,44 @@ def test_vpc_flow_logs_go_to_the_encrypted_log_group(stack):
     assert (flow["trafficType"], flow["logDestinationType"]) == ("ALL", "cloud-watch-logs")
     assert flow["logDestination"] == group.outputs["arn"]
     assert flow["vpcId"] == stack.one("ec2.Vpc").id
+
+
+# The delivery role's permissions policy as the Amazon VPC user guide prints it ("IAM role for publishing flow logs
+# to CloudWatch Logs"), copied from the guide: every action it lists must be granted.
+FLOW_LOGS_GUIDE_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Action": [
+                "logs:CreateLogGroup",
+                "logs:CreateLogStream",
+                "logs:PutLogEvents",
+                "logs:DescribeLogGroups",
+                "logs:DescribeLogStreams",
+            ],
+            "Resource": "*",
+        }
+    ],
+}
+
+
+def test_flow_log_role_has_every_action_the_vpc_guide_lists(stack):
+    role_arn = stack.one("ec2.FlowLog").inputs["iamRoleArn"]
+    role = next(r for r in stack.all("iam.Role") if r.outputs.get("arn") == role_arn)
+    [policy] = [p for p in stack.all("iam.RolePolicy") if p.inputs["role"] == role.id]
+    granted = {
+        action: statement["Resource"]
+        for statement in json.loads(policy.inputs["policy"])["Statement"]
+        for action in statement["Action"]
+    }
+    [guide] = FLOW_LOGS_GUIDE_POLICY["Statement"]
+    assert set(guide["Action"]) <= set(granted)
+    # Scoped tighter than the guide's "*": the stack's log group, and the region's groups for the one list action.
+    group = stack.one("cloudwatch.LogGroup", "-flow-logs").outputs["arn"]
+    assert granted["logs:PutLogEvents"] == [group, group + ":*"]
+    [listed] = granted["logs:DescribeLogGroups"]
+    assert re.fullmatch(rf"arn:aws:logs:{stack.config.region}:\d{{12}}:log-group:\*", listed)
 
 
 # --- identity ---------------------------------------------------------------------------------------------------
