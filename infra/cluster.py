@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
 RETRY_ATTEMPTS = 3
+# IMDSv2 token responses travel one hop. Enough for a multi-node job's containers: they run in awsvpc mode, where the
+# task has its own network interface with "the same networking properties as Amazon EC2 instances" (ECS developer
+# guide, "Amazon ECS task networking options for the EC2 launch type") and reaches IMDS unless the agent sets
+# ECS_AWSVPC_BLOCK_IMDS (ECS developer guide, "Amazon ECS container instance IAM role"); bridge-mode containers, one
+# hop further, get no token. docs/cluster.md and docs/infra.md state this number (tests/infra/test_imds_hop_limit.py).
+IMDS_HOP_LIMIT = 1
 
 
 def container_memory_mib(instance: InstanceType) -> int:
@@ -55,11 +61,15 @@ def container_memory_mib(instance: InstanceType) -> int:
     return min(total * 95 // 100, total - 2048)
 
 
-def efa_network_interfaces(
-    instance: InstanceType, subnet_id: Any, security_group_id: Any
-) -> list[dict[str, Any]]:
-    """One interface per EFA card: the primary `efa` (card 0, device 0, the node's IP) and `efa-only` on the rest."""
-    common = {"subnet_id": subnet_id, "security_groups": [security_group_id], "delete_on_termination": "true"}
+def efa_network_interfaces(instance: InstanceType, security_group_id: Any) -> list[dict[str, Any]]:
+    """One interface per EFA card: the primary `efa` (card 0, device 0, the node's IP) and `efa-only` on the rest.
+
+    No subnet: the compute environment's `subnets` place the nodes. Batch ignores a launch template's network
+    interface subnets (Batch user guide, "Use Amazon EC2 launch templates with AWS Batch"), and EKS managed node
+    groups refuse a launch template whose interfaces name one (EKS user guide, "Customize managed nodes with
+    launch templates").
+    """
+    common = {"security_groups": [security_group_id], "delete_on_termination": "true"}
     primary = {**common, "network_card_index": 0, "device_index": 0, "interface_type": "efa"}
     return [
         {**primary, "associate_public_ip_address": "false"},
@@ -296,13 +306,11 @@ class Cluster(pulumi.ComponentResource):
         return aws.ec2.LaunchTemplate(
             name,
             update_default_version=True,
-            network_interfaces=efa_network_interfaces(
-                cfg.instance, args.network.cluster_subnet.id, self.security_group.id
-            ),
+            network_interfaces=efa_network_interfaces(cfg.instance, self.security_group.id),
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",  # IMDSv2 only
-                "http_put_response_hop_limit": 1,  # containers get credentials from their job role, not the node's
+                "http_put_response_hop_limit": IMDS_HOP_LIMIT,
             },
             block_device_mappings=[
                 {
@@ -371,7 +379,8 @@ class Cluster(pulumi.ComponentResource):
     def _spot(self, args: ClusterArgs, container: dict[str, Any]) -> dict[str, pulumi.Output[str]]:
         """Single-node Spot jobs (evaluations, data preparation): multi-node parallel jobs cannot run on Spot.
 
-        Same template without the reservation: the nodes keep their EFA devices, so the same container runs.
+        Same template without the reservation: the nodes keep their EFA devices, so the same container runs; their
+        own cluster placement group, as every Batch environment of EFA nodes needs one.
         """
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         template = self._launch_template(f"{cfg.name_prefix}-spot", args)
@@ -381,6 +390,11 @@ class Cluster(pulumi.ComponentResource):
             template,
             type="SPOT",
             allocation_strategy="SPOT_PRICE_CAPACITY_OPTIMIZED",
+            # "All instances that use an EFA must be in the same cluster placement group" (Batch user guide, "Elastic
+            # Fabric Adapter"); a group of its own, so Spot nodes never take room from the multi-node jobs' group.
+            placement_group=aws.ec2.PlacementGroup(
+                f"{cfg.name_prefix}-spot", strategy="cluster", opts=child
+            ).name,
         )
         queue = self._queue(f"{cfg.name_prefix}-spot", environment)
         definition = aws.batch.JobDefinition(

@@ -12,8 +12,10 @@ one alarm per stack watches whatever run its queue holds. Metric names are read 
   (only when a floor is configured; no data here is not breaching, the stall alarm covers silence).
 - Job failed: Batch's "Batch Job State Change" events with status FAILED for the stack's queue (Batch User Guide,
   "Job state change events": `detail.jobQueue` is the queue's ARN) go to the topic.
-- FSx nearly full: `FreeDataStorageCapacity` (AWS/FSx, dimension FileSystemId; its Sum is the file system's free
-  bytes, FSx for Lustre User Guide "metrics and dimensions") below `fsxFreeCapacityAlarmPercent` of the capacity.
+- FSx nearly full: `FreeDataStorageCapacity` (AWS/FSx, dimension FileSystemId) below `fsxFreeCapacityAlarmPercent`
+  of the capacity. FSx for Lustre emits one point per disk per minute, so the Sum over one minute is the file
+  system's free bytes and a Sum over five minutes reads five times too much (FSx for Lustre User Guide, "Amazon FSx
+  for Lustre metrics and dimensions", storage capacity metrics): the alarm and the widget read 60-second Sums.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 NAMESPACE = metrics.CLOUDWATCH_NAMESPACE
 PERIOD_S = 60
 FSX_PERIOD_S = 300
+# FreeDataStorageCapacity: one point per disk per minute; their Sum over exactly one minute is the file system's
+# free bytes (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").
+FSX_CAPACITY_PERIOD_S = 60
 
 
 @dataclass
@@ -132,7 +137,7 @@ class Monitoring(pulumi.ComponentResource):
                 metric_name="FreeDataStorageCapacity",
                 dimensions={"FileSystemId": file_system.id},
                 statistic="Sum",
-                period=FSX_PERIOD_S,
+                period=FSX_CAPACITY_PERIOD_S,
                 evaluation_periods=1,
                 threshold=free_bytes,
                 comparison_operator="LessThanThreshold",
@@ -291,7 +296,7 @@ def dashboard_body(region: str, queue: str, file_system_id: str) -> dict[str, An
                 region,
                 12,
                 18,
-                period=FSX_PERIOD_S,
+                period=FSX_CAPACITY_PERIOD_S,
             ),
         ]
     }

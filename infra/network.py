@@ -15,7 +15,17 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
-from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document, service_trust_policy
+from infra.iam import allow, policy_document, service_trust_policy
+
+# What the role that publishes flow logs to CloudWatch Logs must allow (Amazon VPC user guide, "IAM role for
+# publishing flow logs to CloudWatch Logs"): without CreateLogGroup and DescribeLogGroups delivery can fail.
+FLOW_LOGS_DELIVERY_ACTIONS = (
+    "logs:CreateLogGroup",
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "logs:DescribeLogGroups",
+    "logs:DescribeLogStreams",
+)
 
 if TYPE_CHECKING:
     from infra.keys import Keys
@@ -187,15 +197,21 @@ class Network(pulumi.ComponentResource):
             assume_role_policy=service_trust_policy("vpc-flow-logs.amazonaws.com", args.account_id),
             opts=child,
         )
+        # DescribeLogGroups lists the account's groups: it names no one group (Service Authorization Reference,
+        # Amazon CloudWatch Logs), so it gets the region's log groups rather than the stack's one.
+        account_log_groups = pulumi.Output.concat(
+            "arn:aws:logs:", cfg.region, ":", args.account_id, ":log-group:*"
+        )
         aws.iam.RolePolicy(
             f"{cfg.name_prefix}-flow-logs",
             role=role.id,
             policy=policy_document(
                 allow(
                     "WriteFlowLogs",
-                    [*LOG_WRITE_ACTIONS, "logs:DescribeLogStreams"],
+                    [a for a in FLOW_LOGS_DELIVERY_ACTIONS if a != "logs:DescribeLogGroups"],
                     [log_group.arn, pulumi.Output.concat(log_group.arn, ":*")],
-                )
+                ),
+                allow("FindFlowLogGroup", ["logs:DescribeLogGroups"], [account_log_groups]),
             ),
             opts=child,
         )

@@ -4,7 +4,8 @@ Batch launches nodes from the ECS-optimized GPU AMI; the ECS agent (`ecs.service
 stage, where this script runs, and reads `/etc/ecs/ecs.config` when it starts. So the script can still configure the
 agent, and it decides whether the node joins at all:
 
-- EFA kernel driver: the ECS GPU AMI ships it; the installer runs only when `modinfo efa` finds no module;
+- EFA kernel driver: the ECS GPU AMI's build source installs none (aws/amazon-ecs-ami scripts/al2023/gpu: the
+  NVIDIA driver and DCGM), so the boot does not assume one: the installer runs when `modinfo efa` finds no module;
 - the Lustre client, and FSx mounted at /fsx (the container's /fsx is a bind mount of it);
 - the agent's stop timeout above the trainer's SIGTERM grace, so a stopped job saves before SIGKILL;
 - any failure: the agent is masked and the node shuts down, which terminates it (the launch template's
@@ -54,8 +55,8 @@ trap 'bootstrap_failed $LINENO' ERR
 # "Amazon ECS container agent configuration". SIGTERM -> SIGKILL must outlast the trainer's save on SIGTERM.
 echo "ECS_CONTAINER_STOP_TIMEOUT={stop_timeout}s" >> {ECS_CONFIG}
 
-# The ECS GPU AMI ships the EFA kernel driver (awslabs/awsome-distributed-ai PR #448: `modinfo efa`); install it
-# only where it is missing. The image brings libfabric and aws-ofi-nccl (same installer version).
+# Nothing says the ECS GPU AMI carries the EFA kernel module (aws/amazon-ecs-ami installs none): install it where
+# `modinfo efa` finds none. The image brings libfabric and aws-ofi-nccl (same installer version).
 if ! modinfo efa > /dev/null 2>&1; then
   curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz https://efa-installer.amazonaws.com/aws-efa-installer-{efa_installer}.tar.gz
   tar -xzf /tmp/aws-efa-installer.tar.gz -C /tmp

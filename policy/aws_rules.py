@@ -285,10 +285,19 @@ at_most_five_groups = ResourceValidationPolicy(
 # --- Batch MNP on EFA: a cluster placement group in one zone ----------------------------------------------------
 
 
+def is_managed_ec2_or_spot(environment: PolicyResource) -> bool:
+    """A managed environment of EC2 instances, On-Demand or Spot (not Fargate)."""
+    return environment.props.get("type", "MANAGED").upper() == "MANAGED" and (
+        str(compute_resources(environment).get("type", "")).upper() in ("EC2", "SPOT")
+    )
+
+
 def validate_efa_placement(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    # Batch user guide, "Elastic Fabric Adapter": "All instances that use an EFA must be in the same cluster
+    # placement group" -- Spot environments included, not only the multi-node one.
     for environment in of_type(args.resources, [aws_types.BATCH_COMPUTE_ENVIRONMENT]):
         templates = [t for t in launch_templates(environment) if has_efa(t)]
-        if not templates or not is_on_demand_ec2(environment):
+        if not templates or not is_managed_ec2_or_spot(environment):
             continue
         resources = compute_resources(environment)
         groups = referenced(environment, "computeResources", [aws_types.PLACEMENT_GROUP])
@@ -333,9 +342,10 @@ def validate_efa_placement(args: StackValidationArgs, report_violation: ReportVi
 efa_placement = StackValidationPolicy(
     name="efa-cluster-placement-single-zone",
     description=(
-        "A compute environment of EFA nodes uses a cluster placement group in one Availability Zone: its own, an "
-        "On-Demand Capacity Reservation's own group, or none for a Capacity Block (Batch user guide, \"Compute "
-        'environment considerations for MNP"; EC2 user guide, "Capacity Reservations for cluster placement groups").'
+        "A compute environment of EFA nodes, On-Demand or Spot, uses a cluster placement group in one Availability "
+        "Zone: its own, an On-Demand Capacity Reservation's own group, or none for a Capacity Block (Batch user "
+        'guide, "Elastic Fabric Adapter" and "Compute environment considerations for MNP"; EC2 user guide, '
+        '"Capacity Reservations for cluster placement groups").'
     ),
     validate=validate_efa_placement,
 )

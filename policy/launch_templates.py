@@ -1,4 +1,10 @@
-"""Launch templates: IMDSv2 only, and no public IP when a node has several network interfaces (EFA nodes do)."""
+"""Launch templates: IMDSv2 only, no public IP when a node has several network interfaces (EFA nodes do), and no
+subnet on a network interface: the compute environment (or node group) places the nodes.
+
+- Batch ignores a launch template's network interface subnets and uses the compute environment's (Batch user guide,
+  "Use Amazon EC2 launch templates with AWS Batch"); EKS managed node groups fail to deploy from a launch template
+  that includes SubnetId (EKS API reference, LaunchTemplateSpecification).
+"""
 
 from __future__ import annotations
 
@@ -40,6 +46,19 @@ def validate_no_public_ip(args: ResourceValidationArgs, report_violation: Report
         )
 
 
+def validate_no_interface_subnet(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if args.resource_type != aws_types.LAUNCH_TEMPLATE:
+        return
+    named = [str(n) for n, i in enumerate(args.props.get("networkInterfaces") or []) if i.get("subnetId")]
+    if named:
+        report_violation(
+            f"Launch template '{args.name}' names a subnet on network interface(s) {', '.join(named)}: Batch ignores "
+            "it and uses the compute environment's subnets, and EKS node groups refuse the template. Remove "
+            "subnet_id from network_interfaces; set subnets on the compute environment (infra/cluster.py).",
+            None,
+        )
+
+
 imdsv2_required = ResourceValidationPolicy(
     name="imdsv2-required",
     description="Launch templates require IMDSv2 (http_tokens='required').",
@@ -50,4 +69,13 @@ no_public_ip_with_several_interfaces = ResourceValidationPolicy(
     name="no-public-ip-with-several-interfaces",
     description="Launch templates with several network interfaces (EFA nodes) assign no public IP.",
     validate=validate_no_public_ip,
+)
+
+no_interface_subnet = ResourceValidationPolicy(
+    name="launch-template-interfaces-name-no-subnet",
+    description=(
+        "Launch templates leave subnets to the compute environment: no network interface names a subnet (Batch user "
+        'guide, "Use Amazon EC2 launch templates with AWS Batch"; EKS API reference, LaunchTemplateSpecification).'
+    ),
+    validate=validate_no_interface_subnet,
 )

@@ -4,6 +4,9 @@
 - Every SNS topic is encrypted with a customer-managed KMS key (`kms_master_key_id`), not unencrypted and not the
   AWS-managed `alias/aws/sns`, whose key policy no CloudWatch alarm or EventBridge rule can be granted use of
   (SNS Developer Guide, "Enable compatibility between event sources from AWS services and encrypted topics").
+- An alarm on FSx's `FreeDataStorageCapacity` with the Sum statistic reads a 60-second period: FSx for Lustre emits
+  one point per disk per minute and the file system's free bytes are their Sum per minute, so a longer period
+  multiplies the free space it reads (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").
 """
 
 from __future__ import annotations
@@ -46,6 +49,32 @@ def validate_topic_encrypted(args: ResourceValidationArgs, report_violation: Rep
         )
 
 
+# The one period over which the Sum of FreeDataStorageCapacity is the file system's free bytes (see above).
+FSX_FREE_CAPACITY_SUM_PERIOD_S = 60
+
+
+def validate_fsx_free_capacity_period(
+    args: ResourceValidationArgs, report_violation: ReportViolation
+) -> None:
+    if args.resource_type != aws_types.METRIC_ALARM:
+        return
+    props = args.props
+    if (props.get("namespace"), props.get("metricName"), props.get("statistic")) != (
+        "AWS/FSx",
+        "FreeDataStorageCapacity",
+        "Sum",
+    ):
+        return
+    period = props.get("period")
+    if period != FSX_FREE_CAPACITY_SUM_PERIOD_S:
+        report_violation(
+            f"alarm '{args.name}' sums FSx FreeDataStorageCapacity over period={period!r} s: FSx for Lustre emits "
+            "one point per disk per minute, so only a 60 s Sum is the file system's free bytes (a 300 s Sum reads "
+            "five times the free space). Set period=60 (infra/monitoring.py).",
+            None,
+        )
+
+
 alarm_has_action = ResourceValidationPolicy(
     name="alarm-has-action",
     description="Every CloudWatch alarm notifies someone: alarm_actions is set and actions are enabled.",
@@ -56,4 +85,13 @@ topic_encrypted = ResourceValidationPolicy(
     name="sns-topic-encrypted",
     description="Every SNS topic is encrypted with a customer-managed KMS key.",
     validate=validate_topic_encrypted,
+)
+
+fsx_free_capacity_period = ResourceValidationPolicy(
+    name="fsx-free-capacity-sum-per-minute",
+    description=(
+        "An alarm summing FSx FreeDataStorageCapacity uses a 60 s period, the one over which the Sum is the file "
+        'system\'s free bytes (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").'
+    ),
+    validate=validate_fsx_free_capacity_period,
 )

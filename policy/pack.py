@@ -20,6 +20,7 @@ POLICIES: list[Policy] = [
     s3.versioning,
     network.efa_self_traffic,
     launch_templates.no_public_ip_with_several_interfaces,
+    launch_templates.no_interface_subnet,
     network.no_internet_ingress,
     launch_templates.imdsv2_required,
     iam.no_wildcard_action,
@@ -41,4 +42,5 @@ POLICIES: list[Policy] = [
     aws_rules.create_grant_for_services,
     monitoring.alarm_has_action,
     monitoring.topic_encrypted,
+    monitoring.fsx_free_capacity_period,
 ]

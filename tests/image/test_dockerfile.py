@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 from trainer.contract.image import efa_environment, image_pins
-from trainer.preflight.netplugin import resolve, search_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text()
@@ -41,9 +40,18 @@ def test_python_packages_come_from_the_train_requirements():
     assert "sed '/^torch==/d' requirements/train.txt > /tmp/train.txt" in DOCKERFILE
 
 
-def test_efa_installer_runs_for_containers():
-    assert "./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify" in DOCKERFILE
+def test_efa_installer_runs_for_containers_without_its_ngc_detection():
+    # --disable-ngc --disable-build-ngc: awslabs/awsome-distributed-ai PR #1153 and its Dockerfiles for installers
+    # newer than 1.47, which otherwise install an NGC plugin variant or skip rdma-core on NGC bases.
+    assert (
+        "./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify --disable-ngc --disable-build-ngc"
+        in DOCKERFILE
+    )
     assert "aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" in DOCKERFILE
+    # The layout step runs in the installer's own layer, before anything else can use the plugin.
+    install = next(line for line in INSTRUCTIONS if "efa_installer.sh" in line)
+    after = INSTRUCTIONS[INSTRUCTIONS.index(install) :]
+    assert "    && python /opt/trainstack/image/build_checks.py plugin-layout \\" in after[:4]
 
 
 def test_make_image_passes_every_pin_as_a_build_arg():
@@ -80,28 +88,49 @@ def test_hpcx_ucx_and_ucc_stay_and_only_mpi_goes():
     assert "python -c 'import torch'" in DOCKERFILE, "the build proves torch still imports after the removal"
 
 
-def test_base_image_plugin_default_is_emptied_so_efa_env_applies():
-    assert "ENV NCCL_NET_PLUGIN=" in INSTRUCTIONS
-    assert efa_environment()["NCCL_NET_PLUGIN"]
+def _env(key: str) -> str:
+    """The value an ENV instruction gives `key` (shell-quoted as in the Dockerfile)."""
+    match = re.search(
+        rf"\b{key}=(\"[^\"]*\"|\S*)",
+        "\n".join(line for line in INSTRUCTIONS if line.lstrip().startswith(("ENV", key))),
+    )
+    return match.group(1).strip('"')
 
 
-def test_image_library_path_finds_the_efa_installers_aws_ofi_nccl(tmp_path):
-    # The EFA installer installs aws-ofi-nccl under /opt/amazon/ofi-nccl/lib (the prefix NGC's leftover
-    # /etc/ld.so.conf.d/aws-ofi-nccl.conf registers: NVIDIA-NeMo/Megatron-Bridge PR #5033) and, for CUDA builds,
-    # always as libnccl-net-ofi.so (aws/aws-ofi-nccl src/Makefile.am, v1.15.0+, libtool -module -avoid-version).
-    installed = tmp_path / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"
-    installed.parent.mkdir(parents=True)
-    installed.touch()
-    dirs = search_dirs(_ld_library_path(), cache_dirs=[])
-    assert resolve(efa_environment()["NCCL_NET_PLUGIN"], dirs, root=tmp_path) == installed
-    # The base image's default (spcx) would not load it, nor would an unset value (libnccl-net.so).
-    assert resolve("spcx", dirs, root=tmp_path) is None
-    assert resolve(None, dirs, root=tmp_path) is None
+def test_every_path_into_the_container_gets_efa_envs_plugin_and_network():
+    # `docker run --entrypoint python` skips entrypoint.sh: the image's ENV itself names aws-ofi-nccl and makes NCCL
+    # fail instead of falling back to sockets. An empty NCCL_NET_PLUGIN would load no plugin (NCCL 2.28).
+    for key in ("NCCL_NET_PLUGIN", "NCCL_NET"):
+        assert _env(key) == efa_environment()[key], key
+    assert "ENV NCCL_NET_PLUGIN=" + "\n" not in DOCKERFILE + "\n"
+
+
+def test_the_library_path_names_no_plugin_directory():
+    # The plugin's directory is registered with the loader by build_checks.py plugin-layout, whichever package the
+    # installer chose (tests/image/test_build_checks.py walks every layout).
+    assert "ofi-nccl" not in _ld_library_path()
+    assert "/opt/amazon/efa/lib" in _ld_library_path()
+
+
+def test_the_build_prints_what_the_base_ships_before_changing_it():
+    base_report = INSTRUCTIONS.index("RUN python /opt/trainstack/image/build_checks.py base-report")
+    removal = next(i for i, line in enumerate(INSTRUCTIONS) if "apt-get remove" in line)
+    plugin_env = next(i for i, line in enumerate(INSTRUCTIONS) if line.startswith("ENV NCCL_NET_PLUGIN="))
+    assert base_report < removal < plugin_env
+
+
+def test_torch_and_numpy_are_checked_around_the_pip_install():
+    code = "\n".join(INSTRUCTIONS)
+    before = code.index("build_checks.py before-pip /tmp/base.json /tmp/base-torch.txt")
+    install = code.index("pip install --no-cache-dir -c /tmp/base-torch.txt")
+    after = code.index("build_checks.py after-pip /tmp/base.json")
+    assert before < install < after
 
 
 def test_the_build_checks_the_tested_set_and_the_plugin_in_the_image():
-    final = INSTRUCTIONS[INSTRUCTIONS.index('ENTRYPOINT ["/opt/trainstack/image/entrypoint.sh"]') - 4 :]
+    final = INSTRUCTIONS[INSTRUCTIONS.index('ENTRYPOINT ["/opt/trainstack/image/entrypoint.sh"]') - 5 :]
     code = "\n".join(final)
     assert "import transformer_engine.pytorch, megatron.core.extensions.transformer_engine" in code
     assert "python -m trainer.contract.compatibility" in code
+    assert "python image/build_checks.py versions" in code
     assert "python -m trainer.preflight.netplugin" in code

@@ -54,7 +54,7 @@ def test_cli_config_encodes_values_as_the_pulumi_cli_does():
 
 def test_interface_layout_for_each_catalog_type_has_one_efa_per_card():
     for name in ("p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"):
-        layout = efa_network_interfaces(instance_type(name), "subnet-1", "sg-1")
+        layout = efa_network_interfaces(instance_type(name), "sg-1")
         assert [i["network_card_index"] for i in layout] == list(range(instance_type(name).efa_interfaces))
         assert [i["interface_type"] for i in layout].count("efa") == 1
 

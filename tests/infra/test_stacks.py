@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -43,10 +44,13 @@ def test_p4d_launch_template_has_4_efa_interfaces(dev):
     assert len(dev.launch_template.inputs["networkInterfaces"]) == 4
 
 
-def test_every_efa_interface_is_in_the_cluster_subnet_with_the_efa_group_and_no_public_ip(stack):
+def test_every_efa_interface_has_the_efa_group_no_subnet_and_no_public_ip(stack):
+    # The compute environment's subnets place the nodes; Batch ignores a template interface's subnet.
     cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
+    for environment in stack.all("batch.ComputeEnvironment"):
+        assert environment.inputs["computeResources"]["subnets"] == [cluster_subnet.id]
     for interface in stack.launch_template.inputs["networkInterfaces"]:
-        assert interface["subnetId"] == cluster_subnet.id
+        assert "subnetId" not in interface
         assert interface["securityGroups"] == [stack.efa_group.id]
         assert interface.get("associatePublicIpAddress", "false") == "false"
     assert stack.launch_template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
@@ -175,8 +179,8 @@ def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_
     assert resources["subnets"] == [cluster_subnet.id]
     # Batch refuses compute environment security groups beside launch template interfaces (aws/aws-cdk#21577).
     assert "securityGroupIds" not in resources
-    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup").name
-    assert stack.one("ec2.PlacementGroup").inputs["strategy"] == "cluster"
+    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup", "-gpu").name
+    assert stack.one("ec2.PlacementGroup", "-gpu").inputs["strategy"] == "cluster"
     assert resources["launchTemplate"] == {"launchTemplateId": stack.launch_template.id, "version": "1"}
     assert resources["instanceRole"] == stack.one("iam.InstanceProfile").outputs["arn"]
 
@@ -397,6 +401,44 @@ def test_vpc_flow_logs_go_to_the_encrypted_log_group(stack):
     assert flow["vpcId"] == stack.one("ec2.Vpc").id
 
 
+# The delivery role's permissions policy as the Amazon VPC user guide prints it ("IAM role for publishing flow logs
+# to CloudWatch Logs"), copied from the guide: every action it lists must be granted.
+FLOW_LOGS_GUIDE_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Action": [
+                "logs:CreateLogGroup",
+                "logs:CreateLogStream",
+                "logs:PutLogEvents",
+                "logs:DescribeLogGroups",
+                "logs:DescribeLogStreams",
+            ],
+            "Resource": "*",
+        }
+    ],
+}
+
+
+def test_flow_log_role_has_every_action_the_vpc_guide_lists(stack):
+    role_arn = stack.one("ec2.FlowLog").inputs["iamRoleArn"]
+    role = next(r for r in stack.all("iam.Role") if r.outputs.get("arn") == role_arn)
+    [policy] = [p for p in stack.all("iam.RolePolicy") if p.inputs["role"] == role.id]
+    granted = {
+        action: statement["Resource"]
+        for statement in json.loads(policy.inputs["policy"])["Statement"]
+        for action in statement["Action"]
+    }
+    [guide] = FLOW_LOGS_GUIDE_POLICY["Statement"]
+    assert set(guide["Action"]) <= set(granted)
+    # Scoped tighter than the guide's "*": the stack's log group, and the region's groups for the one list action.
+    group = stack.one("cloudwatch.LogGroup", "-flow-logs").outputs["arn"]
+    assert granted["logs:PutLogEvents"] == [group, group + ":*"]
+    [listed] = granted["logs:DescribeLogGroups"]
+    assert re.fullmatch(rf"arn:aws:logs:{stack.config.region}:\d{{12}}:log-group:\*", listed)
+
+
 # --- identity ---------------------------------------------------------------------------------------------------
 
 
@@ -481,7 +523,11 @@ def test_spot_adds_a_single_node_queue_and_job_definition(stack):
         return
     environment = stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
     assert environment["type"] == "SPOT" and environment["minVcpus"] == 0
-    assert "placementGroup" not in environment
+    # Its own cluster placement group: "All instances that use an EFA must be in the same cluster placement group"
+    # (Batch user guide, "Elastic Fabric Adapter").
+    group = stack.one("ec2.PlacementGroup", "-spot")
+    assert environment["placementGroup"] == group.name and group.inputs["strategy"] == "cluster"
+    assert group.name != stack.one("ec2.PlacementGroup", "-gpu").name
     spot_interfaces = stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
     assert (
         spot_interfaces == stack.launch_template.inputs["networkInterfaces"]

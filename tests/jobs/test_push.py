@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from trainer.__main__ import main as trainer_main
 
 from .conftest import IMAGE_TAG, Stack
@@ -21,3 +23,55 @@ def test_push_skips_a_tag_already_in_the_immutable_registry(stack: Stack, capsys
     outputs = ["--stack", "test", "--outputs", str(stack.outputs_file)]
     assert trainer_main(["push", *outputs, "--tag", IMAGE_TAG]) == 0
     assert "is already in the registry (tags are immutable)" in capsys.readouterr().out
+
+
+def add_spot_definition(stack: Stack) -> str:
+    """The Spot queue's single-node definition as infra/cluster.py registers it: the `:latest` placeholder."""
+    arn = stack.client("batch").register_job_definition(
+        jobDefinitionName="trainstack-test-spot",
+        type="container",
+        containerProperties={
+            "image": f"{stack.outputs['ecr_repository_url']}:latest",
+            "command": ["train", "--config", "trainer/configs/llama3-8b.yaml"],
+            "resourceRequirements": [
+                {"type": "VCPU", "value": "188"},
+                {"type": "MEMORY", "value": "1900000"},
+            ],
+        },
+        retryStrategy={"attempts": 3},
+    )["jobDefinitionArn"]
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, "spot_job_definition": arn}))
+    return arn
+
+
+def test_push_points_every_exported_job_definition_at_the_pushed_tag(stack: Stack, capsys):
+    """An immutable repository never receives `:latest`: without a revision per push the Spot job could never pull
+    a new image (the multi-node one gets its revision at submission too)."""
+    spot = add_spot_definition(stack)
+    outputs = ["--stack", "test", "--outputs", str(stack.outputs_file)]
+    assert trainer_main(["push", *outputs, "--tag", IMAGE_TAG]) == 0
+    printed = capsys.readouterr().out
+    image = f"{stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
+    registered = {r["jobDefinitionName"]: r for r in stack.requests("RegisterJobDefinition")}
+    assert registered["trainstack-test-spot"]["containerProperties"]["image"] == image
+    assert registered["trainstack-test-spot"]["type"] == "container"
+    assert registered["trainstack-test-spot"]["retryStrategy"] == {"attempts": 3}
+    nodes = registered["trainstack-test-train"]["nodeProperties"]["nodeRangeProperties"]
+    assert [n["container"]["image"] for n in nodes] == [image]
+    batch = stack.client("batch")
+    [latest] = batch.describe_job_definitions(jobDefinitionName="trainstack-test-spot", status="ACTIVE")[
+        "jobDefinitions"
+    ][-1:]
+    assert latest["revision"] == 2 and latest["containerProperties"]["image"] == image
+    assert f"  spot_job_definition: {spot.rsplit(':', 1)[0]}:2" in printed
+    # Pushing the same tag again finds the revisions instead of registering more.
+    assert trainer_main(["push", *outputs, "--tag", IMAGE_TAG]) == 0
+    assert len(stack.requests("RegisterJobDefinition")) == 3  # the Spot placeholder and one revision each
+
+
+def test_push_names_a_job_definition_the_stack_no_longer_has(stack: Stack, capsys):
+    gone = "arn:aws:batch:us-east-1:123456789012:job-definition/trainstack-test-spot:7"
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, "spot_job_definition": gone}))
+    outputs = ["--stack", "test", "--outputs", str(stack.outputs_file)]
+    assert trainer_main(["push", *outputs, "--tag", IMAGE_TAG]) == 2
+    assert f"push: job definition {gone!r} (spot_job_definition) is missing" in capsys.readouterr().err

@@ -186,6 +186,19 @@ def test_efa_environment_without_a_placement_group_is_reported(cluster, violatio
     assert name == "gpu-env" and "without a cluster placement group" in message
 
 
+def test_efa_spot_environment_without_a_placement_group_is_reported(cluster, violations):
+    # Batch user guide, "Elastic Fabric Adapter": every instance that uses an EFA in one cluster placement group.
+    env = cluster.environment(type_="SPOT")
+    [(name, message)] = violations(aws_rules.efa_placement, cluster.template, env)
+    assert name == "gpu-env" and "without a cluster placement group" in message
+
+
+def test_efa_spot_environment_in_a_cluster_placement_group_passes(cluster, resource, violations):
+    group = resource(T["placement"], {"strategy": "cluster"}, name="spot-pg")
+    env = cluster.environment({"placementGroup": "trainstack-spot"}, feeds=[group], type_="SPOT")
+    assert violations(aws_rules.efa_placement, cluster.subnet, cluster.template, group, env) == []
+
+
 def test_spread_placement_group_is_reported(cluster, resource, violations):
     group = resource(T["placement"], {"strategy": "spread"}, name="pg")
     env = cluster.environment({"placementGroup": "pg"}, feeds=[group])

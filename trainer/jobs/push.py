@@ -1,5 +1,7 @@
 """`python -m trainer push --stack <env>`: push the locally built image to the stack's ECR repository under an
-immutable tag (the git commit `make image` tagged it with)."""
+immutable tag (the git commit `make image` tagged it with), then give every job definition the stack exports a
+revision with that image: the Spot queue's single-node definition as well as the multi-node one, whose placeholder
+image (`:latest`, infra/cluster.py) an immutable repository never receives."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from trainer.jobs.aws import client
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
-from trainer.jobs.submit import git_commit
+from trainer.jobs.submit import SubmitError, git_commit, job_definitions_for
 
 LOCAL_REPOSITORY = "trainstack"
 
@@ -61,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if image_in_registry(outputs, tag):
         print(f"{outputs['ecr_repository_url']}:{tag} is already in the registry (tags are immutable)")
-        return 0
+        return register_definitions(outputs, tag)
     login, password = docker_login(outputs)
     commands = push_commands(outputs, tag)
     if args.dry_run:
@@ -80,4 +82,16 @@ def main(args: argparse.Namespace) -> int:
     for command in commands:
         subprocess.run(command, check=True)
     print(f"pushed {outputs['ecr_repository_url']}:{tag}")
+    return register_definitions(outputs, tag)
+
+
+def register_definitions(outputs: StackOutputs, tag: str) -> int:
+    """Point every exported job definition at the pushed tag (a new revision only where none has it yet)."""
+    try:
+        revisions = job_definitions_for(f"{outputs['ecr_repository_url']}:{tag}", outputs)
+    except SubmitError as error:
+        print(f"push: {'; '.join(error.problems)}", file=sys.stderr)
+        return 2
+    for output, arn in revisions.items():
+        print(f"  {output}: {arn}")
     return 0

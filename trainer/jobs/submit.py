@@ -219,33 +219,56 @@ def dataset_problems(cfg: TrainConfig, outputs: StackOutputs) -> list[str]:
     return problems
 
 
-def job_definition_for(image: str, outputs: StackOutputs) -> str:
-    """The stack's job definition with `image` on every node: itself, an earlier revision that differs from it
-    only by that image, or a new revision. Batch cannot override a multi-node job's image at submission."""
+# Every job definition a stack exports (trainer/contract/outputs.py): the multi-node one, and the Spot queue's
+# single-node one when `trainstack:spot` is on. Each names a placeholder image (infra/cluster.py), so each gets a
+# revision with the pushed tag: the registry's tags are immutable and nothing else ever points them at a new image.
+JOB_DEFINITION_OUTPUTS = ("job_definition", "spot_job_definition")
+
+
+def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_definition") -> str:
+    """The stack's job definition `output` with `image`: itself, an earlier revision that differs from it only by
+    that image, or a new revision. Multi-node definitions get it on every node range (Batch cannot override a
+    multi-node job's image at submission), single-node container definitions in their container properties."""
     batch = client("batch", outputs.region)
-    described = batch.describe_job_definitions(jobDefinitions=[outputs["job_definition"]])["jobDefinitions"]
-    if not described or "nodeProperties" not in described[0]:
-        raise SubmitError(
-            [f"job definition {outputs['job_definition']!r} is missing or not a multi-node definition"]
-        )
+    described = batch.describe_job_definitions(jobDefinitions=[outputs[output]])["jobDefinitions"]
+    if not described:
+        raise SubmitError([f"job definition {outputs[output]!r} ({output}) is missing"])
     definition = described[0]
-    wanted = copy.deepcopy(definition["nodeProperties"])
-    for node_range in wanted["nodeRangeProperties"]:
-        node_range["container"]["image"] = image
+    if "nodeProperties" in definition:
+        kind, field = "multinode", "nodeProperties"
+        wanted = copy.deepcopy(definition[field])
+        for node_range in wanted["nodeRangeProperties"]:
+            node_range["container"]["image"] = image
+    elif "containerProperties" in definition:
+        kind, field = "container", "containerProperties"
+        wanted = {**copy.deepcopy(definition[field]), "image": image}
+    else:
+        raise SubmitError(
+            [f"job definition {outputs[output]!r} ({output}) has neither node nor container properties"]
+        )
     pages = batch.get_paginator("describe_job_definitions").paginate(
         jobDefinitionName=definition["jobDefinitionName"], status="ACTIVE"
     )
     for revision in (d for page in pages for d in page["jobDefinitions"]):
-        if revision.get("nodeProperties") == wanted:
+        if revision.get(field) == wanted:
             return revision["jobDefinitionArn"]
     carried = ("parameters", "retryStrategy", "timeout", "tags", "propagateTags", "platformCapabilities")
     registered = batch.register_job_definition(
         jobDefinitionName=definition["jobDefinitionName"],
-        type="multinode",
-        nodeProperties=wanted,
+        type=kind,
+        **{field: wanted},
         **{k: definition[k] for k in carried if definition.get(k) not in (None, {}, [])},
     )
     return registered["jobDefinitionArn"]
+
+
+def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
+    """A revision with `image` of every job definition the stack exports: {output name: revision ARN}."""
+    return {
+        output: job_definition_for(image, outputs, output)
+        for output in JOB_DEFINITION_OUTPUTS
+        if output in outputs.values
+    }
 
 
 def submit(submission: Submission, outputs: StackOutputs) -> str:
