@@ -3,7 +3,7 @@
 The layouts come from aws-ofi-nccl v1.21.1's contrib/debian-template (the .install file of each package, the rules
 that write libnccl-ofi's ld.so.conf entry) and src/Makefile.am (which plugin libraries each build installs), copied
 into tests/image/fixtures/aws_ofi_nccl_debian_layouts.json. NCCL's side (which file NCCL_NET_PLUGIN=ofi opens, and
-where the loader looks) is trainer/launch/netplugin.py's model of NVIDIA/nccl v2.28.9-1."""
+where the loader looks) is trainer/preflight/netplugin.py's model of NVIDIA/nccl v2.28.9-1."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "image"))
 import build_checks  # noqa: E402  (a script under image/, run by the Dockerfile as a file)
 
 from trainer.contract.image import efa_environment  # noqa: E402
-from trainer.launch.netplugin import resolve, search_dirs  # noqa: E402
+from trainer.preflight.netplugin import resolve, search_dirs  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UPSTREAM = json.loads((FIXTURES / "aws_ofi_nccl_debian_layouts.json").read_text())

@@ -3,6 +3,7 @@
 checkpointer  what the training loop calls: load() once, save() after each step (the interval, background saves
               published at a step boundary, the stop save, retention: keep_last, keep_best)
 writer        a checkpoint being written (`Write`: done, finish) and the background writer (`Writer`)
+digest        every byte's XXH3-128, hashed as the writers write and checked before a load
 store         the directory protocol any engine's checkpoint goes through: stage, seal with a manifest, publish
               (rename, `latest`), retention's rule and pruning, find the newest intact one, agree on failure
 record        what a checkpoint records about its model (to rebuild it, and refuse a config it does not fit)
