@@ -12,6 +12,7 @@ The tests' way in is one environment variable, TRAINSTACK_FAULT, read here and n
     hang          sleep `seconds` (default 600) in step N, leaving the other ranks waiting in a collective
     slow          sleep `seconds` (required) in step N and every later step: a straggler
     nan-grad      make step N's gradients NaN
+    sigterm       send SIGTERM to this rank in step N (as Batch's cancel or a Spot reclaim would)
     kill-in-save  SIGKILL this rank while it writes step N's checkpoint (after its first item is on disk)
     enospc        fail the checkpoint write of step N with OSError(ENOSPC), as a full file system does
 `rank` defaults to 0; `restart` (torchrun's restart count) to every attempt.
@@ -141,7 +142,7 @@ def _module(filename: str) -> str:
 
 
 FAULT_ENV = "TRAINSTACK_FAULT"
-_STEP_FAULTS = ("kill", "hang", "nan-grad", "slow")
+_STEP_FAULTS = ("kill", "hang", "nan-grad", "slow", "sigterm")
 _SAVE_FAULTS = ("kill-in-save", "enospc")
 
 
@@ -201,6 +202,8 @@ def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
         return
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
     elif fault.kind in ("hang", "slow"):
         time.sleep(fault.seconds)
     else:

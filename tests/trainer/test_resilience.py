@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainer.checkpoint.formats import resolve
+from trainer.checkpoint.megatron import saved_state
 from trainer.checkpoint.store import LATEST, CheckpointError, damage, latest_checkpoint
 from trainer.faults import Fault, SkipCounter, TrainingStopped
 
@@ -199,6 +200,33 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
 
 
 @pytest.mark.slow
+def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(tmp_path, tiny_config):
+    import psutil
+
+    from trainer.launch.torchrun import ORPHAN_CHECK_SECONDS
+
+    # Rank 0 dies in step 5 with background saves behind it (a niced writer, megatron's write-results Manager,
+    # multiprocessing's resource tracker); torchrun restarts it and the run goes on.
+    run = Training(
+        tmp_path,
+        "orphans",
+        tiny_config,
+        "schedule.train_iters=40",
+        "checkpoint.save_interval=2",
+        fault="kill step=5 rank=0 restart=0",
+        options=("--max-restarts", "1"),
+    )
+    supervisor = psutil.Process(run.process.pid)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(r["step"] >= 8 for r in run.records()) and time.monotonic() < deadline:
+        time.sleep(0.2)  # steps past the kill: the restarted attempt is training
+    time.sleep(3 * ORPHAN_CHECK_SECONDS)
+    children = [" ".join(child.cmdline()[:4]) for child in supervisor.children()]
+    _completed(run)
+    assert len(children) == 1 and "torch.distributed.run" in children[0], children
+
+
+@pytest.mark.slow
 def test_fresh_starts_over_once_and_a_restarted_rank_resumes_instead(tmp_path, tiny_config):
     straight = Training(tmp_path, "straight", tiny_config, *SHORT)
     _completed(straight)
@@ -271,6 +299,17 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_0(tmp_path, tiny_conf
     assert f"step {last}: stopped on SIGTERM" in output
     assert (run.checkpoints / LATEST).read_text() == f"iter_{last:07d}\n"
     assert damage(run.checkpoints / f"iter_{last:07d}") is None
+
+
+@pytest.mark.slow
+def test_a_stop_on_an_interval_saves_step_leaves_a_checkpoint_that_loads_at_any_layout(tmp_path, tiny_config):
+    # SIGTERM in step 4, whose interval save goes out in the background as dp_reshardable: the stop at the next
+    # step boundary saves step 4 again, synchronously and fully_reshardable, as docs/trainer.md promises.
+    run = Training(tmp_path, "stop", tiny_config, *SHORT, fault="sigterm step=4")  # saves every 4 steps
+    output = _completed(run)
+    assert "step 4: stopped on SIGTERM" in output
+    assert (run.checkpoints / LATEST).read_text() == "iter_0000004\n"
+    assert saved_state(run.checkpoints / "iter_0000004")["optimizer_format"] == "fully_reshardable"
 
 
 @pytest.mark.slow

@@ -38,6 +38,10 @@ class HashingWriter(io.RawIOBase):
         self._bytes = 0
         self._valid = True
 
+    @property
+    def name(self) -> str:
+        return self.path
+
     def writable(self) -> bool:
         return True
 

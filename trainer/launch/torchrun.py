@@ -139,7 +139,10 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, lambda signum, frame: None)
+    finished = threading.Event()
+    threading.Thread(target=_reap_orphans, args=(torchrun, finished), daemon=True).start()
     status = torchrun.wait()
+    finished.set()
     # What is left is orphaned: a killed rank's children (megatron's checkpoint writer keeps a Manager process).
     leftovers = psutil.Process().children(recursive=True)
     signal_all(leftovers, signal.SIGKILL)
@@ -147,6 +150,27 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     status = retry.supervised_status(status if status >= 0 else 128 - status, exit_request)
     shutil.rmtree(exit_request.parent, ignore_errors=True)
     return status
+
+
+# How often the supervisor looks for processes orphaned by a dead rank.
+ORPHAN_CHECK_SECONDS = 2.0
+
+
+def _reap_orphans(torchrun: subprocess.Popen, finished: threading.Event) -> None:
+    """While torchrun runs, kill what a dead rank left behind. This process is the subreaper (_adopt_orphans) and
+    starts only torchrun, so any other child of its own was orphaned: a killed rank's checkpoint writer, megatron's
+    write-results Manager, multiprocessing's resource tracker (about 0.3 GB a rank). Under --max-restarts torchrun
+    outlives many such deaths, and each would otherwise keep its share of memory until the job ends."""
+    import psutil
+
+    me = psutil.Process()
+    while not finished.wait(ORPHAN_CHECK_SECONDS):
+        orphans = [child for child in me.children() if child.pid != torchrun.pid]
+        for orphan in orphans:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for process in [*orphan.children(recursive=True), orphan]:
+                    process.kill()
+        psutil.wait_procs(orphans, timeout=5)
 
 
 def _adopt_orphans() -> None:
