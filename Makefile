@@ -26,9 +26,10 @@ $(VENV)/.infra-installed: requirements/infra.txt requirements/lock.txt | $(PY)
 	$(PIP) -r requirements/infra.txt
 	touch $@
 
+# dev.txt includes train.txt and infra.txt: its install satisfies their stamps too (make venv, then make train).
 $(VENV)/.dev-installed: requirements/dev.txt requirements/train.txt requirements/infra.txt requirements/lock.txt | $(PY)
 	$(PIP) -r requirements/dev.txt
-	touch $@
+	touch $@ $(VENV)/.train-installed $(VENV)/.infra-installed
 
 .PHONY: venv
 venv: $(VENV)/.dev-installed ## Create .venv with every pinned requirement (make test does this itself)

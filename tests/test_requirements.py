@@ -1,6 +1,7 @@
 """Every dependency is pinned exactly, and the full lock agrees with each requirements file."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,18 @@ def test_every_requirement_is_an_exact_pin_that_the_lock_agrees_with(name):
 def test_torch_and_megatron_core_pins():
     assert lock()["torch"] == "2.13.0"
     assert lock()["megatron-core"] == "0.16.1"
+
+
+def test_make_venv_satisfies_make_trains_and_the_infra_verbs_install_stamps(tmp_path):
+    # A stand-in interpreter (pip "succeeds" at once), so that Make's own rules are what is tested.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (venv / "bin" / "python").chmod(0o755)
+    root = REQUIREMENTS.parent
+    make = ["make", "--no-print-directory", f"VENV={venv}"]
+    subprocess.run([*make, f"{venv}/.dev-installed"], cwd=root, check=True, capture_output=True)
+    up_to_date = subprocess.run(
+        [*make, "-q", f"{venv}/.train-installed", f"{venv}/.infra-installed"], cwd=root
+    )
+    assert up_to_date.returncode == 0  # make train after make venv installs nothing again

@@ -223,7 +223,7 @@ def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(
     time.sleep(3 * ORPHAN_CHECK_SECONDS)
     children = [" ".join(child.cmdline()[:4]) for child in supervisor.children()]
     _completed(run)
-    assert len(children) == 1 and "torch.distributed.run" in children[0], children
+    assert len(children) == 1 and "trainer.launch.torchrun" in children[0], children
 
 
 @pytest.mark.slow
@@ -310,6 +310,25 @@ def test_a_stop_on_an_interval_saves_step_leaves_a_checkpoint_that_loads_at_any_
     assert "step 4: stopped on SIGTERM" in output
     assert (run.checkpoints / LATEST).read_text() == "iter_0000004\n"
     assert saved_state(run.checkpoints / "iter_0000004")["optimizer_format"] == "fully_reshardable"
+
+
+@pytest.mark.slow
+def test_a_signal_to_torchrun_itself_is_told_in_one_line_without_tracebacks(tmp_path, tiny_config):
+    import psutil
+
+    run = Training(
+        tmp_path, "signalled", tiny_config, "schedule.train_iters=1000", "checkpoint.save_interval=2"
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not [r for r in run.records() if r["step"] >= 5] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (torchrun,) = psutil.Process(run.process.pid).children()
+    torchrun.send_signal(signal.SIGTERM)  # not the supervisor: torchrun stops the ranks without a save
+    status, output = run.wait()
+    assert status == 128 + signal.SIGTERM, output[-4000:]
+    assert "torchrun: stopped by SIGTERM sent to torchrun itself" in output
+    assert "Traceback" not in output and "free space" not in output, output[-4000:]
+    assert damage(run.checkpoints / (run.checkpoints / LATEST).read_text().strip()) is None
 
 
 @pytest.mark.slow

@@ -253,10 +253,27 @@ def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> 
     rank = next((r for r in sorted(failed) if "[Errno" in failed[r]), min(failed))
     previous = latest_checkpoint(staging.parent, warn=lambda _: None)
     kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint"
+    if any(marker in failed[rank] for marker in _WRITER_STOPPED):
+        raise CheckpointSaveError(
+            f"{doing} was abandoned: the checkpoint writer's helper processes were stopped by a signal (SIGTERM "
+            f"to torchrun itself, or to the whole process group). Nothing was published: {kept}. To stop a run "
+            "with a save, signal the supervising process (`train` outside torchrun, or `launch`) instead; run "
+            "again to resume"
+        )
     raise CheckpointSaveError(
         f"{doing} failed on rank {rank}: {failed[rank]}. Nothing was published: {kept}. Fix that (free space "
         "on that file system, or set checkpoint.dir to another) and run again to resume"
     )
+
+
+# What a rank reads when the writer's helpers (megatron's write-results Manager, the forked writer) were killed
+# under it: the Manager's pipe is gone (multiprocessing/connection.py raises EOFError, or EPIPE on a send).
+_WRITER_STOPPED = (
+    "[Errno 32] Broken pipe",
+    "EOFError",
+    "[Errno 104] Connection reset by peer",
+    "[Errno 111] Connection refused",
+)
 
 
 def _failures(error: BaseException) -> dict[int, str]:

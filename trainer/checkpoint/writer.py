@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ class Write:
         try:
             if not self.queue.maybe_finalize_async_calls(blocking=False):
                 return False
-        except (CheckpointException, OSError) as error:  # megatron gathers every rank's write failures
+        except (CheckpointException, OSError, EOFError) as error:  # megatron gathers every rank's failures
             self.failure = error
         self.queue = None
         return True
@@ -63,7 +64,7 @@ class Write:
         if self.queue is not None:
             try:
                 self.queue.maybe_finalize_async_calls(blocking=True)
-            except (CheckpointException, OSError) as error:
+            except (CheckpointException, OSError, EOFError) as error:  # EOFError: the writer's helpers died
                 self.failure = error
             self.queue = None
         agree_or_raise(self.failure, f"saving step {self.step} to {self.staging}", self.staging)
@@ -95,7 +96,16 @@ def _yielding(write):
 
     def run(*args, **kwargs):
         os.nice(WRITER_NICENESS)
-        return write(*args, **kwargs)
+        try:
+            return write(*args, **kwargs)
+        except (EOFError, ConnectionError) as error:  # BrokenPipe, ConnectionRefused, ConnectionReset
+            # megatron's write-results Manager died under the writer (a signal to the process group): the rank
+            # reads the same and says so; one line here instead of a traceback from a process nobody asked about.
+            print(
+                f"checkpoint writer: stopped, its result queue is gone ({type(error).__name__})",
+                file=sys.stderr,
+            )
+            os._exit(1)
 
     return run
 

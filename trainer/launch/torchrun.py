@@ -61,7 +61,7 @@ def devices_per_node() -> int:
 def torchrun_command(
     rdzv: Rendezvous, nproc: int, port: int, max_restarts: int, verb: list[str]
 ) -> list[str]:
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    torchrun = [sys.executable, "-m", "trainer.launch.torchrun"]  # torch.distributed.run, see run_torchrun
     return [*torchrun, *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
 
 
@@ -178,3 +178,29 @@ def _adopt_orphans() -> None:
     if sys.platform == "linux":
         pr_set_child_subreaper = 36
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def run_torchrun() -> int:
+    """torchrun (torch.distributed.run), with one line instead of its traceback when it is signalled itself: the
+    supervisor forwards SIGTERM to the ranks, so a signal reaching torchrun came from outside (a kill of its
+    pid or of the process group), and the ranks stop without saving what was in flight."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        run.main()
+    except SignalException as stopped:
+        name = signal.Signals(stopped.sigval).name
+        print(
+            f"torchrun: stopped by {name} sent to torchrun itself; its ranks were stopped without saving what "
+            "was in flight (the newest complete checkpoint stands). To stop a run with a save, signal the "
+            "supervising process (`train` outside torchrun, or `launch`)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stopped.sigval
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_torchrun())
