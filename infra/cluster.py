@@ -21,7 +21,7 @@ get their own network interface (awsvpc), which then uses the VPC's default secu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 
 import pulumi
 import pulumi_aws as aws
@@ -61,7 +61,9 @@ def container_memory_mib(instance: InstanceType) -> int:
     return min(total * 95 // 100, total - 2048)
 
 
-def efa_network_interfaces(instance: InstanceType, security_group_id: Any) -> list[dict[str, Any]]:
+def efa_network_interfaces(
+    instance: InstanceType, security_group_id: Any
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgsDict]:
     """One interface per EFA card: the primary `efa` (card 0, device 0, the node's IP) and `efa-only` on the rest.
 
     No subnet: the compute environment's `subnets` place the nodes. Batch ignores a launch template's network
@@ -69,15 +71,21 @@ def efa_network_interfaces(instance: InstanceType, security_group_id: Any) -> li
     groups refuse a launch template whose interfaces name one (EKS user guide, "Customize managed nodes with
     launch templates").
     """
-    common = {"security_groups": [security_group_id], "delete_on_termination": "true"}
-    primary = {**common, "network_card_index": 0, "device_index": 0, "interface_type": "efa"}
-    return [
-        {**primary, "associate_public_ip_address": "false"},
-        *(
-            {**common, "network_card_index": card, "device_index": 0, "interface_type": "efa-only"}
-            for card in range(1, instance.efa_interfaces)
-        ),
+    common: aws.ec2.LaunchTemplateNetworkInterfaceArgsDict = {
+        "security_groups": [security_group_id],
+        "delete_on_termination": "true",
+    }
+    primary: aws.ec2.LaunchTemplateNetworkInterfaceArgsDict = {
+        **common,
+        "network_card_index": 0,
+        "device_index": 0,
+        "interface_type": "efa",
+    }
+    efa_only: list[aws.ec2.LaunchTemplateNetworkInterfaceArgsDict] = [
+        {**common, "network_card_index": card, "device_index": 0, "interface_type": "efa-only"}
+        for card in range(1, instance.efa_interfaces)
     ]
+    return [{**primary, "associate_public_ip_address": "false"}, *efa_only]
 
 
 def job_container(
@@ -128,7 +136,7 @@ def job_container(
     }
 
 
-RETRY_ON_HOST_FAILURE = {
+RETRY_ON_HOST_FAILURE: aws.batch.JobDefinitionRetryStrategyArgsDict = {
     "attempts": RETRY_ATTEMPTS,
     "evaluate_on_exits": [
         {"on_status_reason": "Host EC2*", "action": "RETRY"},
@@ -138,6 +146,30 @@ RETRY_ON_HOST_FAILURE = {
         {"on_reason": "*", "action": "EXIT"},
     ],
 }
+
+
+class _SecurityGroupSide(TypedDict):
+    """The arguments every rule of the EFA group shares: which group the rule belongs to, and its parent."""
+
+    security_group_id: pulumi.Output[str]
+    opts: pulumi.ResourceOptions
+
+
+class _LustreRule(TypedDict):
+    """One Lustre port range, the same in both directions."""
+
+    ip_protocol: str
+    from_port: int
+    to_port: int
+    opts: pulumi.ResourceOptions
+
+
+class _EnvironmentCapacity(TypedDict):
+    """What differs between the GPU and the Spot compute environments."""
+
+    type: str
+    allocation_strategy: str
+    placement_group: NotRequired[pulumi.Input[str] | None]
 
 
 @dataclass
@@ -218,7 +250,7 @@ class Cluster(pulumi.ComponentResource):
             description="GPU nodes: EFA, NCCL bootstrap, FSx client",
             opts=child,
         )
-        own = {"security_group_id": group.id, "opts": child}
+        own: _SecurityGroupSide = {"security_group_id": group.id, "opts": child}
         aws.vpc.SecurityGroupIngressRule(
             f"{prefix}-efa-from-self",
             referenced_security_group_id=group.id,
@@ -246,7 +278,7 @@ class Cluster(pulumi.ComponentResource):
         # Amazon VPC"): security group rules are per direction, and Pulumi removes the default allow-all egress.
         fsx = args.lustre.security_group.id
         for low, high in LUSTRE_PORTS:
-            lustre = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "opts": child}
+            lustre: _LustreRule = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "opts": child}
             aws.vpc.SecurityGroupEgressRule(
                 f"{prefix}-efa-to-fsx-{low}",
                 security_group_id=group.id,
@@ -326,7 +358,7 @@ class Cluster(pulumi.ComponentResource):
             ],
             user_data=pulumi.Output.all(
                 args.lustre.file_system.dns_name, args.lustre.file_system.mount_name
-            ).apply(lambda fsx: node_user_data(*fsx, cfg.stop_grace_seconds)),
+            ).apply(lambda fsx: node_user_data(fsx[0], fsx[1], cfg.stop_grace_seconds)),
             # A node whose bootstrap fails shuts itself down: terminate it rather than keep a stopped instance.
             instance_initiated_shutdown_behavior="terminate",
             tag_specifications=[
@@ -338,7 +370,11 @@ class Cluster(pulumi.ComponentResource):
         )
 
     def _environment(
-        self, name: str, args: ClusterArgs, template: aws.ec2.LaunchTemplate, **resources: Any
+        self,
+        name: str,
+        args: ClusterArgs,
+        template: aws.ec2.LaunchTemplate,
+        **resources: Unpack[_EnvironmentCapacity],
     ) -> aws.batch.ComputeEnvironment:
         """A managed environment of the stack's instance type in the cluster subnet, from 0 to `nodeCount` nodes."""
         cfg = args.config

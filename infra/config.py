@@ -247,8 +247,9 @@ class StackConfig(BaseModel):
         return problems
 
     def _subnet_problems(self) -> list[str]:
-        vpc = ipaddress.ip_network(self.vpc_cidr)
-        problems, seen = [], []
+        vpc = ipaddress.IPv4Network(self.vpc_cidr)  # _vpc_cidr and _subnet_cidrs admitted IPv4 blocks only
+        problems: list[str] = []
+        seen: list[tuple[str, ipaddress.IPv4Network]] = []
         for field in ("private_subnet_cidrs", "public_subnet_cidrs"):
             given = getattr(self, field)
             if given is not None and len(given) != len(self.availability_zones):
@@ -257,7 +258,7 @@ class StackConfig(BaseModel):
                     f"({len(self.availability_zones)}), in the order of {_key('availability_zones')}"
                 )
             for i, cidr in enumerate(given or ()):
-                where, subnet = f"{_key(field)}[{i}]", ipaddress.ip_network(cidr)
+                where, subnet = f"{_key(field)}[{i}]", ipaddress.IPv4Network(cidr)
                 if not subnet.subnet_of(vpc):
                     problems.append(f"{where} = {cidr!r}: outside {_key('vpc_cidr')} {self.vpc_cidr}")
                 problems += [
@@ -363,7 +364,7 @@ class StackConfig(BaseModel):
     @property
     def subnet_cidrs(self) -> tuple[list[str], list[str]]:
         """(private, public) CIDRs per zone: as configured, or carved from the VPC (/20s private, /24s public)."""
-        vpc = ipaddress.ip_network(self.vpc_cidr)
+        vpc = ipaddress.IPv4Network(self.vpc_cidr)  # _vpc_cidr admitted an IPv4 block only
         blocks = list(vpc.subnets(new_prefix=vpc.prefixlen + 4))
         public_blocks = blocks[-1].subnets(new_prefix=vpc.prefixlen + 8)
         zones = range(len(self.availability_zones))
@@ -398,7 +399,10 @@ def _cidr(cidr: str) -> ipaddress.IPv4Network:
     return network
 
 
-_FIELDS = {f.alias: f for f in StackConfig.model_fields.values() if f.alias != "pulumi:stack"}
+# The alias generator gives every field its key; `is not None` tells the type checker so.
+_FIELDS = {
+    f.alias: f for f in StackConfig.model_fields.values() if f.alias is not None and f.alias != "pulumi:stack"
+}
 
 
 def parse_stack_config(stack: str, values: Mapping[str, Any], source: str = "stack config") -> StackConfig:

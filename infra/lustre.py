@@ -98,7 +98,11 @@ class Lustre(pulumi.ComponentResource):
         )
 
     def _link(
-        self, prefix: str, directory: str, bucket: aws.s3.Bucket, policy: dict
+        self,
+        prefix: str,
+        directory: str,
+        bucket: aws.s3.Bucket,
+        policy: aws.fsx.DataRepositoryAssociationS3ArgsDict,
     ) -> aws.fsx.DataRepositoryAssociation:
         """`/<directory>` <-> the bucket's root."""
         return aws.fsx.DataRepositoryAssociation(

@@ -88,7 +88,7 @@ class StackMocks(pulumi.runtime.Mocks):
             type=args.typ,
             name=args.name,
             inputs=dict(args.inputs),
-            custom=args.custom,
+            custom=bool(args.custom),  # the mock monitor passes `request.custom or False`: never None here
             id=resource_id,
             outputs=outputs,
         )

@@ -37,14 +37,14 @@ if TYPE_CHECKING:
 # defines network interfaces. So it admits exactly what those containers need, from and to each other (the
 # rendezvous and NCCL's bootstrap over the main node's container address) and HTTPS out (AWS endpoints, S3, ECR).
 # Lustre and EFA traffic leave from the host's own interfaces (the EFA group), never from a container's.
-TASK_SELF_RULE = {
+TASK_SELF_RULE: aws.ec2.DefaultSecurityGroupIngressArgsDict = {
     "protocol": "-1",
     "from_port": 0,
     "to_port": 0,
     "self": True,
     "description": "Multi-node job containers (awsvpc) to each other",
 }
-TASK_HTTPS_RULE = {
+TASK_HTTPS_RULE: aws.ec2.DefaultSecurityGroupEgressArgsDict = {
     "protocol": "tcp",
     "from_port": 443,
     "to_port": 443,

@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import settings
 from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import Stack
 from rich.console import Console
 from rich.table import Table
 
@@ -86,6 +87,7 @@ def run_program(stack: str, values: Mapping[str, Any] | None = None) -> Plan:
     def program() -> pulumi.Output:
         runpy.run_path(str(PROGRAM), run_name="__main__")
         root = settings.get_root_resource()
+        assert isinstance(root, Stack)  # set_mocks made the stack, and only a Stack sets the root resource
         return pulumi.Output.from_input(root.outputs).apply(exported.update)
 
     program()

@@ -19,7 +19,7 @@ import fnmatch
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pulumi_policy import (
     PolicyResource,
@@ -105,7 +105,8 @@ def user_data_script(user_data: str) -> str:
     parts = [
         p for p in message.walk() if p.get_content_type() in ("text/x-shellscript", "text/cloud-boothook")
     ]
-    return "\n".join(p.get_payload(decode=True).decode() for p in parts)
+    # typeshed's get_payload also covers multipart parts; decoding a text part gives its bytes.
+    return "\n".join(cast(bytes, p.get_payload(decode=True)).decode() for p in parts)
 
 
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")
@@ -365,7 +366,7 @@ def validate_mnp_on_demand(args: StackValidationArgs, report_violation: ReportVi
     for definition in of_type(args.resources, [aws_types.BATCH_JOB_DEFINITION]):
         if definition.props.get("type") != "multinode":
             continue
-        needed = {c.get("instanceType") for c in job_containers(definition)} - {None}
+        needed = {kind for c in job_containers(definition) if (kind := c.get("instanceType")) is not None}
         missing = sorted(needed - offered)
         if missing:
             report_violation(

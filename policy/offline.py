@@ -28,6 +28,7 @@ from pulumi_policy import (
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
+    StackValidationPolicy,
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
@@ -96,6 +97,7 @@ def evaluate(resources: Sequence[PolicyResource], stack: str) -> list[Violation]
                 args = ResourceValidationArgs(r.resource_type, r.props, r.urn, r.name, r.opts, None)
                 policy.validate(args, reporter(r.urn))
         else:
+            assert isinstance(policy, StackValidationPolicy)  # pulumi-policy's only other kind of policy
             policy.validate(StackValidationArgs(list(resources)), reporter(stack_urn(stack)))
     return violations
 

@@ -209,7 +209,7 @@ def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
     else:
         for chunk in chunks:
             for param in chunk.parameters():
-                param.main_grad.fill_(math.nan)
+                param.main_grad.fill_(math.nan)  # type: ignore[attr-defined]  # megatron's DDP adds main_grad
 
 
 @contextlib.contextmanager

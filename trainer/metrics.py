@@ -128,7 +128,9 @@ class MetricsLogger:
             "skipped_steps": skipped_steps,
         }
         # A skipped step's loss or norm may be inf or nan, which JSON has no words for: null.
-        record = {key: _json_number(value) for key, value in values.items()}
+        record: dict[str, float | list[dict] | None] = {
+            key: _json_number(value) for key, value in values.items()
+        }
         if val_loss is not None:
             record["val_loss"] = val_loss
         if stragglers:  # at the end of a straggler window that found one (trainer/health/)
@@ -138,7 +140,11 @@ class MetricsLogger:
         if self.tensorboard is not None:
             scalars = {**record, "peak_memory_gib": peak_memory}
             for key, value in scalars.items():
-                if key not in ("step", "stragglers") and value is not None and math.isfinite(value):
+                if (
+                    key not in ("step", "stragglers")
+                    and isinstance(value, int | float)
+                    and math.isfinite(value)
+                ):
                     self.tensorboard.add_scalar(key, value, step)
         self._export(step, record, skipped_steps)
         if result is not None:

@@ -114,6 +114,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if not worker:
         return local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
+    assert stop is not None  # a torchrun worker made its StopRequest first thing
     return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
 
 
@@ -173,7 +174,7 @@ def train(
         return
     logger = _metrics_logger(engine, progress.step, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
-        val_loss = engine.evaluate()  # the untrained model: where the loss starts
+        val_loss: float | None = engine.evaluate()  # the untrained model: where the loss starts
         if logger is not None:
             logger.log(0, val_loss=val_loss)
     batches = engine.train_batches(progress.consumed_samples)

@@ -43,7 +43,9 @@ class AllocationTrace:
 
     def __exit__(self, *exc) -> None:
         self._profile.__exit__(*exc)
-        stack = list(self._profile.profiler.kineto_results.experimental_event_tree())
+        profiler = self._profile.profiler
+        assert profiler is not None and profiler.kineto_results is not None  # both set by the __exit__ above
+        stack = list(profiler.kineto_results.experimental_event_tree())
         while stack:
             node = stack.pop()
             if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == self.device:

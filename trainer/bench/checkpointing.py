@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -26,11 +28,13 @@ from trainer.checkpoint.store import Progress, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.engines.megatron import MegatronEngine
 
+T = TypeVar("T")
+
 PLAIN_STEPS = 2  # steps without a save, the stall's baseline
 BACKGROUND_SAVES = 3  # plan, check the plan, reuse it
 
 
-def _timed(call) -> tuple[float, object]:
+def _timed(call: Callable[[], T]) -> tuple[float, T]:
     torch.distributed.barrier()
     started = time.perf_counter()
     result = call()

@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -125,7 +126,7 @@ def run_suite(
     """The CPU suite. The data section tokenizes the standard library (or `data_inputs`) with the config's
     tokenizer; training runs the config's own layout against TP=1 x PP=1."""
     cfg = load_config(config)
-    report = {"machine": machine(), "config": str(config), "results": [], "details": {}}
+    report: dict[str, Any] = {"machine": machine(), "config": str(config), "results": [], "details": {}}
     disk = sequential_write_gbytes_per_s(out / "disk", disk_bytes)
     report["details"]["disk_write_gbytes_per_s"] = disk
 

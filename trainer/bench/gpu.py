@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,7 +98,12 @@ def run_gpu_suite(
     cfg = load_config(config)
     if not Path(f"{cfg.data.prefixes[0]}.bin").exists():  # make train's corpus, prepared once
         prepare_dataset([], cfg.data.prefixes[0], stdlib=True, workers=default_workers())
-    report = {"machine": machine(), "config": str(config), "results": [], "details": {"training": {}}}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "config": str(config),
+        "results": [],
+        "details": {"training": {}},
+    }
     flops = (
         model_flops_per_sequence(cfg.model, cfg.data.seq_length, vocab_size(cfg))
         * cfg.schedule.global_batch_size

@@ -37,6 +37,7 @@ def bare_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float]:
     _, chunks, optimizer, scheduler = build_model_and_optimizer(cfg)  # the trainer's model, DDP and optimizer
     s, seq = cfg.schedule, cfg.data.seq_length
     generator = torch.Generator().manual_seed(cfg.seed)
+    assert cfg.model.vocab_size is not None  # with_resolved_model filled it
     tokens = torch.randint(cfg.model.vocab_size, (s.micro_batch_size, seq + 1), generator=generator)
     device = parallel.device_type()
     batch = {
@@ -80,7 +81,7 @@ def trainer_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float
         logged.append(time.perf_counter())
         return result
 
-    metrics.MetricsLogger.log = timed_log
+    metrics.MetricsLogger.log = timed_log  # type: ignore[method-assign]  # the bench times every log call
     console = Console(stderr=True, quiet=True)
     train.train(cfg, dims, console, fresh=True)
     # logged[0] is the untrained model's evaluation, logged[-1] the last step's (with its evaluation).

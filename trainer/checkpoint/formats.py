@@ -46,8 +46,9 @@ def read_record(path: Path) -> ModelRecord | None:
     return ModelRecord.from_dict(saved) if saved else None
 
 
-def full_weights(path: Path, record: ModelRecord) -> dict[str, torch.Tensor]:
-    """Every full weight of a checkpoint of any format, in trainer/model/weights.py's naming."""
+def full_weights(path: Path, record: ModelRecord | None) -> dict[str, torch.Tensor]:
+    """Every full weight of a checkpoint of any format, in trainer/model/weights.py's naming (megatron's needs
+    the record to rebuild the model; DeepSpeed's names are global and need none)."""
     return _format(path).full_weights(path, record)
 
 

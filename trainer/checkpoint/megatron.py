@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,13 +91,14 @@ def _state_dict(
     optimizer_format: str = _DEFAULT_OPTIMIZER_FORMAT,
 ) -> dict:
     model_state = _model_state(model)
-    state = {
+    state: dict[str, Any] = {
         "model": model_state,
         "progress": asdict(progress),
         "layout": _layout(dims),
         "model_record": record.to_dict() if record else None,
     }
     if optimizer is not None:  # None: a weights-only checkpoint
+        assert scheduler is not None  # an optimizer's state is saved and loaded with its LR schedule
         metadata = {"distrib_optim_sharding_type": optimizer_format}
         state["optimizer"] = optimizer.sharded_state_dict(
             model_state, is_loading=is_loading, metadata=metadata

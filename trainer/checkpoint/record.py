@@ -30,6 +30,7 @@ def model_mismatches(saved: ModelConfig, wanted: ModelConfig) -> list[str]:
     """How a model config differs from the one a checkpoint holds, in what decides its weights and outputs."""
 
     def weights_defining(m: ModelConfig) -> dict:
+        assert m.vocab_size is not None  # a record and the run's model both have resolved_model's vocabulary
         return {
             "model.num_layers": m.num_layers,
             "model.hidden_size": m.hidden_size,

@@ -6,11 +6,13 @@ and what would be valid.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 from trainer.config.checks import consistency_problems
 from trainer.config.schema import ConfigError, TrainConfig
@@ -40,7 +42,7 @@ LAYOUT_KEYS = (
 
 
 def load_config(
-    path: str | Path, overrides: list[str] = (), device: Literal["cpu", "cuda"] | None = None
+    path: str | Path, overrides: Sequence[str] = (), device: Literal["cpu", "cuda"] | None = None
 ) -> TrainConfig:
     """Read a YAML config, apply `section.key=value` overrides, and validate the result. `precision: auto`
     becomes the precision `device` computes natively (None: this machine's device; cluster tools say cuda)."""
@@ -92,12 +94,12 @@ def _resolve_precision(
     return choice
 
 
-def auto_keys(path: str | Path, overrides: list[str] = ()) -> list[str]:
+def auto_keys(path: str | Path, overrides: Sequence[str] = ()) -> list[str]:
     """The LAYOUT_KEYS that the config (with overrides) leaves to the planner."""
     return _auto_keys(_read_raw(Path(path), overrides))
 
 
-def _read_raw(path: Path, overrides: list[str]) -> dict[str, Any]:
+def _read_raw(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} not found"])
     raw = yaml.safe_load(path.read_text()) or {}
@@ -169,13 +171,13 @@ def _unknown_key(parts: list[str] | tuple, valid: dict[str, Any]) -> str:
     return f"unknown key {dotted!r}; {hint or 'valid keys here: ' + ', '.join(valid)}"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     loc = error["loc"]
     dotted = ".".join(str(p) for p in loc)
     if error["type"] == "extra_forbidden":
         model: type[BaseModel] = TrainConfig
         for part in loc[:-1]:
-            annotation = model.model_fields[part].annotation
+            annotation = model.model_fields[str(part)].annotation  # pydantic types loc parts int | str
             if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
                 break
             model = annotation

@@ -20,6 +20,7 @@ from pydantic import (
     PrivateAttr,
 )
 
+from trainer.contract.catalog import FP8Recipe
 from trainer.monitoring.config import MonitoringConfig
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ class FP8Config(_Section):
     format: Literal["e4m3", "hybrid"] | None = None  # None: no FP8; hybrid: e4m3 forward, e5m2 gradients
     # delayed: per-tensor scale from an amax history; tensorwise: per-tensor current scaling (Hopper and later);
     # mxfp8: one scale per 32 values, Blackwell (SM 10.0) only.
-    recipe: Literal["delayed", "tensorwise", "mxfp8"] = "delayed"
+    recipe: FP8Recipe = "delayed"
 
     def problems(self) -> list[str]:
         if self.format is None and self.recipe != "delayed":

@@ -14,6 +14,10 @@ needs Blackwell, SM 10.0 (TransformerEngine docs, features/low_precision_trainin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+# TransformerEngine's FP8 recipes, as config fp8.recipe names them.
+FP8Recipe = Literal["delayed", "tensorwise", "mxfp8"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class InstanceType:
     peak_bf16_tflops_per_gpu: float  # dense
     nvlink_gbytes_per_s: float  # per GPU, one direction, through NVSwitch
     peak_fp8_tflops_per_gpu: float = 0.0  # dense; 0: no FP8 tensor cores
-    fp8_recipes: tuple[str, ...] = ()  # the TransformerEngine FP8 recipes (config fp8.recipe) the GPU runs
+    # The TransformerEngine FP8 recipes (config fp8.recipe) the GPU runs.
+    fp8_recipes: tuple[FP8Recipe, ...] = ()
 
     @property
     def has_efa(self) -> bool:
@@ -47,8 +52,10 @@ class InstanceType:
         return [f"/dev/infiniband/uverbs{i}" for i in range(self.efa_interfaces)]
 
 
-HOPPER_FP8 = ("tensorwise", "delayed")  # per-tensor scaling: current (tensorwise) or from an amax history
-BLACKWELL_FP8 = ("mxfp8", "tensorwise", "delayed")  # the first is the planner's choice for the GPU
+# Per-tensor scaling: current (tensorwise) or from an amax history.
+HOPPER_FP8: tuple[FP8Recipe, ...] = ("tensorwise", "delayed")
+# The first is the planner's choice for the GPU.
+BLACKWELL_FP8: tuple[FP8Recipe, ...] = ("mxfp8", "tensorwise", "delayed")
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t

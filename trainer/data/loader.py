@@ -3,8 +3,8 @@ micro-batch streams over them (one identical stream per virtual pipeline stage),
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.data.datasets import build_gpt_datasets
@@ -13,6 +13,7 @@ from trainer.data.tokenizer import load_tokenizer
 from trainer.distributed.parallel import device_type
 
 if TYPE_CHECKING:
+    import torch
     from torch.utils.data import Dataset
 
     from trainer.config import ParallelDims
@@ -32,6 +33,7 @@ def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
         tokenizer_path=cfg.data.tokenizer_path,
         cache_dir=cfg.data.cache_dir or str(cfg.run_dir / "data-cache"),
     )
+    assert valid_data is not None  # data.split's validation weight is above 0 (DataConfig checks it)
     return train_data, valid_data
 
 
@@ -53,7 +55,8 @@ def micro_batch_streams(
 
     def stream() -> Iterator[dict]:
         batches = sample_batches(
-            dataset,
+            # megatron-core's GPTDataset (untyped) sizes and indexes like a sequence; torch's Dataset declares neither.
+            cast("Sequence[dict[str, torch.Tensor]]", dataset),
             consumed_samples,
             s.global_batch_size,
             s.micro_batch_size,

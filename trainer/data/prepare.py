@@ -166,6 +166,7 @@ class PrepareResult:
                 f"{self.files.prefix}: cached ({m.documents:,} documents, {m.tokens:,} tokens, tokenizer "
                 f"{self.files.tokenizer}); inputs unchanged since it was prepared, --force rebuilds it"
             )
+        assert self.template is not None  # only a cached result has none, and it returned above
         rate = m.tokens / max(self.timing.seconds, 1e-9)
         per_core = m.tokens / max(self.timing.worker_cpu_seconds, 1e-9)
         return (
@@ -232,6 +233,7 @@ def prepare_dataset(
             if tokenizer is not None:
                 shutil.copyfile(tokenizer, tokenizer_path)
             else:
+                assert request.vocab_size is not None  # set whenever no tokenizer is given (above)
                 task = progress.add_task(
                     f"training a byte-level BPE (vocab {request.vocab_size:,})", total=None, detail=""
                 )

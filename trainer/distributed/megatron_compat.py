@@ -95,15 +95,21 @@ def apply() -> None:
     _applied = True
 
 
+def _cpu_manual_seed(seed: int) -> None:
+    """torch.manual_seed, returning None as torch.cuda.manual_seed does."""
+    torch.manual_seed(seed)
+
+
 def _bridge_cuda_to_cpu() -> None:
     # 1. The "CUDA" RNG is the CPU generator.
-    torch.cuda.manual_seed = torch.manual_seed
+    torch.cuda.manual_seed = _cpu_manual_seed
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
-    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    torch.cuda.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)
     megatron_random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     megatron_random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
     # 3 and 4.
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    # Deliberately a device where torch types an index: megatron passes the result on as a device (item 3).
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda device=None: None
     # 2 and 5, for this thread (megatron-core runs its model and optimizer on the main thread).
     _CudaToCpu().__enter__()

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Literal
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -28,7 +29,7 @@ from trainer.config import ParallelDims, TrainConfig
 from trainer.distributed import fast_path, megatron_compat
 
 
-def device_type() -> str:
+def device_type() -> Literal["cpu", "cuda"]:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import deepspeed
 import torch
@@ -189,16 +190,26 @@ def save_weights(
     ).finish()
 
 
+class _AdamHyperparameters(TypedDict):
+    """The keyword arguments torch's AdamW and DeepSpeed's CPU Adam share."""
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+
+
 def _adamw(cfg: TrainConfig, chunk: torch.nn.Module) -> tuple[torch.optim.Optimizer, bool]:
     """AdamW over megatron's parameter groups (norms and biases without weight decay), and whether it is torch's
     stepping host-resident states. With optimizer offload on GPUs it is DeepSpeed's vectorized CPU Adam."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, param in chunk.named_parameters():
         (no_decay if param.ndim == 1 or name.endswith(".bias") else decay).append(param)
     # wd_mult: megatron's LR schedule sets each group's weight decay to the configured one times this.
     groups = [{"params": decay, "wd_mult": 1.0}, {"params": no_decay, "wd_mult": 0.0}]
     o = cfg.optimizer
-    hyper = {
+    hyper: _AdamHyperparameters = {
         "lr": o.lr,
         "betas": (o.adam_beta1, o.adam_beta2),
         "eps": o.adam_eps,

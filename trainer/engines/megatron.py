@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -43,7 +44,7 @@ class MegatronEngine:
 
     cfg: TrainConfig
     dims: ParallelDims
-    chunks: list[torch.nn.Module]  # one per virtual pipeline stage, each under megatron's DDP
+    chunks: list[DistributedDataParallel]  # one per virtual pipeline stage, each under megatron's DDP
     optimizer: MegatronOptimizer
     scheduler: OptimizerParamScheduler
     train_data: Dataset
@@ -179,7 +180,7 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
 
 def build_model_and_optimizer(
     cfg: TrainConfig,
-) -> tuple[llama.Built, list[torch.nn.Module], MegatronOptimizer, OptimizerParamScheduler]:
+) -> tuple[llama.Built, list[DistributedDataParallel], MegatronOptimizer, OptimizerParamScheduler]:
     """Llama on megatron-core, split over TP and PP, each chunk under megatron's DDP; its optimizer and LR
     schedule, and the pipeline schedule told how to reduce gradients (cfg's model resolved)."""
     built = llama.build(cfg)

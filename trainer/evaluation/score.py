@@ -76,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         record = formats.read_record(found)
         if record is None:
             raise ScoreError(f"{found} records no model config (saved before checkpoints carried one)")
+        assert record.config.vocab_size is not None  # a record holds the resolved vocabulary
         sequences = _sequences(args, record.seq_length, record.config.vocab_size)
         world_size = int(os.environ["WORLD_SIZE"]) if local.under_torchrun() else args.tp * args.pp
         cfg = _config(record.config, args.tp, args.pp, sequences, world_size)
@@ -192,6 +193,7 @@ def score(checkpoint_path: Path, cfg: TrainConfig, sequences: list[list[int]]) -
         for chunk in chunks:
             chunk.eval()
         mine = sequences[parallel_state.get_data_parallel_rank() :: dims.dp]
+        assert cfg.model.vocab_size is not None  # main builds cfg from the checkpoint's record
         micro_batches = cfg.schedule.global_batch_size // dims.dp
         with torch.no_grad():
             outputs = get_forward_backward_func()(

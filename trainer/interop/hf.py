@@ -194,6 +194,9 @@ def _rules(model: ModelConfig) -> dict[str, _Rule]:
     """Every full weight of `model`, in the order megatron builds them, with its Hugging Face tensors."""
     h, f, d, vocab = model.hidden_size, model.ffn_hidden_size, model.head_dim, model.vocab_size
     groups, heads = model.query_groups, model.num_attention_heads
+    assert (
+        vocab is not None
+    )  # converted models carry their vocabulary (a checkpoint record, or config.json's)
     padded_vocab_size = model.padded_vocab_size(vocab)
 
     def same(tensors):
@@ -387,7 +390,7 @@ def write(
     if len(shards) == 1:
         save_file(shards[0], directory / SINGLE_FILE, metadata={"format": "pt"})
     else:
-        weight_map = {}
+        weight_map: dict[str, str] = {}
         for i, shard in enumerate(shards, start=1):
             file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, directory / file, metadata={"format": "pt"})
@@ -399,7 +402,8 @@ def write(
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-    shard, size = {}, 0
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
         if shard and size + nbytes > max_bytes:

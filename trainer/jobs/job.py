@@ -106,7 +106,7 @@ def print_logs(outputs: StackOutputs, job_id: str | None, follow: bool, poll_s: 
     while True:
         stream = stream or main_node_log_stream(outputs, job)
         if stream:
-            kwargs = {"nextToken": token} if token else {}
+            kwargs: dict[str, str] = {"nextToken": token} if token else {}
             page = logs.get_log_events(
                 logGroupName=outputs["log_group"], logStreamName=stream, startFromHead=True, **kwargs
             )

@@ -29,11 +29,19 @@ class StackOutputs:
 
     @property
     def node_count(self) -> int:
-        return int(self.values["node_count"])
+        return self._count("node_count")
 
     @property
     def gpus_per_node(self) -> int:
-        return int(self.values["gpus_per_node"])
+        return self._count("gpus_per_node")
+
+    def _count(self, name: str) -> int:
+        value = self.values[name]
+        if not isinstance(
+            value, int | float | str
+        ):  # JSON gives any value; the stack exports these as numbers
+            raise StackError(f"stack {self.stack}: output {name} = {value!r} is not a number")
+        return int(value)
 
     @property
     def ecr_repository_name(self) -> str:

@@ -79,7 +79,7 @@ def preflight_lines(outputs: StackOutputs, job: dict) -> list[str]:
         return []
     logs, token, lines = client("logs", outputs.region), None, []
     while True:
-        kwargs = {"nextToken": token} if token else {}
+        kwargs: dict[str, str] = {"nextToken": token} if token else {}
         page = logs.get_log_events(
             logGroupName=outputs["log_group"], logStreamName=stream, startFromHead=True, **kwargs
         )

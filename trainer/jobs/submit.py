@@ -196,7 +196,9 @@ def dataset_problems(cfg: TrainConfig, outputs: StackOutputs) -> list[str]:
     problems = []
     s3 = client("s3", outputs.region)
     bucket = outputs["datasets_bucket"]
-    wanted = [(f"data.prefixes[{i}]", p, (".bin", ".idx")) for i, p in enumerate(cfg.data.prefixes)]
+    wanted: list[tuple[str, str, tuple[str, ...]]] = [
+        (f"data.prefixes[{i}]", p, (".bin", ".idx")) for i, p in enumerate(cfg.data.prefixes)
+    ]
     wanted.append(("data.tokenizer_path", cfg.data.tokenizer_path, ("",)))
     for key, path, suffixes in wanted:
         if not path.startswith(FSX_DATASETS):

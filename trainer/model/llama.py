@@ -115,6 +115,7 @@ def build(cfg: TrainConfig) -> Built:
     vocabulary, configure megatron-core for this device, build this rank's chunks, initialize them from the seed.
     cfg.model.vocab_size must be set (trainer.config.resolved_model fills it from the tokenizer)."""
     m = cfg.model
+    assert m.vocab_size is not None, "build needs resolved_model's vocabulary"
     padded_vocab_size = m.padded_vocab_size(m.vocab_size)
     config = transformer_config(cfg, device_type())
     return Built(build_model(cfg, config, padded_vocab_size), config, padded_vocab_size)

@@ -67,8 +67,10 @@ def choose_precision(device: Literal["cpu", "cuda"]) -> PrecisionChoice:
 class PrecisionSetting(Protocol):
     """What precision_note reads of a TrainConfig (trainer/config/load.py resolves `auto` through this module)."""
 
-    precision: str
-    precision_choice: PrecisionChoice | None
+    @property
+    def precision(self) -> str: ...
+    @property
+    def precision_choice(self) -> PrecisionChoice | None: ...
 
 
 def precision_note(cfg: PrecisionSetting, device: Literal["cpu", "cuda"] | None = None) -> str:

@@ -173,7 +173,19 @@ def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None
     )
     console.print(f"searched {len(plan.candidates)} layouts over: {free}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = ("#", "TP", "PP", "VP", "CP", "DP", "micro", "recompute", "precision", "overlap", "sharding")
+    columns: tuple[str, ...] = (
+        "#",
+        "TP",
+        "PP",
+        "VP",
+        "CP",
+        "DP",
+        "micro",
+        "recompute",
+        "precision",
+        "overlap",
+        "sharding",
+    )
     columns += ("GiB/GPU", "bubble", "step s")
     columns += ("tokens/s", "MFU", "days", "cost $" if price else "node-hours")
     for column in columns:

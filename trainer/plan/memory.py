@@ -150,12 +150,16 @@ def saved_per_layer(cfg: TrainConfig, kernels: Kernels) -> list[SavedTensor]:
     return [*norm, *attention, *norm, *mlp]
 
 
+# The moments of a step whose peaks an estimate compares.
+Moment = Literal["loss", "backward", "optimizer step"]
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes at the steady-state peak of one pipeline rank's GPU, and the moment of the step it falls in."""
 
     pipeline_rank: int
-    moment: Literal["loss", "backward", "optimizer step"]
+    moment: Moment
     parameters: int  # held by this GPU (its TP shard of its stages)
     weights: float
     gradients: float
@@ -263,7 +267,7 @@ def estimate_stages(
                 # A received input stays for its backward; the local norm saved an fp32 copy beside it.
                 received = chunks if rank > 0 else chunks * (vp - 1) / vp
                 activations += received * e * m.hidden_size * tokens
-        moments = {"backward": (activations, 0.0, in_backward)}
+        moments: dict[Moment, tuple[float, float, float]] = {"backward": (activations, 0.0, in_backward)}
         if rank == pp - 1:
             # The output layer's GEMM stays bf16 under FP8: the final norm saves its input unquantized.
             bf16_gemms = cfg.model_copy(update={"fp8": cfg.fp8.model_copy(update={"format": None})})

@@ -284,7 +284,7 @@ def _recompute_choices(cfg: TrainConfig, free: set[str], layers_per_chunk: int) 
     layers = (p.recompute_method, p.recompute_num_layers)
     if "parallel.recompute" not in free and p.recompute != "full":
         return [(p.recompute, *layers)]
-    choices = [("full", *layers)]
+    choices: list[tuple[str, str, int]] = [("full", *layers)]
     if {"parallel.recompute_method", "parallel.recompute_num_layers"} <= free:
         choices = [("full", "uniform", 1)]
         choices += [

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 def pair_rounds(nodes: int, rounds: int) -> list[list[tuple[int, int]]]:
     """Up to `rounds` rounds of disjoint node pairs, each node paired with a different partner every round."""
-    ring = list(range(nodes)) + ([None] if nodes % 2 else [])
-    schedule = []
+    ring: list[int | None] = [*range(nodes), *([None] if nodes % 2 else [])]
+    schedule: list[list[tuple[int, int]]] = []
     for _ in range(min(rounds, len(ring) - 1)):
         half = len(ring) // 2
         pairs = [(a, b) for a, b in zip(ring[:half], reversed(ring[half:]), strict=True)]
-        schedule.append([tuple(sorted(p)) for p in pairs if None not in p])
+        schedule.append([(min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None])
         ring = [ring[0], ring[-1], *ring[1:-1]]
     return schedule
 
