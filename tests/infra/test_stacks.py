@@ -242,7 +242,9 @@ def test_every_bucket_is_encrypted_with_the_stack_key_and_a_bucket_key(stack):
     encryption = {
         r.inputs["bucket"]: r.inputs["rules"] for r in stack.all("s3.BucketServerSideEncryptionConfiguration")
     }
-    assert len(buckets) == 3 and set(encryption) == {b.id for b in buckets}  # datasets, checkpoints, audit logs
+    assert len(buckets) == 3 and set(encryption) == {
+        b.id for b in buckets
+    }  # datasets, checkpoints, audit logs
     for (rule,) in encryption.values():
         assert rule["applyServerSideEncryptionByDefault"] == {
             "sseAlgorithm": "aws:kms",
