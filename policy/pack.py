@@ -6,7 +6,17 @@ blocks, so tests and the offline runner import the policies from here.
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policy import aws_rules, encryption, iam, launch_templates, monitoring, network, protection, s3
+from policy import (
+    aws_rules,
+    encryption,
+    iam,
+    launch_templates,
+    monitoring,
+    network,
+    protection,
+    residency,
+    s3,
+)
 
 PACK_NAME = "trainstack-guardrails"
 # Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
@@ -41,4 +51,5 @@ POLICIES: list[Policy] = [
     aws_rules.create_grant_for_services,
     monitoring.alarm_has_action,
     monitoring.topic_encrypted,
+    residency.data_residency,
 ]
