@@ -23,6 +23,7 @@ from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_CONFIG
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs.residency import residency_problems
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
@@ -161,8 +162,13 @@ def config_changed_since(tag: str, config_path: Path) -> bool:
 
 
 def aws_problems(submission: Submission, cfg: TrainConfig, outputs: StackOutputs, tag: str) -> list[str]:
-    """Checks against the stack's AWS resources: queue state, image in ECR, datasets in S3."""
-    return queue_problems(outputs) + image_problems(outputs, tag) + dataset_problems(cfg, outputs)
+    """Checks against the stack's AWS resources: data residency, queue state, image in ECR, datasets in S3."""
+    return (
+        residency_problems(outputs)
+        + queue_problems(outputs)
+        + image_problems(outputs, tag)
+        + dataset_problems(cfg, outputs)
+    )
 
 
 def queue_problems(outputs: StackOutputs) -> list[str]:
