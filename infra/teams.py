@@ -161,5 +161,6 @@ class Teams(pulumi.ComponentResource):
         self.outputs = {
             "teams": [team.name for team in cfg.teams],
             "team_role_arns": {name: role.arn for name, role in self.roles.items()},
+            "team_gpu_quotas": {team.name: team.gpu_quota for team in cfg.teams},
         }
         self.register_outputs(self.outputs)

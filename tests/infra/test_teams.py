@@ -130,6 +130,7 @@ def test_team_tag_is_a_cost_allocation_tag_and_teams_are_exported(two_teams):
     assert two_teams.one("costexplorer.CostAllocationTag").inputs == {"tagKey": "team", "status": "Active"}
     assert two_teams.plan.outputs["teams"] == ["vision", "speech"]
     assert set(two_teams.plan.outputs["team_role_arns"]) == {"vision", "speech"}
+    assert two_teams.plan.outputs["team_gpu_quotas"] == {"vision": 16, "speech": 32}
 
 
 def test_a_stack_without_teams_stays_single_tenant(stack):

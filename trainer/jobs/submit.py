@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import re
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_CO
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.residency import residency_problems
+from trainer.jobs.teams import team_problems, team_submit_arguments
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
@@ -49,6 +51,7 @@ class Submission:
     command: list[str]
     environment: dict[str, str] = field(default_factory=dict)
     planned_layout: str | None = None  # what the planner chose for the config's `auto` keys
+    team: str | None = None  # on a stack with teams: the share and `team` tag (trainer/jobs/teams.py)
 
     @property
     def run_dir(self) -> str:
@@ -257,6 +260,7 @@ def job_definition_for(image: str, outputs: StackOutputs) -> str:
 def submit(submission: Submission, outputs: StackOutputs) -> str:
     job_definition = job_definition_for(submission.image, outputs)
     environment = [{"name": k, "value": v} for k, v in submission.environment.items()]
+    team = team_submit_arguments(submission.team)
     response = client("batch", outputs.region).submit_job(
         jobName=submission.run,
         jobQueue=outputs["job_queue"],
@@ -270,8 +274,9 @@ def submit(submission: Submission, outputs: StackOutputs) -> str:
                 }
             ],
         },
-        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack},
+        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack, **team.pop("tags", {})},
         propagateTags=True,
+        **team,
     )
     return response["jobId"]
 
@@ -287,6 +292,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run", help="run name: checkpoints under /fsx/checkpoints/<run> (default: config name)"
     )
     parser.add_argument(
+        "--team", help="on a stack shared by teams: the team whose share and quota the job uses"
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="check everything and print the job; submit nothing"
     )
 
@@ -298,6 +306,9 @@ def main(args: argparse.Namespace) -> int:
         if not tag:
             raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
         submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run)
+        if problems := team_problems(outputs, args.team, submission.nodes):
+            raise SubmitError(problems)
+        submission = dataclasses.replace(submission, team=args.team)
         if problems := aws_problems(submission, cfg, outputs, tag):
             raise SubmitError(problems)
         if config_changed_since(tag, args.config):
