@@ -162,6 +162,15 @@ smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag]: 2-node preflight job
 	  $(if $(JOB),--job "$(JOB)") $(if $(NOWAIT),--no-wait) $(if $(EXPORT_TIMEOUT),--export-timeout-s "$(EXPORT_TIMEOUT)") \
 	  $(if $(POLL),--poll-s "$(POLL)")
 
+.PHONY: audit
+audit: $(VENV)/.train-installed ## STACK=<env> [RUN=name] [SINCE=7d|2026-12-01] [FORMAT=json]: who submitted, cancelled, changed what
+	$(PY) -m trainer audit $(STACK_ARGS) $(if $(RUN),--run "$(RUN)") $(if $(SINCE),--since "$(SINCE)") --format $(FORMAT)
+
+.PHONY: compliance
+compliance: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json] [LIVE=1]: each control, the policies and resources that hold it, its status
+	$(need_stack)
+	@$(PY) -m trainer compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
+
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository
 	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")

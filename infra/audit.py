@@ -97,8 +97,13 @@ class Audit(pulumi.ComponentResource):
     """The stack's trail, its Object-Locked log bucket and log group, and the CIS alarms on the stack's topic."""
 
     def __init__(self, name: str, args: AuditArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        # The regions data may live in, as an input the policy pack sees (policy/residency.py reads it here).
-        super().__init__("trainstack:audit:Audit", name, {"allowedRegions": args.config.data_regions}, opts)
+        # Inputs the policy pack reads: where data may live (policy/residency.py), whose trail records the stack
+        # (policy/audit.py).
+        inputs = {
+            "allowedRegions": args.config.data_regions,
+            "organizationTrail": args.config.organization_trail,
+        }
+        super().__init__("trainstack:audit:Audit", name, inputs, opts)
         cfg = args.config
         if cfg.organization_trail is not None:
             self.outputs = {"audit_trail": cfg.organization_trail}

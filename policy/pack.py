@@ -7,6 +7,7 @@ blocks, so tests and the offline runner import the policies from here.
 from pulumi_policy import EnforcementLevel, Policy
 
 from policy import (
+    audit,
     aws_rules,
     encryption,
     iam,
@@ -52,4 +53,6 @@ POLICIES: list[Policy] = [
     monitoring.alarm_has_action,
     monitoring.topic_encrypted,
     residency.data_residency,
+    audit.audit_trail_recorded,
+    audit.cis_metric_filters,
 ]
