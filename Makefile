@@ -169,7 +169,7 @@ audit: $(VENV)/.train-installed ## STACK=<env> [RUN=name] [SINCE=7d|2026-12-01] 
 .PHONY: compliance
 compliance: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json] [LIVE=1]: each control, the policies and resources that hold it, its status
 	$(need_stack)
-	@$(PY) -m trainer compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
+	@$(PY) -m policy.compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
 
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository

@@ -12,9 +12,9 @@ from pulumi_policy import EnforcementLevel
 
 from infra.config import read_stack_file
 from infra.mocks import ACCOUNT_ID
+from policy import compliance
 from policy.offline import Violation
 from trainer.contract.controls import CONTROLS
-from trainer.jobs import compliance
 
 ORG_TRAIL = "arn:aws:cloudtrail:us-east-1:111122223333:trail/org-trail"
 
@@ -106,9 +106,7 @@ def test_security_hub_off_is_said_not_failed():
 
 
 def test_make_compliance_writes_the_report_and_prints_the_table(tmp_path, capsys):
-    from trainer.__main__ import main
-
-    assert main(["compliance", "--stack", "dev", "--out", str(tmp_path)]) == 0
+    assert compliance.main(["--stack", "dev", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["control", "status", "policies"] and len(table) == len(CONTROLS) + 1
     assert len(json.loads((tmp_path / "dev.json").read_text())) == len(CONTROLS)

@@ -2,6 +2,8 @@
 that implement it, and its status on the stack's offline preview: pass, fail (with the resource), or not covered
 (with why). With --live and credentials, Security Hub's failed findings per control are added (GetFindings;
 none when Security Hub is off). Writes runs/compliance/<stack>.json and .md, prints the table.
+
+    python -m policy.compliance --stack dev [--live] [--format json]
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.config import StackConfigError, load_stack_config, parse_stack_config
+from infra.preview import run_program
+from policy.offline import evaluate, policy_resources
 from trainer.contract.controls import CONTROLS, Control
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PASS, FAIL, NOT_COVERED = "pass", "fail", "not covered"
 
 
@@ -37,10 +42,6 @@ def _name(urn: str) -> str:
 
 def statuses(stack: str, values: dict[str, Any] | None = None) -> list[ControlStatus]:
     """Every control's status on `stack`'s offline preview (with `values` instead of its stack file, if given)."""
-    from infra.config import load_stack_config, parse_stack_config
-    from infra.preview import run_program
-    from policy.offline import evaluate, policy_resources
-
     config = parse_stack_config(stack, values) if values is not None else load_stack_config(stack)
     plan = run_program(stack, values)
     violations = defaultdict(list)
@@ -144,23 +145,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compliance")
 
 
-def main(args: argparse.Namespace) -> int:
-    from infra.config import StackConfigError
-
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m policy.compliance", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
     try:
         rows = statuses(args.stack)
     except StackConfigError as error:
         print(f"compliance: {error}", file=sys.stderr)
         return 2
     if args.live:
-        from infra.config import load_stack_config
-        from trainer.jobs.aws import client
+        import boto3
+        from botocore.config import Config
 
-        rows = with_findings(
-            rows, security_hub_failures(client("securityhub", load_stack_config(args.stack).region))
+        region = load_stack_config(args.stack).region
+        securityhub = boto3.client(
+            "securityhub", region_name=region, config=Config(retries={"mode": "adaptive"})
         )
+        rows = with_findings(rows, security_hub_failures(securityhub))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stack}.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     (args.out / f"{args.stack}.md").write_text(render_markdown(args.stack, rows))
     print(json.dumps([asdict(r) for r in rows], indent=2) if args.format == "json" else render_table(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
