@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 # Metric namespace of the audit alarms' counts.
 AUDIT_NAMESPACE = "trainstack/audit"
+# Where AWS Config's snapshots go in the audit bucket, with `securityHub: true`.
+CONFIG_PREFIX = "config"
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,32 @@ CIS_ALARMS = (
         "{($.eventSource=kms.amazonaws.com) && (($.eventName=DisableKey) || ($.eventName=ScheduleKeyDeletion))}",
     ),
 )
+
+
+def config_bucket_statements(bucket_arn: pulumi.Input[str], account: pulumi.Input[str]) -> list[dict]:
+    """AWS Config Developer Guide, "Permissions for the Amazon S3 Bucket for the AWS Config Delivery Channel"."""
+    config = {"Service": "config.amazonaws.com"}
+    source = {"aws:SourceAccount": account}
+    return [
+        {
+            "Sid": "ConfigBucketCheck",
+            "Effect": "Allow",
+            "Principal": config,
+            "Action": ["s3:GetBucketAcl", "s3:ListBucket"],
+            "Resource": bucket_arn,
+            "Condition": {"StringEquals": source},
+        },
+        {
+            "Sid": "ConfigDelivery",
+            "Effect": "Allow",
+            "Principal": config,
+            "Action": "s3:PutObject",
+            "Resource": pulumi.Output.concat(
+                bucket_arn, "/", CONFIG_PREFIX, "/AWSLogs/", account, "/Config/*"
+            ),
+            "Condition": {"StringEquals": {"s3:x-amz-acl": "bucket-owner-full-control", **source}},
+        },
+    ]
 
 
 @dataclass
@@ -204,8 +232,54 @@ class Audit(pulumi.ComponentResource):
                     opts=child,
                 )
             )
+        if cfg.security_hub:
+            self._security_hub(cfg, account, args.keys)
         self.outputs = {"audit_trail": self.trail.arn, "audit_bucket": self.bucket.bucket}
         self.register_outputs(self.outputs)
+
+    def _security_hub(self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys) -> None:
+        """`securityHub: true`: Security Hub with the Foundational Security Best Practices standard, and the AWS
+        Config recorder its checks need, delivering to the audit bucket (docs/security.md: what they cost)."""
+        child = pulumi.ResourceOptions(parent=self)
+        hub = aws.securityhub.Account(
+            f"{cfg.name_prefix}-security-hub",
+            enable_default_standards=False,
+            control_finding_generator="SECURITY_CONTROL",  # one finding per control, as make compliance reads them
+            opts=child,
+        )
+        aws.securityhub.StandardsSubscription(
+            f"{cfg.name_prefix}-fsbp",
+            # Security Hub User Guide, "AWS Foundational Security Best Practices standard": the standard's ARN.
+            standards_arn=f"arn:aws:securityhub:{cfg.region}::standards/aws-foundational-security-best-practices/v/1.0.0",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[hub]),
+        )
+        recorder = aws.cfg.Recorder(
+            f"{cfg.name_prefix}-config",
+            name=cfg.name_prefix,
+            # Security Hub Config.1 wants the service-linked role (aws iam create-service-linked-role
+            # --aws-service-name config.amazonaws.com creates it once per account).
+            role_arn=pulumi.Output.concat(
+                "arn:aws:iam::",
+                account,
+                ":role/aws-service-role/config.amazonaws.com/AWSServiceRoleForConfig",
+            ),
+            recording_group={"all_supported": True, "include_global_resource_types": False},
+            opts=child,
+        )
+        channel = aws.cfg.DeliveryChannel(
+            f"{cfg.name_prefix}-config",
+            name=cfg.name_prefix,
+            s3_bucket_name=self.bucket.id,
+            s3_key_prefix=CONFIG_PREFIX,
+            s3_kms_key_arn=keys.key.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[recorder, self.bucket_policy]),
+        )
+        aws.cfg.RecorderStatus(
+            f"{cfg.name_prefix}-config",
+            name=recorder.name,
+            is_enabled=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[channel]),
+        )
 
     def _log_bucket(
         self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys, trail_arn: pulumi.Output[str]
@@ -273,6 +347,7 @@ class Audit(pulumi.ComponentResource):
                     "Resource": bucket.arn,
                     "Condition": {"StringEquals": {"aws:SourceArn": trail_arn}},
                 },
+                *(config_bucket_statements(bucket.arn, account) if cfg.security_hub else []),
                 {
                     "Sid": "CloudTrailWrite",
                     "Effect": "Allow",

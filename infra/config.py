@@ -407,6 +407,12 @@ class StackConfig(BaseModel):
                 f"{_key('allowed_regions')} = {self.allowed_regions!r}: must include the stack's own region "
                 f"{self.region} (aws:region), where its buckets and cluster live"
             )
+        if self.security_hub and self.organization_trail:
+            problems.append(
+                f"{_key('security_hub')} = True: AWS Config delivers to the stack's own audit bucket, which a stack "
+                f"on the organisation trail ({_key('organization_trail')}) does not have; enable Security Hub and "
+                "Config from the organisation instead, or remove one of the keys"
+            )
         gpus = self.instance.gpus * self.node_count
         problems += [
             f"{_key('teams')}: team {t.name!r} gpuQuota = {t.gpu_quota}: below one node of "

@@ -113,6 +113,19 @@ def cloudtrail_key_statements(cfg: StackConfig, account: pulumi.Input[str]) -> l
     ]
 
 
+def config_key_statement(account: pulumi.Input[str]) -> dict[str, Any]:
+    """AWS Config writes its snapshots to the SSE-KMS audit bucket (AWS Config Developer Guide, "Permissions for
+    the KMS Key": the config.amazonaws.com principal with aws:SourceAccount)."""
+    return {
+        "Sid": "ConfigDeliversToAuditBucket",
+        "Effect": "Allow",
+        "Principal": {"Service": "config.amazonaws.com"},
+        "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+        "Resource": "*",
+        "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+    }
+
+
 @dataclass
 class KeysArgs:
     config: StackConfig
@@ -203,4 +216,5 @@ class Keys(pulumi.ComponentResource):
             topic_key_statement(),  # the alarm topic (infra/monitoring.py)
             # The audit trail (infra/audit.py), unless the organisation's trail records this account.
             *(cloudtrail_key_statements(cfg, account) if cfg.organization_trail is None else []),
+            *([config_key_statement(account)] if cfg.security_hub else []),  # trainstack:securityHub
         )

@@ -64,7 +64,7 @@ def _status(
     if failing:
         detail = "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing)
         return ControlStatus(**row, status=FAIL, detail=detail)
-    if present and (control.policies or control.evidence):
+    if present:
         return ControlStatus(**row, status=PASS, detail=control.evidence)
     if organization_trail and control.id.startswith(("CloudTrail.", "CloudWatch.")):
         why = (

@@ -167,3 +167,52 @@ def test_a_locked_log_file_cannot_be_deleted_before_its_retention_ends(dev):
     with pytest.raises(ClientError) as refused:
         s3.delete_object(Bucket=bucket, Key=key, VersionId=version)
     assert refused.value.response["Error"]["Code"] == "AccessDenied"
+
+
+@pytest.fixture(scope="module")
+def with_security_hub(variant):
+    return variant("dev", **{"trainstack:securityHub": True})
+
+
+def test_security_hub_is_off_by_default(stack):
+    assert [r for r in stack.plan.resources if r.type.startswith(("aws:securityhub/", "aws:cfg/"))] == []
+
+
+def test_security_hub_switch_enables_fsbp_and_config_recording_into_the_audit_bucket(with_security_hub):
+    stack = with_security_hub
+    assert stack.one("securityhub.Account").inputs["enableDefaultStandards"] is False
+    standard = stack.one("securityhub.StandardsSubscription").inputs["standardsArn"]
+    assert (
+        standard
+        == "arn:aws:securityhub:us-east-1::standards/aws-foundational-security-best-practices/v/1.0.0"
+    )
+    recorder = stack.one("cfg.Recorder").inputs
+    assert recorder["roleArn"].endswith(":role/aws-service-role/config.amazonaws.com/AWSServiceRoleForConfig")
+    assert recorder["recordingGroup"]["allSupported"] is True
+    channel = stack.one("cfg.DeliveryChannel").inputs
+    assert (channel["s3BucketName"], channel["s3KmsKeyArn"]) == (audit_bucket(stack).id, stack.key_arn)
+    assert stack.one("cfg.RecorderStatus").inputs["isEnabled"] is True
+    (policy,) = of(stack, "s3.BucketPolicy", audit_bucket(stack))
+    delivery = statements(policy["policy"])["ConfigDelivery"]
+    assert delivery["Resource"].endswith(
+        f"/config/AWSLogs/{delivery['Condition']['StringEquals']['aws:SourceAccount']}/Config/*"
+    )
+    key = statements(stack.one("kms.Key").inputs["policy"])["ConfigDeliversToAuditBucket"]
+    assert key["Principal"] == {"Service": "config.amazonaws.com"}
+    from policy.offline import evaluate, policy_resources
+
+    assert evaluate(policy_resources(stack.plan), "dev") == []
+
+
+def test_security_hub_with_an_organization_trail_is_refused():
+    from infra.config import StackConfigError, parse_stack_config, read_stack_file
+
+    values = {
+        **read_stack_file("dev"),
+        "trainstack:securityHub": True,
+        "trainstack:organizationTrail": ORG_TRAIL,
+    }
+    with pytest.raises(
+        StackConfigError, match="trainstack:securityHub = True: AWS Config delivers to the stack's own"
+    ):
+        parse_stack_config("dev", values)

@@ -111,3 +111,13 @@ def test_make_compliance_writes_the_report_and_prints_the_table(tmp_path, capsys
     assert table[0].split()[:3] == ["control", "status", "policies"] and len(table) == len(CONTROLS) + 1
     assert len(json.loads((tmp_path / "dev.json").read_text())) == len(CONTROLS)
     assert (tmp_path / "dev.md").read_text().startswith("# Compliance report: stack dev")
+
+
+def test_security_hub_switch_covers_config_1():
+    by_id = {
+        r.control: r
+        for r in compliance.statuses("dev", {**read_stack_file("dev"), "trainstack:securityHub": True})
+    }
+    assert by_id["Config.1"].status == compliance.PASS and by_id["Config.1"].resources == [
+        "trainstack-dev-config"
+    ]
