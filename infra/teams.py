@@ -81,12 +81,15 @@ def team_access_statements(
             ],
             Condition={"StringEquals": {"batch:ShareIdentifier": TEAM, f"aws:RequestTag/{TEAM_TAG}": TEAM}},
         ),
+        # Tagging on create is authorised as batch:TagResource too (Batch User Guide, "Tag your resources"): only
+        # with the team's own tag, and never on a job already tagged for another team (IfExists: new jobs have none).
         allow(
             "TagOwnJobsOnSubmit",
             ["batch:TagResource"],
             [pulumi.Output.concat(batch, ":job/*")],
             Condition={
-                "StringEquals": {"batch:CreateAction": "SubmitJob", f"aws:RequestTag/{TEAM_TAG}": TEAM}
+                "StringEquals": {f"aws:RequestTag/{TEAM_TAG}": TEAM},
+                "StringEqualsIfExists": {f"aws:ResourceTag/{TEAM_TAG}": TEAM},
             },
         ),
         allow(

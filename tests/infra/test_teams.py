@@ -90,6 +90,15 @@ def test_a_team_submits_only_to_its_own_share_with_its_tag(two_teams):
     assert decide(policy, "batch:SubmitJob", spot_queue, **own) != ALLOWED
 
 
+def test_a_team_tags_jobs_only_with_its_own_name(two_teams):
+    """The tag-on-create check (StringEquals); its StringEqualsIfExists guard against re-tagging another team's
+    job is not evaluated by moto (docs/security.md, what only a real account shows)."""
+    job = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"
+    policy = role_policy(two_teams, "vision")
+    assert decide(policy, "batch:TagResource", job, **{"aws:RequestTag/team": "vision"}) == ALLOWED
+    assert decide(policy, "batch:TagResource", job, **{"aws:RequestTag/team": "speech"}) != ALLOWED
+
+
 @pytest.mark.parametrize("action", ["batch:CancelJob", "batch:TerminateJob"])
 def test_a_team_stops_only_jobs_tagged_with_its_name(two_teams, action):
     job = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"
