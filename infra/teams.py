@@ -27,22 +27,16 @@ import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.iam import BATCH_READ_ACTIONS, allow, policy_document
+from trainer.contract.teams import TEAM_TAG, TEAMS_PREFIX
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
     from infra.keys import Keys
 
-TEAM_TAG = "team"
 # IAM policy variable: the calling session's `team` principal tag (IAM User Guide, "IAM policy elements: Variables").
 TEAM = "${aws:PrincipalTag/" + TEAM_TAG + "}"
-TEAMS_PREFIX = "teams/"
 # Fair-share usage decays over an hour (FairsharePolicy.shareDecaySeconds): yesterday's big run does not count today.
 SHARE_DECAY_SECONDS = 3600
-
-
-def team_prefix(team: str) -> str:
-    """Where a team's datasets and checkpoints live in each bucket."""
-    return f"{TEAMS_PREFIX}{team}/"
 
 
 def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.batch.SchedulingPolicy | None:

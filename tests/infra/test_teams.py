@@ -18,7 +18,8 @@ from moto.iam.access_control import IAMPolicy, PermissionResult
 
 from infra.config import StackConfigError, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
-from infra.teams import TEAM, team_prefix
+from infra.teams import TEAM
+from trainer.contract.teams import team_prefix
 
 TEAMS = [
     {"name": "vision", "gpuQuota": 16, "members": [f"arn:aws:iam::{ACCOUNT_ID}:role/vision-engineers"]},

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.contract.teams import TEAM_TAG
 from trainer.jobs.outputs import StackOutputs
-
-TEAM_TAG = "team"  # infra/teams.py TEAM_TAG: the principal tag, the job tag and the cost-allocation tag
 
 
 def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
