@@ -101,7 +101,9 @@ def _event(record: dict[str, Any], kind: str) -> AuditEvent:
 
 
 def management_records(cloudtrail: Any, since: datetime, until: datetime) -> Iterator[dict[str, Any]]:
-    """Write events of the watched services, as CloudTrail records (LookupEvents' `CloudTrailEvent` JSON)."""
+    """Write events of the watched services, as CloudTrail records (LookupEvents' `CloudTrailEvent` JSON).
+    LookupEvents takes one attribute per call and is throttled per account and region (CloudTrail API reference):
+    one call per service, the client's adaptive retries absorb the throttling."""
     for source in EVENT_SOURCES:
         pages = cloudtrail.get_paginator("lookup_events").paginate(
             LookupAttributes=[{"AttributeKey": "EventSource", "AttributeValue": source}],
