@@ -9,7 +9,7 @@
   protected and retained on delete with `protectData`.
 - Also delivered to a CloudWatch Logs group, where metric filters count the events an operator must hear about and
   alarms page the stack's topic (Security Hub "controls for CloudWatch", CloudWatch.1/.2/.4/.5/.7, whose filter
-  patterns are the CIS v1.2.0 3.x texts copied in `CIS_ALARMS`).
+  patterns are the CIS benchmark's, in `CIS_ALARMS`).
 
 With `trainstack:organizationTrail: <arn>` the account is already recorded by the organisation's trail: the stack
 creates none of this and exports that ARN instead (the organisation's management account owns its alarms).
@@ -42,10 +42,11 @@ class CisAlarm:
     name: str  # resource-name suffix and metric name
     control: str  # Security Hub control id; the CIS ids are in docs/security.md
     description: str
-    pattern: str  # the control's filter pattern, as the Security Hub User Guide prints it
+    pattern: str  # the control's CIS filter pattern
 
 
-# Security Hub User Guide, "Security Hub controls for CloudWatch": each control's "Remediation" metric filter pattern.
+# The CIS v1.2.0 3.x / v1.4.0 4.x remediation pattern each Security Hub CloudWatch control names (copied from public
+# copies of the benchmark texts; whitespace inside a pattern does not change what CloudWatch Logs matches).
 CIS_ALARMS = (
     CisAlarm(
         "root-use",
