@@ -46,7 +46,7 @@ class CisAlarm:
 
 
 # The CIS v1.2.0 3.x / v1.4.0 4.x remediation pattern each Security Hub CloudWatch control names (copied from public
-# copies of the benchmark texts; whitespace inside a pattern does not change what CloudWatch Logs matches).
+# copies of the benchmark's texts: the AWS page itself was not readable here).
 CIS_ALARMS = (
     CisAlarm(
         "root-use",
