@@ -219,3 +219,51 @@ def test_bad_since_is_refused_with_what_is_valid(capsys):
 
     assert main(["audit", "--stack", "dev", "--since", "last week"]) == 2
     assert "SINCE='last week': give a duration such as 7d or 12h" in capsys.readouterr().err
+
+
+@mock_aws
+def test_make_audit_prints_the_table_and_json(tmp_path, capsys, monkeypatch):
+    """The verb end to end: outputs file in, the stubbed CloudTrail and moto's S3 as the stack's region clients."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="trainstack-dev-audit-logs")
+    outputs = tmp_path / "outputs.json"
+    required = dict.fromkeys(
+        (
+            "job_queue",
+            "job_definition",
+            "ecr_repository_url",
+            "fsx_file_system_id",
+            "fsx_dns_name",
+            "fsx_mount_name",
+        ),
+        "x",
+    )
+    outputs.write_text(
+        json.dumps(
+            {
+                **OUTPUTS.values,
+                **required,
+                "log_group": "/trainstack/dev/jobs",
+                "instance_type": "p4d.24xlarge",
+                "node_count": 1,
+                "gpus_per_node": 8,
+            }
+        )
+    )
+    from trainer.__main__ import main
+
+    for fmt in ("table", "json"):
+        cloudtrail, _ = stubbed_cloudtrail(MANAGEMENT)
+        clients = {"cloudtrail": cloudtrail, "s3": s3}
+        monkeypatch.setattr(audit, "client", lambda service, region, clients=clients: clients[service])
+        monkeypatch.setattr(audit, "parse_since", lambda value, now: SINCE)
+        assert (
+            main(["audit", "--stack", "dev", "--outputs", str(outputs), "--run", "llama-a", "--format", fmt])
+            == 0
+        )
+        printed = capsys.readouterr().out
+        if fmt == "table":
+            assert printed.splitlines()[0].split() == ["time", "who", "action", "target", "kind", "error"]
+            assert "batch:TerminateJob" in printed.splitlines()[1]
+        else:
+            assert [e["action"] for e in json.loads(printed)] == ["batch:TerminateJob", "batch:SubmitJob"]
