@@ -45,7 +45,8 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 
 # make train: CONFIG picks the recipe, NPROC the process count (default: one per GPU, or the config's
 # TP x PP x DP on CPU), FRESH=1 starts over instead of resuming, ARGS passes more (e.g. --set schedule.train_iters=50).
-# With STACK=<env>: NODES, IMAGE (tag), RUN (name: checkpoints under /fsx/checkpoints/<run>), see docs/cluster.md.
+# With STACK=<env>: NODES, IMAGE (tag), RUN (name: checkpoints under /fsx/checkpoints/<run>), see docs/cluster.md;
+# TEAM=<name> on a stack shared by teams (docs/security.md#teams).
 LOCAL_CONFIG   := trainer/configs/local.yaml
 CLUSTER_CONFIG := $(shell sed -n 's/^TRAINSTACK_DEFAULT_CONFIG="\(.*\)"$$/\1/p' image/container.env)
 CONFIG ?=
@@ -57,7 +58,8 @@ ARGS   ?=
 train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env> submits to that stack's cluster
 ifneq ($(STACK),)
 	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),$(CLUSTER_CONFIG))" \
-	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") $(ARGS)
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
+	  $(if $(TEAM),--team "$(TEAM)") $(ARGS)
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
@@ -161,6 +163,15 @@ smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag]: 2-node preflight job
 	$(PY) -m trainer smoke $(STACK_ARGS) $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
 	  $(if $(JOB),--job "$(JOB)") $(if $(NOWAIT),--no-wait) $(if $(EXPORT_TIMEOUT),--export-timeout-s "$(EXPORT_TIMEOUT)") \
 	  $(if $(POLL),--poll-s "$(POLL)")
+
+.PHONY: audit
+audit: $(VENV)/.train-installed ## STACK=<env> [RUN=name] [SINCE=7d|2026-12-01] [FORMAT=json]: who submitted, cancelled, changed what
+	$(PY) -m trainer audit $(STACK_ARGS) $(if $(RUN),--run "$(RUN)") $(if $(SINCE),--since "$(SINCE)") --format $(FORMAT)
+
+.PHONY: compliance
+compliance: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json] [LIVE=1]: each control, the policies and resources that hold it, its status
+	$(need_stack)
+	@$(PY) -m policy.compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
 
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository

@@ -10,6 +10,7 @@ sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != R
 import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
+from infra.audit import Audit, AuditArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
@@ -19,6 +20,7 @@ from infra.lustre import Lustre, LustreArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
+from infra.teams import Teams, TeamsArgs  # noqa: E402
 
 cfg = pulumi_stack_config()  # validated before any resource is registered
 aws_provider = aws.Provider(
@@ -33,8 +35,12 @@ lake = DataLake("data-lake", DataLakeArgs(cfg, keys), opts)
 registry = Registry("registry", RegistryArgs(cfg, keys), opts)
 identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, registry), opts)
 lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
-cluster = Cluster("cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry), opts)
+teams = Teams("teams", TeamsArgs(cfg, account_id, keys, lake), opts)  # none: single-tenant, as before
+cluster = Cluster(
+    "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts
+)
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
+audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
 
 outputs = {  # the names trainer/contract/outputs.py lists
     "region": cfg.region,
@@ -50,6 +56,9 @@ outputs = {  # the names trainer/contract/outputs.py lists
     "gpus_per_node": cfg.instance.gpus,
     **cluster.outputs,  # job_queue, job_definition, log_group (+ the spot queue and definition)
     **monitoring.outputs,  # alarm_topic_arn, dashboard_name
+    **audit.outputs,  # audit_trail (+ audit_bucket when the stack has its own trail)
+    **teams.outputs,  # teams, team_role_arns (only with trainstack:teams)
+    "allowed_regions": cfg.data_regions,
 }
 for name, value in outputs.items():
     pulumi.export(name, value)

@@ -180,6 +180,8 @@ class ClusterArgs:
     lustre: Lustre
     identity: Identity
     registry: Registry
+    # With teams (infra/teams.py): the GPU queue's fair-share policy; None keeps the first-in-first-out queue.
+    scheduling_policy: aws.batch.SchedulingPolicy | None = None
 
 
 class Cluster(pulumi.ComponentResource):
@@ -200,7 +202,7 @@ class Cluster(pulumi.ComponentResource):
             allocation_strategy="BEST_FIT_PROGRESSIVE",
             placement_group=self._placement_group(cfg, child),
         )
-        self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment)
+        self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment, args.scheduling_policy)
 
         self.log_group = aws.cloudwatch.LogGroup(
             f"{prefix}-jobs",
@@ -403,11 +405,17 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _queue(self, name: str, environment: aws.batch.ComputeEnvironment) -> aws.batch.JobQueue:
+    def _queue(
+        self,
+        name: str,
+        environment: aws.batch.ComputeEnvironment,
+        scheduling_policy: aws.batch.SchedulingPolicy | None = None,
+    ) -> aws.batch.JobQueue:
         return aws.batch.JobQueue(
             name,
             state="ENABLED",
             priority=1,
+            scheduling_policy_arn=scheduling_policy.arn if scheduling_policy is not None else None,
             compute_environment_orders=[{"order": 1, "compute_environment": environment.arn}],
             opts=pulumi.ResourceOptions(parent=self),
         )

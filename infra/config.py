@@ -79,6 +79,47 @@ def _problem(why: str) -> PydanticCustomError:
     return PydanticCustomError("stack_config", "{why}", {"why": why})
 
 
+# An IAM principal that may assume a team's role: a user or role of some account (IAM User Guide, "IAM identifiers").
+_PRINCIPAL_ARN = re.compile(r"^arn:aws:iam::\d{12}:(root|(user|role)/[\w+=,.@/-]+)$")
+# CloudTrail trail ARNs: arn:aws:cloudtrail:<region>:<account>:trail/<name> (CloudTrail API reference, Trail).
+_TRAIL_ARN = re.compile(r"^arn:aws:cloudtrail:[a-z0-9-]+:\d{12}:trail/[\w.-]{3,128}$")
+# A team name becomes a tag value, an S3 prefix and a Batch share identifier; the strictest of the three rules it.
+_TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+
+
+class TeamConfig(BaseModel):
+    """One tenant of a shared stack (`trainstack:teams` entries): docs/security.md#teams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel)
+
+    name: str = Field(
+        description="lower-case name: the role's team tag, the S3 prefix teams/<name>/, the share"
+    )
+    gpu_quota: int = Field(ge=1, description="GPUs the team's jobs may hold at once (checked at submit)")
+    # Batch ShareAttributes.weightFactor: a lower factor gets a larger share of the queue (Batch API reference).
+    weight_factor: float = Field(default=1.0, gt=0, le=999.9999)
+    members: list[str] = Field(
+        min_length=1, description="IAM principal ARNs allowed to assume the team's role"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _team_name(cls, name: str) -> str:
+        if not _TEAM_NAME.match(name):
+            raise _problem("a team name is 2-32 characters of a-z, 0-9 and '-', starting with a letter")
+        return name
+
+    @field_validator("members")
+    @classmethod
+    def _principals(cls, members: list[str]) -> list[str]:
+        bad = [m for m in members if not _PRINCIPAL_ARN.match(m)]
+        if bad:
+            raise _problem(
+                f"{bad[0]!r} is not an IAM principal ARN; write arn:aws:iam::123456789012:role/name or :user/name"
+            )
+        return members
+
+
 class StackConfig(BaseModel):
     """One environment's settings. Field `foo_bar` is the stack file's `trainstack:fooBar`; `region` is `aws:region`."""
 
@@ -124,6 +165,12 @@ class StackConfig(BaseModel):
     min_tokens_per_second: float | None = Field(default=None, gt=0)
     throughput_alarm_minutes: int = Field(default=30, ge=1, le=MAX_ALARM_MINUTES)
     fsx_free_capacity_alarm_percent: int = Field(default=10, ge=1, le=50)
+    # Governance (infra/audit.py, infra/teams.py, docs/security.md).
+    organization_trail: str | None = None
+    audit_retention_days: int = Field(default=365, ge=1, le=36500)
+    teams: list[TeamConfig] = []
+    allowed_regions: list[str] | None = None
+    security_hub: bool = False
 
     @field_validator("region")
     @classmethod
@@ -213,6 +260,33 @@ class StackConfig(BaseModel):
             raise _problem(f"{bad[0]!r} is not an email address; list addresses such as oncall@example.com")
         return emails
 
+    @field_validator("organization_trail")
+    @classmethod
+    def _trail_arn(cls, arn: str | None) -> str | None:
+        if arn is not None and not _TRAIL_ARN.match(arn):
+            raise _problem("not a trail ARN like arn:aws:cloudtrail:us-east-1:123456789012:trail/org-trail")
+        return arn
+
+    @field_validator("allowed_regions")
+    @classmethod
+    def _regions(cls, regions: list[str] | None) -> list[str] | None:
+        bad = [r for r in regions or () if not _REGION.match(r)]
+        if bad:
+            raise _problem(f"{bad[0]!r} is not a commercial AWS region; list regions such as us-east-1")
+        if regions is not None and not regions:
+            raise _problem(
+                "list at least the stack's region, or remove the key (default: the stack's region)"
+            )
+        return regions
+
+    @field_validator("teams")
+    @classmethod
+    def _unique_teams(cls, teams: list[TeamConfig]) -> list[TeamConfig]:
+        names = [t.name for t in teams]
+        if len(set(names)) != len(names):
+            raise _problem(f"team names must be unique; got {names}")
+        return teams
+
     @field_validator("log_retention_days")
     @classmethod
     def _cloudwatch_retention(cls, days: int) -> int:
@@ -227,6 +301,7 @@ class StackConfig(BaseModel):
             *self._subnet_problems(),
             *self._fsx_problems(),
             *self._capacity_problems(),
+            *self._governance_problems(),
         ]
         if problems:
             raise _problem("\n".join(problems))
@@ -327,6 +402,29 @@ class StackConfig(BaseModel):
             )
         return problems
 
+    def _governance_problems(self) -> list[str]:
+        problems = []
+        if self.region not in self.data_regions:
+            problems.append(
+                f"{_key('allowed_regions')} = {self.allowed_regions!r}: must include the stack's own region "
+                f"{self.region} (aws:region), where its buckets and cluster live"
+            )
+        if self.security_hub and self.organization_trail:
+            problems.append(
+                f"{_key('security_hub')} = True: AWS Config delivers to the stack's own audit bucket, which a stack "
+                f"on the organisation trail ({_key('organization_trail')}) does not have; enable Security Hub and "
+                "Config from the organisation instead, or remove one of the keys"
+            )
+        gpus = self.instance.gpus * self.node_count
+        problems += [
+            f"{_key('teams')}: team {t.name!r} gpuQuota = {t.gpu_quota}: below one node of "
+            f"{self.instance_type} ({self.instance.gpus} GPUs), so it could never run a job; "
+            f"use {self.instance.gpus}..{gpus}"
+            for t in self.teams
+            if t.gpu_quota < self.instance.gpus
+        ]
+        return problems
+
     # --- derived settings: what the components read -------------------------------------------------------------
 
     @property
@@ -381,6 +479,16 @@ class StackConfig(BaseModel):
     def log_group_prefix(self) -> str:
         """Every log group of the stack lives under this path; the key policy and the roles are scoped to it."""
         return f"/{NAMESPACE}/{self.stack}"
+
+    @property
+    def data_regions(self) -> list[str]:
+        """Where this stack's data may live (`allowedRegions`, default: the stack's region)."""
+        return self.allowed_regions or [self.region]
+
+    @property
+    def audit_trail_name(self) -> str:
+        """The stack's own trail; its ARN is known before it exists, so the key policy can name it."""
+        return f"{self.name_prefix}-audit"
 
     @property
     def tags(self) -> dict[str, str]:

@@ -8,6 +8,12 @@ from typing import Any
 
 import pulumi
 
+BATCH_READ_ACTIONS = (
+    "batch:DescribeJobDefinitions",
+    "batch:DescribeJobQueues",
+    "batch:DescribeJobs",
+    "batch:ListJobs",
+)
 # Actions without resource-level permissions: AWS accepts them only with "Resource": "*".
 WILDCARD_RESOURCE_ACTIONS = (
     "ecr:GetAuthorizationToken",
@@ -20,6 +26,9 @@ WILDCARD_RESOURCE_ACTIONS = (
     # Describe actions of EC2 Auto Scaling name no resource type (Service Authorization Reference, "Actions,
     # resources, and condition keys for Amazon EC2 Auto Scaling"); a failing node looks up its own group.
     "autoscaling:DescribeAutoScalingInstances",
+    # Batch's Describe and List actions name no resource type (Service Authorization Reference, "Actions,
+    # resources, and condition keys for AWS Batch"); team roles see the queue with them (infra/teams.py).
+    *BATCH_READ_ACTIONS,
 )
 # What a node that fails its preflight does to itself (trainer/preflight/quarantine.py): mark itself Unhealthy in the
 # Auto Scaling group Batch runs it in, or terminate itself where it is in none.

@@ -79,6 +79,53 @@ def topic_key_statement() -> dict[str, Any]:
     }
 
 
+def cloudtrail_key_statements(cfg: StackConfig, account: pulumi.Input[str]) -> list[dict[str, Any]]:
+    """CloudTrail encrypts the stack trail's log and digest files with the key, and may describe it; both only for
+    that trail (CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail": the aws:SourceArn and
+    kms:EncryptionContext:aws:cloudtrail:arn conditions). Readers decrypt through S3 (UseThroughStackServices)."""
+    trail = pulumi.Output.concat(
+        "arn:aws:cloudtrail:", cfg.region, ":", account, ":trail/", cfg.audit_trail_name
+    )
+    return [
+        {
+            "Sid": "CloudTrailEncryptsStackTrail",
+            "Effect": "Allow",
+            "Principal": {"Service": "cloudtrail.amazonaws.com"},
+            "Action": "kms:GenerateDataKey*",
+            "Resource": "*",
+            "Condition": {
+                "StringEquals": {"aws:SourceArn": trail},
+                "StringLike": {
+                    "kms:EncryptionContext:aws:cloudtrail:arn": pulumi.Output.concat(
+                        "arn:aws:cloudtrail:*:", account, ":trail/*"
+                    )
+                },
+            },
+        },
+        {
+            "Sid": "CloudTrailDescribesKey",
+            "Effect": "Allow",
+            "Principal": {"Service": "cloudtrail.amazonaws.com"},
+            "Action": "kms:DescribeKey",
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:SourceArn": trail}},
+        },
+    ]
+
+
+def config_key_statement(account: pulumi.Input[str]) -> dict[str, Any]:
+    """AWS Config writes its snapshots to the SSE-KMS audit bucket (AWS Config Developer Guide, "Permissions for
+    the KMS Key": the config.amazonaws.com principal with aws:SourceAccount)."""
+    return {
+        "Sid": "ConfigDeliversToAuditBucket",
+        "Effect": "Allow",
+        "Principal": {"Service": "config.amazonaws.com"},
+        "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+        "Resource": "*",
+        "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+    }
+
+
 @dataclass
 class KeysArgs:
     config: StackConfig
@@ -167,4 +214,7 @@ class Keys(pulumi.ComponentResource):
                 "Condition": {**linked_roles, "Bool": {"kms:GrantIsForAWSResource": "true"}},
             },
             topic_key_statement(),  # the alarm topic (infra/monitoring.py)
+            # The audit trail (infra/audit.py), unless the organisation's trail records this account.
+            *(cloudtrail_key_statements(cfg, account) if cfg.organization_trail is None else []),
+            *([config_key_statement(account)] if cfg.security_hub else []),  # trainstack:securityHub
         )

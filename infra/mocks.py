@@ -118,6 +118,8 @@ class StackMocks(pulumi.runtime.Mocks):
             state.update(dnsName=f"{resource_id}.fsx.{region}.amazonaws.com", mountName="abcdefgh")
         elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
+        elif typ == "aws:cloudtrail/trail:Trail":
+            state["arn"] = f"arn:aws:cloudtrail:{region}:{account}:trail/{inputs.get('name', name)}"
         elif typ == "aws:batch/jobDefinition:JobDefinition":
             state["arn"] = f"arn:aws:batch:{region}:{account}:job-definition/{name}:1"
         return resource_id, state

@@ -6,7 +6,18 @@ blocks, so tests and the offline runner import the policies from here.
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policy import aws_rules, encryption, iam, launch_templates, monitoring, network, protection, s3
+from policy import (
+    audit,
+    aws_rules,
+    encryption,
+    iam,
+    launch_templates,
+    monitoring,
+    network,
+    protection,
+    residency,
+    s3,
+)
 
 PACK_NAME = "trainstack-guardrails"
 # Every policy blocks a deployment unless the pack's config (pulumi up --policy-pack-config) says otherwise.
@@ -43,4 +54,7 @@ POLICIES: list[Policy] = [
     monitoring.alarm_has_action,
     monitoring.topic_encrypted,
     monitoring.fsx_free_capacity_period,
+    residency.data_residency,
+    audit.audit_trail_recorded,
+    audit.cis_metric_filters,
 ]

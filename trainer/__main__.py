@@ -37,6 +37,11 @@ VERBS: dict[str, tuple[str, str]] = {
     "job": ("trainer.jobs.job", "status, logs or cancel of a stack's training jobs"),
     "push": ("trainer.jobs.push", "push the trainer image to a stack's ECR repository"),
     "upload": ("trainer.jobs.upload", "upload a prepared dataset to a stack's datasets bucket"),
+    "audit": ("trainer.jobs.audit", "who submitted, cancelled and changed what on a stack, newest first"),
+    "compliance": (
+        "trainer.jobs.compliance",
+        "map each security control to its policies, resources and status",
+    ),
 }
 
 

@@ -137,6 +137,25 @@ ROWS = {
     "stack-min-mfu-above-one": Row(
         "prod", {"trainstack:minMfu": 1.5}, ("trainstack:minMfu = 1.5: Input should be less than 1",)
     ),
+    "stack-team-name-invalid": Row(
+        "prod",
+        {
+            "trainstack:teams": [
+                {"name": "Vision", "gpuQuota": 8, "members": ["arn:aws:iam::123456789012:root"]}
+            ]
+        },
+        ("trainstack:teams[0][name] = 'Vision': a team name is 2-32 characters of a-z, 0-9 and '-'",),
+    ),
+    "stack-allowed-regions-without-own": Row(
+        "prod",
+        {"trainstack:allowedRegions": ["eu-west-1"]},
+        ("trainstack:allowedRegions = ['eu-west-1']: must include the stack's own region us-west-2",),
+    ),
+    "stack-organization-trail-invalid": Row(
+        "dev",
+        {"trainstack:organizationTrail": "org-trail"},
+        ("trainstack:organizationTrail = 'org-trail': not a trail ARN like arn:aws:cloudtrail:",),
+    ),
     "stack-unknown-key": Row(
         "dev",
         {"trainstack:nodeCont": 2},

@@ -15,7 +15,12 @@ from trainer.contract import metrics as registry
 
 
 def alarms(stack):
-    return {r.name.removeprefix(f"trainstack-{stack.stack}-"): r for r in stack.all("cloudwatch.MetricAlarm")}
+    """The training alarms of infra/monitoring.py (the audit trail's alarms are tests/infra/test_audit.py's)."""
+    return {
+        r.name.removeprefix(f"trainstack-{stack.stack}-"): r
+        for r in stack.all("cloudwatch.MetricAlarm")
+        if r.parent == "monitoring"
+    }
 
 
 @pytest.mark.parametrize("name", ["dev", "staging", "prod"])

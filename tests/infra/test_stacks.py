@@ -12,7 +12,13 @@ from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
-from trainer.contract.outputs import MONITORING_OUTPUTS, SPOT_OUTPUTS, STACK_OUTPUTS, missing_outputs
+from trainer.contract.outputs import (
+    GOVERNANCE_OUTPUTS,
+    MONITORING_OUTPUTS,
+    SPOT_OUTPUTS,
+    STACK_OUTPUTS,
+    missing_outputs,
+)
 
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 
@@ -240,7 +246,9 @@ def test_every_bucket_is_encrypted_with_the_stack_key_and_a_bucket_key(stack):
     encryption = {
         r.inputs["bucket"]: r.inputs["rules"] for r in stack.all("s3.BucketServerSideEncryptionConfiguration")
     }
-    assert len(buckets) == 2 and set(encryption) == {b.id for b in buckets}
+    assert len(buckets) == 3 and set(encryption) == {
+        b.id for b in buckets
+    }  # datasets, checkpoints, audit logs
     for (rule,) in encryption.values():
         assert rule["applyServerSideEncryptionByDefault"] == {
             "sseAlgorithm": "aws:kms",
@@ -254,6 +262,7 @@ def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
     assert {g.inputs["name"] for g in groups} == {
         f"/trainstack/{stack.stack}/jobs",
         f"/trainstack/{stack.stack}/vpc-flow-logs",
+        f"/trainstack/{stack.stack}/cloudtrail",
     }
     assert all(g.inputs["kmsKeyId"] == stack.key_arn for g in groups)
     assert all(g.inputs["retentionInDays"] == stack.config.log_retention_days for g in groups)
@@ -295,8 +304,8 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
 
 
 def test_buckets_are_versioned_private_tls_only_with_lifecycle(stack):
-
-    for bucket in stack.all("s3.Bucket"):
+    # The audit log bucket keeps every version under Object Lock instead: tests/infra/test_audit.py.
+    for bucket in (b for b in stack.all("s3.Bucket") if b.parent == "data-lake"):
 
         def of(kind: str, bucket_id: str = bucket.id) -> list[dict]:
             return [r.inputs for r in stack.all(kind) if r.inputs["bucket"] == bucket_id]
@@ -503,7 +512,12 @@ def test_prod_protects_its_data(prod):
 
 def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
     assert missing_outputs(stack.plan.outputs) == []
-    expected = {*STACK_OUTPUTS, *MONITORING_OUTPUTS, *(SPOT_OUTPUTS if stack.config.spot else ())}
+    expected = {
+        *STACK_OUTPUTS,
+        *MONITORING_OUTPUTS,
+        *GOVERNANCE_OUTPUTS,
+        *(SPOT_OUTPUTS if stack.config.spot else ()),
+    }
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs
     assert (outputs["instance_type"], outputs["node_count"]) == (

@@ -32,6 +32,20 @@ def without_outputs(*names: str) -> Callable[[Stack], None]:
     return setup
 
 
+def shared_by_teams(stack: Stack) -> None:
+    stack.outputs_file.write_text(
+        json.dumps({**stack.outputs, "teams": ["vision"], "team_gpu_quotas": {"vision": 8}})
+    )
+
+
+def datasets_in_another_region(stack: Stack) -> None:
+    bucket = "trainstack-test-datasets-eu"
+    stack.client("s3").create_bucket(
+        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"}
+    )
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, "datasets_bucket": bucket}))
+
+
 ROWS = {
     "outputs-missing-keys": Row(
         (),
@@ -47,6 +61,17 @@ ROWS = {
     "image-tag-not-in-ecr": Row(("IMAGE=feedfacecafe",), "IMAGE=feedfacecafe: no such tag in"),
     "nodes-above-the-stack": Row(
         ("NODES=9", "IMAGE=0123456789ab"), "NODES=9: stack 'test' allows 1 to 4 nodes"
+    ),
+    "team-missing-on-shared-stack": Row(
+        ("IMAGE=0123456789ab",),
+        "stack 'test' is shared by teams vision: say which with TEAM=<name>",
+        shared_by_teams,
+    ),
+    "dataset-bucket-outside-allowed-regions": Row(
+        ("IMAGE=0123456789ab",),
+        "dataset location s3://trainstack-test-datasets-eu (datasets_bucket) is in eu-west-1, outside stack "
+        "'test''s allowed regions us-east-1",
+        datasets_in_another_region,
     ),
 }
 

@@ -43,6 +43,7 @@ def test_prod_stack_with_protect_data_off_fails_for_every_data_resource(planned)
     assert found == {
         "trainstack-prod-datasets",
         "trainstack-prod-checkpoints",
+        "trainstack-prod-audit-logs",
         "trainstack-prod-fsx",
         "trainstack-prod-key",
         "trainstack-prod-trainer",

@@ -29,6 +29,13 @@ SPOT_OUTPUTS: tuple[str, ...] = ("spot_job_queue", "spot_job_definition")
 MONITORING_OUTPUTS: tuple[str, ...] = ("alarm_topic_arn", "dashboard_name")
 
 
+# Governance (infra/audit.py, infra/teams.py, docs/security.md): the trail (the stack's own or the organisation's),
+# its log bucket when the stack has its own, and the regions data may live in; read by make audit and make train.
+GOVERNANCE_OUTPUTS: tuple[str, ...] = ("audit_trail", "audit_bucket", "allowed_regions")
+# Only with `trainstack:teams`: the team names (share identifiers), each team's role and GPU quota.
+TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
+
+
 def missing_outputs(outputs: dict[str, object]) -> list[str]:
     """The required output names absent from a `pulumi stack output --json` document, in declaration order."""
     return [name for name in STACK_OUTPUTS if name not in outputs]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import re
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_CONFIG
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs.residency import residency_problems
+from trainer.jobs.teams import team_problems, team_submit_arguments
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
@@ -48,6 +51,7 @@ class Submission:
     command: list[str]
     environment: dict[str, str] = field(default_factory=dict)
     planned_layout: str | None = None  # what the planner chose for the config's `auto` keys
+    team: str | None = None  # on a stack with teams: the share and `team` tag (trainer/jobs/teams.py)
 
     @property
     def run_dir(self) -> str:
@@ -161,8 +165,13 @@ def config_changed_since(tag: str, config_path: Path) -> bool:
 
 
 def aws_problems(submission: Submission, cfg: TrainConfig, outputs: StackOutputs, tag: str) -> list[str]:
-    """Checks against the stack's AWS resources: queue state, image in ECR, datasets in S3."""
-    return queue_problems(outputs) + image_problems(outputs, tag) + dataset_problems(cfg, outputs)
+    """Checks against the stack's AWS resources: data residency, queue state, image in ECR, datasets in S3."""
+    return (
+        residency_problems(outputs)
+        + queue_problems(outputs)
+        + image_problems(outputs, tag)
+        + dataset_problems(cfg, outputs)
+    )
 
 
 def queue_problems(outputs: StackOutputs) -> list[str]:
@@ -276,6 +285,7 @@ def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
 def submit(submission: Submission, outputs: StackOutputs) -> str:
     job_definition = job_definition_for(submission.image, outputs)
     environment = [{"name": k, "value": v} for k, v in submission.environment.items()]
+    team = team_submit_arguments(submission.team)
     response = client("batch", outputs.region).submit_job(
         jobName=submission.run,
         jobQueue=outputs["job_queue"],
@@ -289,8 +299,9 @@ def submit(submission: Submission, outputs: StackOutputs) -> str:
                 }
             ],
         },
-        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack},
+        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack, **team.pop("tags", {})},
         propagateTags=True,
+        **team,
     )
     return response["jobId"]
 
@@ -306,6 +317,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run", help="run name: checkpoints under /fsx/checkpoints/<run> (default: config name)"
     )
     parser.add_argument(
+        "--team", help="on a stack shared by teams: the team whose share and quota the job uses"
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="check everything and print the job; submit nothing"
     )
 
@@ -317,6 +331,9 @@ def main(args: argparse.Namespace) -> int:
         if not tag:
             raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
         submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run)
+        if problems := team_problems(outputs, args.team, submission.nodes):
+            raise SubmitError(problems)
+        submission = dataclasses.replace(submission, team=args.team)
         if problems := aws_problems(submission, cfg, outputs, tag):
             raise SubmitError(problems)
         if config_changed_since(tag, args.config):

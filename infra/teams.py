@@ -1,0 +1,163 @@
+"""Teams on a shared stack (`trainstack:teams`): one role per team, one policy for all of them, and fair share.
+
+Attribute-based (IAM User Guide, "Define permissions based on attributes with ABAC authorization"): each team role
+carries the tag `team=<name>`, which is the `aws:PrincipalTag/team` of every session of that role, and all team roles
+share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new config entry, never new policy text:
+
+- S3: list, read and write only under `teams/<team>/` of the datasets and checkpoints buckets;
+- Batch: submit only to the stack's GPU queue with the job definitions of the stack, with the share identifier
+  `<team>` (`batch:ShareIdentifier`, Batch User Guide "Resource: Use the batch:ShareIdentifier condition key") and
+  the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); cancel or terminate only jobs
+  tagged `team=<team>` (`aws:ResourceTag/team`).
+- Describe/List of jobs take no resource (Service Authorization Reference, "Actions, resources, and condition keys
+  for AWS Batch"): every team can see the queue's job list, not only its own (docs/security.md, what is not covered).
+
+The GPU queue gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
+`ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
+starve another. Batch has no per-share ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import StackConfig
+from infra.iam import BATCH_READ_ACTIONS, allow, policy_document
+from trainer.contract.teams import TEAM_TAG, TEAMS_PREFIX
+
+if TYPE_CHECKING:
+    from infra.data_lake import DataLake
+    from infra.keys import Keys
+
+# IAM policy variable: the calling session's `team` principal tag (IAM User Guide, "IAM policy elements: Variables").
+TEAM = "${aws:PrincipalTag/" + TEAM_TAG + "}"
+# Fair-share usage decays over an hour (FairsharePolicy.shareDecaySeconds): yesterday's big run does not count today.
+SHARE_DECAY_SECONDS = 3600
+
+
+def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.batch.SchedulingPolicy | None:
+    """The GPU queue's fair-share policy, one share per team; None keeps today's first-in-first-out queue."""
+    if not cfg.teams:
+        return None
+    return aws.batch.SchedulingPolicy(
+        f"{cfg.name_prefix}-teams",
+        fair_share_policy={
+            "share_decay_seconds": SHARE_DECAY_SECONDS,
+            "share_distributions": [
+                {"share_identifier": team.name, "weight_factor": team.weight_factor} for team in cfg.teams
+            ],
+        },
+        opts=opts,
+    )
+
+
+def team_access_statements(
+    cfg: StackConfig,
+    account: pulumi.Input[str],
+    buckets: list[pulumi.Input[str]],
+    key_arn: pulumi.Input[str],
+) -> list[dict[str, Any]]:
+    """The one team policy: every scope is `${aws:PrincipalTag/team}`, nothing names a team."""
+    batch = pulumi.Output.concat("arn:aws:batch:", cfg.region, ":", account)
+    own_objects = [pulumi.Output.concat(bucket, "/", TEAMS_PREFIX, TEAM, "/*") for bucket in buckets]
+    return [
+        allow(
+            "SubmitToOwnShare",
+            ["batch:SubmitJob"],
+            [
+                # Pulumi names the queue and the definition <name>-<suffix>; submit registers revisions of it.
+                pulumi.Output.concat(batch, ":job-queue/", cfg.name_prefix, "-gpu-*"),
+                pulumi.Output.concat(batch, ":job-definition/", cfg.name_prefix, "-train-*"),
+            ],
+            Condition={"StringEquals": {"batch:ShareIdentifier": TEAM, f"aws:RequestTag/{TEAM_TAG}": TEAM}},
+        ),
+        # Tagging on create is authorised as batch:TagResource too (Batch User Guide, "Tag your resources"): only
+        # with the team's own tag, and never on a job already tagged for another team (IfExists: new jobs have none).
+        allow(
+            "TagOwnJobsOnSubmit",
+            ["batch:TagResource"],
+            [pulumi.Output.concat(batch, ":job/*")],
+            Condition={
+                "StringEquals": {f"aws:RequestTag/{TEAM_TAG}": TEAM},
+                "StringEqualsIfExists": {f"aws:ResourceTag/{TEAM_TAG}": TEAM},
+            },
+        ),
+        allow(
+            "StopOwnJobs",
+            ["batch:CancelJob", "batch:TerminateJob"],
+            [pulumi.Output.concat(batch, ":job/*")],
+            Condition={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": TEAM}},
+        ),
+        allow("SeeQueue", list(BATCH_READ_ACTIONS), ["*"]),
+        allow(
+            "ListOwnPrefixes",
+            ["s3:ListBucket"],
+            buckets,
+            Condition={"StringLike": {"s3:prefix": [f"{TEAMS_PREFIX}{TEAM}/", f"{TEAMS_PREFIX}{TEAM}/*"]}},
+        ),
+        allow(
+            "ReadWriteOwnPrefixes",
+            ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
+            own_objects,
+        ),
+        # The key policy lets principals of the account use the key only through S3 (and the stack's services).
+        allow("UseStackKeyThroughS3", ["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
+    ]
+
+
+@dataclass
+class TeamsArgs:
+    config: StackConfig
+    account_id: pulumi.Input[str]
+    keys: Keys
+    lake: DataLake
+
+
+class Teams(pulumi.ComponentResource):
+    """One role per team, tagged with its name; one shared ABAC policy; the queue's fair-share policy."""
+
+    def __init__(self, name: str, args: TeamsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("trainstack:teams:Teams", name, None, opts)
+        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
+        self.scheduling_policy = scheduling_policy(cfg, child)
+        self.roles: dict[str, aws.iam.Role] = {}
+        self.outputs: dict[str, Any] = {}
+        if not cfg.teams:
+            self.register_outputs({})
+            return
+        buckets = [args.lake.datasets.arn, args.lake.checkpoints.arn]
+        self.policy = aws.iam.Policy(
+            f"{cfg.name_prefix}-team-access",
+            description="Every team role: its own queue share, jobs and S3 prefixes (scoped by the team tag)",
+            policy=policy_document(*team_access_statements(cfg, args.account_id, buckets, args.keys.key.arn)),
+            opts=child,
+        )
+        for team in cfg.teams:
+            role = aws.iam.Role(
+                f"{cfg.name_prefix}-team-{team.name}",
+                description=f"Team {team.name} on {cfg.stack}: its queue share, its jobs, its S3 prefixes",
+                assume_role_policy=policy_document(
+                    {"Effect": "Allow", "Principal": {"AWS": team.members}, "Action": "sts:AssumeRole"}
+                ),
+                tags={TEAM_TAG: team.name},
+                opts=child,
+            )
+            aws.iam.RolePolicyAttachment(
+                f"{cfg.name_prefix}-team-{team.name}", role=role.name, policy_arn=self.policy.arn, opts=child
+            )
+            self.roles[team.name] = role
+        # Activates `team` as a cost-allocation tag, so Cost Explorer splits the bill by team (Billing User Guide,
+        # "Activating user-defined cost allocation tags"); jobs propagate it to the instances' ECS tasks.
+        aws.costexplorer.CostAllocationTag(
+            f"{cfg.name_prefix}-team-tag", tag_key=TEAM_TAG, status="Active", opts=child
+        )
+        self.outputs = {
+            "teams": [team.name for team in cfg.teams],
+            "team_role_arns": {name: role.arn for name, role in self.roles.items()},
+            "team_gpu_quotas": {team.name: team.gpu_quota for team in cfg.teams},
+        }
+        self.register_outputs(self.outputs)

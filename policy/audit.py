@@ -1,0 +1,135 @@
+"""The audit trail (infra/audit.py): recorded everywhere, signed, encrypted, locked, and watched.
+
+- `audit-trail-recorded`: a trainstack program either relies on an organisation trail (its audit component's
+  `organizationTrail` input) or has a trail that is multi-region with management events, validates its log files,
+  encrypts them with a customer key, feeds CloudWatch Logs, and writes to a bucket with Object Lock in compliance
+  mode (Security Hub CloudTrail.1, .2, .4, .5; S3 User Guide "Locking objects with Object Lock").
+- `cis-metric-filters`: with the stack's own trail, each CIS event (infra/audit.py `CIS_ALARMS`: root use,
+  unauthorised calls, IAM policy changes, trail changes, key disabled or deleted) has a metric filter with that
+  control's pattern and an alarm with an action on its metric (Security Hub CloudWatch.1, .2, .4, .5, .7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pulumi_policy import PolicyResource, ReportViolation, StackValidationArgs, StackValidationPolicy
+from pulumi_policy.proxy import UnknownValueError
+
+from infra.audit import CIS_ALARMS
+from policy.resources import as_list, is_customer_managed_key, of_type, referenced, referrers
+
+AUDIT_COMPONENT = "trainstack:audit:Audit"
+TRAIL = "aws:cloudtrail/trail:Trail"
+BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+OBJECT_LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
+METRIC_FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
+METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+
+
+def _get(props: Mapping[str, Any], key: str) -> Any:
+    try:
+        return props.get(key)
+    except UnknownValueError:
+        return "<unknown>"  # computed at `pulumi up`: the program did set it
+
+
+def _records_management_events_everywhere(trail: PolicyResource) -> bool:
+    selectors = as_list(_get(trail.props, "eventSelectors"))
+    management = not selectors or any(s.get("includeManagementEvents", True) for s in selectors)
+    return _get(trail.props, "isMultiRegionTrail") is True and management
+
+
+def _locked(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> bool:
+    if _get(bucket.props, "objectLockEnabled") is not True:
+        return False
+    return any(
+        ((lock.props.get("rule") or {}).get("defaultRetention") or {}).get("mode") == "COMPLIANCE"
+        for lock in referrers(resources, [OBJECT_LOCK], "bucket", bucket)
+    )
+
+
+def trail_problems(trail: PolicyResource, resources: Sequence[PolicyResource]) -> list[str]:
+    problems = []
+    if not _records_management_events_everywhere(trail):
+        problems.append("is not multi-region with management events (is_multi_region_trail=True)")
+    if _get(trail.props, "enableLogFileValidation") is not True:
+        problems.append("does not validate its log files (enable_log_file_validation=True)")
+    if not is_customer_managed_key(trail.props, "kmsKeyId"):
+        problems.append("is not encrypted with a customer-managed key (kms_key_id=<stack key ARN>)")
+    if not _get(trail.props, "cloudWatchLogsGroupArn"):
+        problems.append(
+            "does not feed CloudWatch Logs, where the CIS alarms count events (cloud_watch_logs_*)"
+        )
+    buckets = referenced(trail, "s3BucketName", BUCKETS)
+    if not buckets or not all(_locked(b, resources) for b in buckets):
+        problems.append(
+            "writes to a bucket without Object Lock in compliance mode (object_lock_enabled=True and "
+            "aws.s3.BucketObjectLockConfiguration with default_retention mode COMPLIANCE)"
+        )
+    return problems
+
+
+def validate_audit_trail(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    components = of_type(args.resources, [AUDIT_COMPONENT])
+    if not components:
+        return  # not a trainstack program
+    if _get(components[0].props, "organizationTrail"):
+        return
+    trails = of_type(args.resources, [TRAIL])
+    if not trails:
+        report_violation(
+            "the stack records no audit trail: add infra/audit.py's trail, or name the organisation's trail "
+            "in trainstack:organizationTrail",
+            components[0].urn,
+        )
+    for trail in trails:
+        for problem in trail_problems(trail, args.resources):
+            report_violation(f"trail '{trail.name}' {problem}", trail.urn)
+
+
+def validate_cis_metric_filters(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    if not of_type(args.resources, [TRAIL]):
+        return  # an organisation trail's alarms live in its own account
+    filters = of_type(args.resources, [METRIC_FILTER])
+    alarms = of_type(args.resources, [METRIC_ALARM])
+    for cis in CIS_ALARMS:
+        matching = [f for f in filters if _get(f.props, "pattern") == cis.pattern]
+        metrics = {
+            (
+                (f.props.get("metricTransformation") or {}).get("namespace"),
+                (f.props.get("metricTransformation") or {}).get("name"),
+            )
+            for f in matching
+        }
+        alarmed = [
+            a
+            for a in alarms
+            if (_get(a.props, "namespace"), _get(a.props, "metricName")) in metrics
+            and _get(a.props, "alarmActions")
+        ]
+        if not matching or not alarmed:
+            report_violation(
+                f"no {'alarm with an action on the' if matching else ''} metric filter for {cis.control} "
+                f"({cis.description.lower()}): add aws.cloudwatch.LogMetricFilter(pattern=<the control's pattern>) "
+                "on the trail's log group and a MetricAlarm on its metric with alarm_actions=[<topic>]",
+                None,
+            )
+
+
+audit_trail_recorded = StackValidationPolicy(
+    name="audit-trail-recorded",
+    description=(
+        "The stack's actions are recorded: a multi-region trail with log file validation, a customer-managed key, "
+        "CloudWatch Logs delivery and an Object-Locked bucket, or the organisation's trail."
+    ),
+    validate=validate_audit_trail,
+)
+
+cis_metric_filters = StackValidationPolicy(
+    name="cis-metric-filters",
+    description="With its own trail, the stack alarms on root use, refused calls, IAM policy and trail changes, "
+    "and keys disabled or scheduled for deletion (CIS CloudWatch controls).",
+    validate=validate_cis_metric_filters,
+)

@@ -1,0 +1,174 @@
+"""`make compliance STACK=<env> [LIVE=1]`: each control (trainer/contract/controls.py), the policies and resources
+that implement it, and its status on the stack's offline preview: pass, fail (with the resource), or not covered
+(with why). With --live and credentials, Security Hub's failed findings per control are added (GetFindings;
+none when Security Hub is off). Writes runs/compliance/<stack>.json and .md, prints the table.
+
+    python -m policy.compliance --stack dev [--live] [--format json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.config import StackConfigError, load_stack_config, parse_stack_config
+from infra.preview import run_program
+from policy.offline import evaluate, policy_resources
+from trainer.contract.controls import CONTROLS, Control
+
+ROOT = Path(__file__).resolve().parents[1]
+PASS, FAIL, NOT_COVERED = "pass", "fail", "not covered"
+
+
+@dataclass(frozen=True)
+class ControlStatus:
+    control: str
+    title: str
+    status: str
+    policies: list[str]
+    resources: list[str]
+    detail: str  # the failing resources and why, or why not covered, or where else it is proven
+    aws: str = ""  # with --live: Security Hub's failed findings for the control
+
+
+def _name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
+
+
+def statuses(stack: str, values: dict[str, Any] | None = None) -> list[ControlStatus]:
+    """Every control's status on `stack`'s offline preview (with `values` instead of its stack file, if given)."""
+    config = parse_stack_config(stack, values) if values is not None else load_stack_config(stack)
+    plan = run_program(stack, values)
+    violations = defaultdict(list)
+    for violation in evaluate(policy_resources(plan), stack):
+        violations[violation.policy].append(violation)
+    return [_status(control, plan.resources, violations, config.organization_trail) for control in CONTROLS]
+
+
+def _status(
+    control: Control, resources: list, violations: dict, organization_trail: str | None
+) -> ControlStatus:
+    present = [r.name for r in resources if r.type in control.resource_types]
+    row = {
+        "control": control.id,
+        "title": control.title,
+        "policies": list(control.policies),
+        "resources": present,
+    }
+    failing = [v for policy in control.policies for v in violations.get(policy, [])]
+    if failing:
+        detail = "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing)
+        return ControlStatus(**row, status=FAIL, detail=detail)
+    if present:
+        return ControlStatus(**row, status=PASS, detail=control.evidence)
+    if organization_trail and control.id.startswith(("CloudTrail.", "CloudWatch.")):
+        why = (
+            f"recorded by the organisation trail {organization_trail}; its account holds the trail and alarms"
+        )
+        return ControlStatus(**row, status=NOT_COVERED, detail=why)
+    why = control.not_covered or f"the stack has no {', '.join(control.resource_types)}"
+    return ControlStatus(**row, status=NOT_COVERED, detail=why)
+
+
+def security_hub_failures(securityhub: Any) -> dict[str, int] | None:
+    """Active failed control findings per control id; None when Security Hub is not enabled in the region."""
+    from botocore.exceptions import ClientError
+
+    failed: dict[str, int] = defaultdict(int)
+    filters = {
+        "ComplianceStatus": [{"Value": "FAILED", "Comparison": "EQUALS"}],
+        "RecordState": [{"Value": "ACTIVE", "Comparison": "EQUALS"}],
+    }
+    try:
+        for page in securityhub.get_paginator("get_findings").paginate(Filters=filters):
+            for finding in page["Findings"]:
+                control = (finding.get("Compliance") or {}).get("SecurityControlId")
+                if control:
+                    failed[control] += 1
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("InvalidAccessException", "AccessDeniedException"):
+            return None
+        raise
+    return dict(failed)
+
+
+def with_findings(rows: list[ControlStatus], failed: dict[str, int] | None) -> list[ControlStatus]:
+    def aws(control: str) -> str:
+        if failed is None:
+            return "Security Hub off"
+        return f"FAILED x{failed[control]}" if control in failed else "no failed finding"
+
+    return [ControlStatus(**{**asdict(row), "aws": aws(row.control)}) for row in rows]
+
+
+def render_table(rows: list[ControlStatus]) -> str:
+    live = any(row.aws for row in rows)
+    header = ["control", "status", "policies", *(["Security Hub"] if live else []), "detail"]
+    lines = [
+        [row.control, row.status, ", ".join(row.policies) or "-", *([row.aws] if live else []), row.detail]
+        for row in rows
+    ]
+    widths = [max(len(str(line[i])) for line in [header, *lines]) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(
+            [*(str(v).ljust(w) for v, w in zip(line[:-1], widths, strict=True)), str(line[-1])]
+        ).rstrip()
+        for line in [header, *lines]
+    )
+
+
+def render_markdown(stack: str, rows: list[ControlStatus]) -> str:
+    lines = [
+        f"# Compliance report: stack {stack}",
+        "",
+        "| control | title | status | policies | resources | detail |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r.control} | {r.title} | {r.status} | {', '.join(r.policies)} | {', '.join(r.resources)} | {r.detail} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--live", action="store_true", help="also read Security Hub's findings (needs credentials)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compliance")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m policy.compliance", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        rows = statuses(args.stack)
+    except StackConfigError as error:
+        print(f"compliance: {error}", file=sys.stderr)
+        return 2
+    if args.live:
+        import boto3
+        from botocore.config import Config
+
+        region = load_stack_config(args.stack).region
+        securityhub = boto3.client(
+            "securityhub", region_name=region, config=Config(retries={"mode": "adaptive"})
+        )
+        rows = with_findings(rows, security_hub_failures(securityhub))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.stack}.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    (args.out / f"{args.stack}.md").write_text(render_markdown(args.stack, rows))
+    print(json.dumps([asdict(r) for r in rows], indent=2) if args.format == "json" else render_table(rows))
+    return 1 if any(r.status == FAIL for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The security controls `make compliance` reports on: each control's id and text, the policy-pack policies and the
+resource types that implement it, or why the stack does not cover it. One list, read by trainer/jobs/compliance.py
+and docs/security.md.
+
+Ids and titles are Security Hub's (Security Hub User Guide, "Security Hub controls reference": the AWS Foundational
+Security Best Practices standard, with the CIS AWS Foundations Benchmark requirements each control maps to);
+`trainstack.*` are this project's own promises (docs/security.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Control:
+    id: str
+    title: str
+    policies: tuple[str, ...] = ()  # policy/ policies whose passing means the control holds
+    resource_types: tuple[str, ...] = ()  # what implements it; none in the stack means not covered
+    not_covered: str = ""  # why the stack leaves it to someone else (set when no policy implements it)
+    evidence: str = ""  # where else it is proven (tests), for controls a policy cannot judge
+
+
+TRAIL = "aws:cloudtrail/trail:Trail"
+BUCKET = "aws:s3/bucket:Bucket"
+KEY = "aws:kms/key:Key"
+ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+CIS_FILTERS = ("cis-metric-filters",)
+
+CONTROLS: tuple[Control, ...] = (
+    Control(
+        "CloudTrail.1",
+        "CloudTrail should be enabled and configured with at least one multi-Region trail that includes read and "
+        "write management events (CIS 3.1)",
+        ("audit-trail-recorded",),
+        (TRAIL,),
+    ),
+    Control(
+        "CloudTrail.2",
+        "CloudTrail should have encryption at-rest enabled (CIS 3.7)",
+        ("audit-trail-recorded",),
+        (TRAIL,),
+    ),
+    Control(
+        "CloudTrail.4",
+        "CloudTrail log file validation should be enabled (CIS 3.2)",
+        ("audit-trail-recorded",),
+        (TRAIL,),
+    ),
+    Control(
+        "CloudTrail.5",
+        "CloudTrail trails should be integrated with Amazon CloudWatch Logs (CIS 3.4)",
+        ("audit-trail-recorded",),
+        (TRAIL,),
+    ),
+    Control(
+        "CloudTrail.6",
+        "Ensure the S3 bucket used to store CloudTrail logs is not publicly accessible (CIS 3.3)",
+        ("s3-public-access-blocked", "s3-tls-only"),
+        (BUCKET,),
+    ),
+    Control(
+        "CloudTrail.7",
+        "Ensure S3 bucket access logging is enabled on the CloudTrail S3 bucket (CIS 3.6)",
+        not_covered="the log bucket has no server access logging: its writers are CloudTrail alone and every "
+        "read of it is a management or data event only if a trail records the log bucket, which this stack's "
+        "does not (it records the datasets and checkpoints buckets)",
+    ),
+    Control(
+        "CloudWatch.1",
+        'A log metric filter and alarm should exist for usage of the "root" user (CIS 3.3 / 1.7)',
+        CIS_FILTERS,
+        (ALARM,),
+    ),
+    Control(
+        "CloudWatch.2",
+        "Ensure a log metric filter and alarm exist for unauthorized API calls (CIS 3.1)",
+        CIS_FILTERS,
+        (ALARM,),
+    ),
+    Control(
+        "CloudWatch.4",
+        "Ensure a log metric filter and alarm exist for IAM policy changes (CIS 3.4)",
+        CIS_FILTERS,
+        (ALARM,),
+    ),
+    Control(
+        "CloudWatch.5",
+        "Ensure a log metric filter and alarm exist for CloudTrail configuration changes (CIS 3.5)",
+        CIS_FILTERS,
+        (ALARM,),
+    ),
+    Control(
+        "CloudWatch.7",
+        "Ensure a log metric filter and alarm exist for disabling or scheduled deletion of customer created "
+        "CMKs (CIS 3.7)",
+        CIS_FILTERS,
+        (ALARM,),
+    ),
+    Control("KMS.4", "AWS KMS key rotation should be enabled (CIS 3.8)", ("kms-key-rotation",), (KEY,)),
+    Control(
+        "S3.5", "S3 general purpose buckets should require requests to use SSL", ("s3-tls-only",), (BUCKET,)
+    ),
+    Control(
+        "S3.8",
+        "S3 general purpose buckets should block public access",
+        ("s3-public-access-blocked",),
+        (BUCKET,),
+    ),
+    Control(
+        "S3.14", "S3 general purpose buckets should have versioning enabled", ("s3-versioning",), (BUCKET,)
+    ),
+    Control(
+        "S3.15",
+        "S3 general purpose buckets should have Object Lock enabled",
+        ("audit-trail-recorded",),
+        (TRAIL,),
+        evidence="the audit log bucket only: datasets and checkpoints are rewritten and deleted by design, and "
+        "are versioned instead (S3.14)",
+    ),
+    Control(
+        "S3.17",
+        "S3 general purpose buckets should be encrypted at rest with AWS KMS keys",
+        ("s3-cmk-encryption",),
+        (BUCKET,),
+    ),
+    Control(
+        "EC2.8",
+        "EC2 instances should use Instance Metadata Service Version 2 (IMDSv2)",
+        ("imdsv2-required",),
+        ("aws:ec2/launchTemplate:LaunchTemplate",),
+    ),
+    Control(
+        "EC2.53",
+        "EC2 security groups should not allow ingress from 0.0.0.0/0 to remote server administration ports",
+        ("no-internet-ingress",),
+        ("aws:ec2/securityGroup:SecurityGroup",),
+    ),
+    Control(
+        "IAM.1",
+        'IAM policies should not allow full "*" administrative privileges',
+        ("iam-no-wildcard-action", "iam-no-wildcard-resource"),
+        ("aws:iam/role:Role",),
+    ),
+    Control(
+        "SNS.1",
+        "SNS topics should be encrypted at-rest using AWS KMS",
+        ("sns-topic-encrypted",),
+        ("aws:sns/topic:Topic",),
+    ),
+    Control(
+        "IAM.6",
+        "Hardware MFA should be enabled for the root user (CIS 1.6)",
+        not_covered="an account setting, outside any stack: the CloudWatch.1 alarm pages when root is used",
+    ),
+    Control(
+        "Config.1",
+        "AWS Config should be enabled and use the service-linked role for resource recording",
+        resource_types=("aws:cfg/recorder:Recorder",),
+        not_covered="off unless trainstack:securityHub is true (it costs money: docs/security.md#compliance-report)",
+    ),
+    Control(
+        "trainstack.residency",
+        "Regional resources, replication rules and cross-region copies stay in trainstack:allowedRegions",
+        ("data-residency",),
+        ("pulumi:providers:aws",),
+    ),
+    Control(
+        "trainstack.teams",
+        "A team's role is denied another team's S3 prefixes, queue share and jobs",
+        resource_types=("aws:batch/schedulingPolicy:SchedulingPolicy",),
+        not_covered="the stack has no trainstack:teams: it is single-tenant",
+        evidence="policy evaluation of the generated team policy: tests/infra/test_teams.py",
+    ),
+)

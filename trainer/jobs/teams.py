@@ -1,0 +1,41 @@
+"""`make train STACK=<env> TEAM=<name>` on a stack shared by teams (infra/teams.py, docs/security.md#teams).
+
+A stack with teams has a fair-share GPU queue: Batch refuses a job without a share identifier there (Batch API
+SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy), and the team roles may submit only with
+their own share and `team` tag. A stack without teams takes no TEAM. Batch has no per-share GPU ceiling, so the
+team's `gpuQuota` is checked here against this job's GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.contract.teams import TEAM_TAG
+from trainer.jobs.outputs import StackOutputs
+
+
+def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
+    teams = [str(t) for t in outputs.values.get("teams") or []]
+    if not teams:
+        return (
+            [f"TEAM={team}: stack {outputs.stack!r} has no teams (trainstack:teams); leave TEAM out"]
+            if team
+            else []
+        )
+    if team is None:
+        return [f"stack {outputs.stack!r} is shared by teams {', '.join(teams)}: say which with TEAM=<name>"]
+    if team not in teams:
+        return [f"TEAM={team}: not a team of stack {outputs.stack!r}; its teams are {', '.join(teams)}"]
+    quota = int((outputs.values.get("team_gpu_quotas") or {}).get(team, 0)) or None
+    gpus = nodes * outputs.gpus_per_node
+    if quota is not None and gpus > quota:
+        return [
+            f"NODES={nodes}: {gpus} GPUs is over team {team!r}'s quota of {quota} (trainstack:teams gpuQuota); "
+            f"ask for at most {quota // outputs.gpus_per_node} nodes"
+        ]
+    return []
+
+
+def team_submit_arguments(team: str | None) -> dict[str, Any]:
+    """SubmitJob arguments for a team's job: its fair-share identifier and the tag its role must set."""
+    return {"shareIdentifier": team, "tags": {TEAM_TAG: team}} if team else {}
