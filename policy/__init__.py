@@ -11,6 +11,9 @@
     launch_templates  IMDSv2 only, no public IP on multi-interface (EFA) nodes
     monitoring        alerting that reaches someone, messages under the stack's key
     protection        data-holding resources protected in prod
+    audit             the audit trail recorded everywhere, signed, encrypted, locked and watched
+    residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
+    compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over

@@ -9,6 +9,8 @@
     outputs        the names of the stack outputs the job tools read
     retry          the exit code that asks for a retry on fresh hosts
     stack          which cluster a stack describes, from its checked-in Pulumi.<env>.yaml
+    teams          what a team is called where (the stack's roles and shares, `make train TEAM=`)
+    controls       the security controls `make compliance` reports on, and what implements each
 
 infra/ imports the trainer only through this package, and trainer/ imports nothing from infra/.
 """

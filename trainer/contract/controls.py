@@ -1,5 +1,5 @@
 """The security controls `make compliance` reports on: each control's id and text, the policy-pack policies and the
-resource types that implement it, or why the stack does not cover it. One list, read by trainer/jobs/compliance.py
+resource types that implement it, or why the stack does not cover it. One list, read by policy/compliance.py
 and docs/security.md.
 
 Ids and titles are Security Hub's (Security Hub User Guide, "Security Hub controls reference": the AWS Foundational

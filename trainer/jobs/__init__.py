@@ -5,6 +5,9 @@ job      status, logs and cancel of a stack's training jobs
 smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket
+audit      `make audit`: who submitted, cancelled and changed what, newest first
+residency  the run's buckets in the stack's allowed regions, checked before a submit
+teams      `make train TEAM=`: the team's share, tag and quota
 outputs  a stack's outputs (`pulumi stack output`, or a file)
 aws      boto3 clients for a stack's region, with adaptive retries
 """
