@@ -45,6 +45,7 @@ from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
 from trainer.launch.batch import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
+from trainer.model import llama
 from trainer.model.flops import model_flops_per_sequence
 from trainer.model.precision import precision_note
 from trainer.monitoring import monitor as monitoring
@@ -162,6 +163,7 @@ def train(
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
     console.print(precision_note(cfg, parallel.device_type()))
+    console.print(llama.attention_note(parallel.device_type()))
     monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     run = engines.build(cfg, dims)
     progress = _resume(run, console)

@@ -31,6 +31,7 @@ from trainer.bench.checkpointing import time_checkpoint, time_load
 from trainer.config import load_config
 from trainer.distributed import parallel
 from trainer.engines import megatron
+from trainer.model import attention
 from trainer.model.llama import HAVE_TRANSFORMER_ENGINE
 
 TRACED_STEPS = 2
@@ -49,7 +50,8 @@ class PipelineWaits:
 
 def kernels() -> str:
     """The planner's name for the layer implementation this process runs (trainer/model/llama.py picks it)."""
-    return "transformer_engine" if parallel.device_type() == "cuda" and HAVE_TRANSFORMER_ENGINE else "local"
+    backend = attention.core_attention_backend(parallel.device_type(), HAVE_TRANSFORMER_ENGINE)
+    return attention.PLANNER_KERNELS[backend]
 
 
 def _storage_bytes(tensors) -> int:
