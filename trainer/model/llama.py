@@ -164,6 +164,11 @@ def attention_note(device: str) -> str:
     return attention.describe(attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE))
 
 
+def planner_kernels(device: str) -> str:
+    """The planner's name (trainer/plan/memory.py) for the layers a run on `device` builds."""
+    return attention.PLANNER_KERNELS[attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE)]
+
+
 def global_name(chunk: GPTModel, name: str) -> str:
     """A parameter's name with its global layer number, the same at any pipeline layout."""
     match = re.match(r"decoder\.layers\.(\d+)\.(.*)", name)
