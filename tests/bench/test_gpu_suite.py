@@ -40,10 +40,19 @@ def test_with_transformer_engine_the_suite_runs_the_production_path_in_bf16_and_
 def test_without_transformer_engine_one_local_pass_labelled_as_not_production():
     [local] = gpu_passes(False, (9, 0))
     assert (local.name, local.overrides, local.production) == ("local-bf16", (), False)
-    assert "unfused attention" in local.label and "NOT the production path" in local.label
+    assert "torch SDPA attention" in local.label and "NOT the production path" in local.label
     cfg = load_config(ROOT / GPU_CONFIG, list(local.overrides))
     assert accelerator_problems(cfg, transformer_engine=False, compute_capability=(9, 0)) == []
 
 
 def test_the_suite_is_cut_off_inside_eight_minutes():
     assert 2 * PASS_TIMEOUT_S + ALLREDUCE_TIMEOUT_S < 8 * 60
+
+
+def test_without_transformer_engine_the_shipped_micro_batch_fits_an_h200_by_the_planner():
+    # The GPU report's H200: 139.8 GiB; the SDPA path keeps no scores, so the shipped micro-batch 2 fits.
+    from trainer.plan.fit import fit_problem
+
+    cfg = load_config(ROOT / GPU_CONFIG)
+    assert fit_problem(cfg, 1, vocab_size(cfg), "local", 139.8 * 2**30 - 2**30) is None
+    assert fit_problem(cfg, 1, vocab_size(cfg), "local-unfused", 139.8 * 2**30 - 2**30) is not None

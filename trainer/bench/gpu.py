@@ -31,11 +31,13 @@ from trainer.distributed import fast_path
 from trainer.launch.batch import Rendezvous
 from trainer.metrics import peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
+from trainer.plan.fit import fit_problem, largest_micro_batch
 from trainer.plan.search import vocab_size
 
 GPU_CONFIG = Path("trainer/configs/bench-gpu.yaml")
 PASS_TIMEOUT_S = 200
 ALLREDUCE_TIMEOUT_S = 60
+CUDA_CONTEXT_BYTES = 1 << 30  # kept aside for each process's CUDA context and its libraries' workspaces
 FUSED = ("fusion.gradient_accumulation_fusion=true", "fusion.cross_entropy_loss_fusion=true")
 
 
@@ -54,8 +56,8 @@ def gpu_passes(transformer_engine: bool, compute_capability: tuple[int, int]) ->
             GpuPass(
                 "local-bf16",
                 (),
-                "local spec (megatron-core plain-torch layers), unfused attention with materialized scores, bf16; "
-                "NOT the production path (no TransformerEngine here)",
+                "local spec (megatron-core plain-torch layers), torch SDPA attention (trainer/model/attention.py), "
+                "bf16; NOT the production path (no TransformerEngine here)",
                 False,
             )
         ]
@@ -71,6 +73,26 @@ def gpu_passes(transformer_engine: bool, compute_capability: tuple[int, int]) ->
             )
         )
     return passes
+
+
+def fitting_micro_batch(config: Path, gpu_pass: GpuPass, processes: int, transformer_engine: bool) -> int:
+    """The config's micro-batch if the planner says it fits the GPU, else the largest that does (trainer/plan/
+    fit.py); on CPUs (the suite's own test) the config's."""
+    from trainer.config import load_config
+
+    cfg = load_config(config, list(gpu_pass.overrides))
+    if not torch.cuda.is_available():
+        return cfg.schedule.micro_batch_size
+    # The whole device less the CUDA context (about half a GiB): read without creating a context here, which
+    # would stay and take memory from the workers.
+    free = torch.cuda.get_device_properties(0).total_memory - CUDA_CONTEXT_BYTES
+    kernels = "transformer_engine" if transformer_engine else "local"
+    if fit_problem(cfg, processes, vocab_size(cfg), kernels, free) is None:
+        return cfg.schedule.micro_batch_size
+    fits = largest_micro_batch(cfg, processes, vocab_size(cfg), kernels, free)
+    if fits is None:
+        raise BenchError(fit_problem(cfg, processes, vocab_size(cfg), kernels, free))
+    return fits
 
 
 def require_cuda() -> None:
@@ -106,7 +128,9 @@ def run_gpu_suite(
     runs = []
     transformer_engine, capability = fast_path.accelerator() if torch.cuda.is_available() else (False, (0, 0))
     for gpu_pass in gpu_passes(transformer_engine, capability):
-        layout = Layout(gpu_pass.name, processes, gpu_pass.overrides)
+        micro_batch = fitting_micro_batch(config, gpu_pass, processes, transformer_engine)
+        overrides = (*gpu_pass.overrides, f"schedule.micro_batch_size={micro_batch}")
+        layout = Layout(gpu_pass.name, processes, overrides)
         run = run_worker(config, layout, out / "runs", steps=steps, timeout_s=PASS_TIMEOUT_S)
         runs.append(run)
         achieved = flops / step_seconds(run) / processes / 1e12
@@ -114,6 +138,7 @@ def run_gpu_suite(
             "spec": gpu_pass.label,
             "production": gpu_pass.production,
             "kernels": run.ranks[0]["kernels"],
+            "micro_batch_size": micro_batch,
             "step_seconds": step_seconds(run),
             "tflops_per_device": achieved,
             "peak_tflops": peak,
@@ -131,6 +156,10 @@ def run_gpu_suite(
     add_memory_results(report, runs)
 
     devices = allreduce_processes or torch.cuda.device_count()
+    if devices < 2:  # one device has nothing to reduce with: a 0 GB/s row would say nothing
+        report["details"]["allreduce"] = {"world_size": devices, "sizes": []}
+        add_result(report, "all-reduce bus bandwidth, 1 device", "GB/s", None, "n/a on one device", None)
+        return report
     sweep = allreduce_sweep(out / "allreduce.json", devices, allreduce_max_bytes)
     report["details"]["allreduce"] = sweep
     largest = sweep["sizes"][-1]
