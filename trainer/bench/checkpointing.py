@@ -39,10 +39,10 @@ def _size(checkpoint: Path) -> int:
     return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
 
 
-def _interval_saves(run: MegatronEngine) -> None:
-    """Every save in the format a run's interval (background) saves use, and none pruned: the first is loaded at
-    another layout afterwards."""
-    update = {"keep_last": 1 + BACKGROUND_SAVES, "optimizer_format": run.optimizer_format(background=True)}
+def _interval_saves(run: MegatronEngine, keep_last: int) -> None:
+    """Every save in the format a run's interval (background) saves use, keeping `keep_last` (all of them: the
+    first is loaded at another layout afterwards; 1 where disk is short, as for the GPU suite's 17 GB saves)."""
+    update = {"keep_last": keep_last, "optimizer_format": run.optimizer_format(background=True)}
     c = run.cfg.checkpoint.model_copy(update=update)
     run.cfg = run.cfg.model_copy(update={"checkpoint": c})
 
@@ -69,8 +69,8 @@ def _background_save(run: MegatronEngine, batches: list, step: int, plain: float
     }
 
 
-def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
-    _interval_saves(run)
+def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: int | None = None) -> dict:
+    _interval_saves(run, keep_last or 1 + BACKGROUND_SAVES)
     save_seconds, saved = _timed(lambda: run.save(Progress(step=step)))
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))

@@ -1,7 +1,7 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
-        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint] [--load CHECKPOINT]
+        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint [--checkpoint-keep-last N]] [--load CHECKPOINT]
 
 Each rank writes OUT/rank<R>.json with
 - memory: bytes of the weights, the gradient buffers and everything else allocated before the second step
@@ -75,7 +75,12 @@ def measure_memory(run: megatron.MegatronEngine, trace: AllocationTrace) -> dict
 
 
 def measure(
-    cfg, dims: parallel.ParallelDims, steps: int, save_checkpoint: bool, load: Path | None = None
+    cfg,
+    dims: parallel.ParallelDims,
+    steps: int,
+    save_checkpoint: bool,
+    load: Path | None = None,
+    checkpoint_keep_last: int | None = None,
 ) -> dict:
     device = parallel.device_type()
     waits = PipelineWaits()
@@ -110,7 +115,7 @@ def measure(
             {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
         )
     if save_checkpoint:
-        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS)
+        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS, checkpoint_keep_last)
     if load is not None:
         result["load"] = time_load(run, load)
     return result
@@ -126,12 +131,15 @@ def main() -> None:
         "--checkpoint", action="store_true", help="time checkpoint saves (synchronous, background) and a load"
     )
     parser.add_argument("--load", type=Path, help="time loading this checkpoint (saved at another layout)")
+    parser.add_argument(
+        "--checkpoint-keep-last", type=int, help="checkpoints kept while timing saves (default: all of them)"
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     dims = parallel.initialize(cfg)
     Console(stderr=True, quiet=torch.distributed.get_rank() != 0).print(f"bench worker: {cfg.name} at {dims}")
     try:
-        result = measure(cfg, dims, args.steps, args.checkpoint, args.load)
+        result = measure(cfg, dims, args.steps, args.checkpoint, args.load, args.checkpoint_keep_last)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
     finally:
