@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
 from tests.model import attention_worker
-from trainer.distributed import megatron_compat
 from trainer.model import attention, llama
 
 RELATIVE = 1e-5  # fp32: the two compute the same sums in a different order
@@ -24,19 +22,6 @@ HEADS, GROUPS, HEAD_DIM, SEQ, BATCH = 4, 2, 8, 12, 2
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
-
-
-@pytest.fixture(scope="module")
-def model_parallel(tmp_path_factory):
-    """A one-process gloo world with megatron's model-parallel state, as parallel.initialize starts it."""
-    megatron_compat.apply()
-    store = tmp_path_factory.mktemp("rendezvous") / "store"
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    tensor_parallel.model_parallel_cuda_manual_seed(7)
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
 
 
 def core_config(dropout: float = 0.0):
