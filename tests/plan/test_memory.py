@@ -170,7 +170,11 @@ def test_sdpa_layer_keeps_flash_attentions_tensors_beside_the_local_norms_and_sw
     d = m.hidden_size // m.num_attention_heads
     sdpa = {t.name: t.bytes_per_token for t in saved_per_layer(cfg, "local")}
     unfused = {t.name: t.bytes_per_token for t in saved_per_layer(cfg, "local-unfused")}
-    assert sdpa["query, key, value"] == 2 * d * (m.num_attention_heads + 2 * m.query_groups)
+    # Value stays a view of linear_qkv's whole output (megatron-core 0.16.1 get_query_key_value_tensors)
+    assert sdpa["query and key after rotary embeddings"] == 2 * d * (m.num_attention_heads + m.query_groups)
+    assert sdpa["linear_qkv output (value is a view of it)"] == 2 * d * (
+        m.num_attention_heads + 2 * m.query_groups
+    )
     assert sdpa["SDPA output (kept for its backward)"] == 2 * d * m.num_attention_heads
     assert sdpa["softmax log-sum-exp (fp32)"] == 4 * m.num_attention_heads
     assert "softmax output (fp32)" in unfused and "softmax output (fp32)" not in sdpa

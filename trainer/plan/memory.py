@@ -24,7 +24,8 @@ attention, rotary positions, no dropout, so no dropout masks) and to the kernels
   attention (no s x s matrix; fp32 softmax statistics instead), fused SwiGLU;
 - "local" (megatron-core's plain-torch layer spec with torch SDPA as its core attention, trainer/model/attention.py:
   CPUs, or GPUs without TransformerEngine): unfused RMSNorm keeping fp32 copies, flash-style attention (query and
-  the grouped key and value, its output and fp32 log-sum-exp per head; no s x s matrix), SwiGLU's intermediates,
+  key after rotary embeddings, the whole linear_qkv output that value is a view of, its output and fp32 log-sum-exp
+  per head; no s x s matrix), SwiGLU's intermediates,
   torch's single-tensor AdamW (two fp32 temporaries of the largest parameter during the step);
 - "local-unfused" (the same spec with megatron-core's DotProductAttention, for comparison): attention scores
   materialized (fp32 softmax and bf16 probabilities) in a kept buffer, keys and values repeated to every head.
@@ -139,8 +140,11 @@ def saved_per_layer(cfg: TrainConfig, kernels: Kernels) -> list[SavedTensor]:
         elif kernels == "local":
             # SDPA's flash backward reads query, key, value, out, logsumexp (torch 2.13's schema of
             # aten::_scaled_dot_product_flash_attention_backward, and of its _for_cpu and cudnn variants)
+            # Value is a view of linear_qkv's output (megatron-core 0.16.1 transformer/attention.py
+            # get_query_key_value_tensors splits it), so that whole output stays; rotary made query and key anew.
             attention = [
-                SavedTensor("query, key, value", e * d * (a + 2 * g), "tp"),
+                SavedTensor("query and key after rotary embeddings", e * d * (a + g), "tp"),
+                SavedTensor("linear_qkv output (value is a view of it)", e * d * (a + 2 * g), "tp"),
                 SavedTensor("SDPA output (kept for its backward)", e * d * a, "tp"),
                 SavedTensor("softmax log-sum-exp (fp32)", FP32 * a, "tp"),
             ]
