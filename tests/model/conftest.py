@@ -7,7 +7,8 @@ from megatron.core import parallel_state, tensor_parallel
 from trainer.distributed import megatron_compat
 
 
-@pytest.fixture(scope="session")
+# Per module: other test files start (and end) their own default process group.
+@pytest.fixture(scope="module")
 def model_parallel(tmp_path_factory):
     """A one-process gloo world with megatron's model-parallel state, as parallel.initialize starts it."""
     megatron_compat.apply()
