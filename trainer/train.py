@@ -166,10 +166,10 @@ def train(
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
     console.print(precision_note(cfg, parallel.device_type()))
     console.print(llama.attention_note(parallel.device_type()))
-    monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     # The planner's peak against the GPUs' free memory: a clear refusal instead of an out-of-memory traceback.
     kernels = llama.planner_kernels(parallel.device_type())
     check_device_memory(cfg, torch.distributed.get_world_size(), vocab_size(cfg), kernels)
+    monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     run = engines.build(cfg, dims)
     progress = _resume(run, console)
     if progress.step >= s.train_iters:
