@@ -36,7 +36,8 @@ def train_steps(config: Path, overrides: list[str], micro_batch_size: int, steps
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model_cfg = cfg.model.model_copy(update={"vocab_size": vocab_size(cfg)})
     hf = to_hf_config(model_cfg, None, torch.float32, cfg.data.seq_length)
-    model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa")).to(device)
+    with torch.device(device):  # initialized where it trains: 1.24 B parameters take seconds on a CPU
+        model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))
     # fused=True: one kernel for every parameter (torch docs, torch.optim.AdamW; CPU and CUDA since torch 2.4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, fused=True)
     accumulation = cfg.schedule.global_batch_size // micro_batch_size
