@@ -71,7 +71,8 @@ bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from
 	$(PY) -m trainer bench $(ARGS)
 
 .PHONY: bench-gpu
-bench-gpu: $(VENV)/.train-installed ## GPU benchmark (needs CUDA): ~1B Llama, MFU, all-reduce sweep -> runs/bench/bench-gpu.json
+# bench-gpu's baseline row trains the same shape with transformers (requirements/dev.txt).
+bench-gpu: $(VENV)/.dev-installed ## GPU benchmark (needs CUDA): ~1B Llama, MFU vs a transformers loop, saves, all-reduce -> runs/bench/bench-gpu.json
 	$(PY) -m trainer bench --gpu $(ARGS)
 
 # make monitoring: the Prometheus alert rules, Grafana dashboard and a scrape config for this machine's ranks, all

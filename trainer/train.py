@@ -42,9 +42,12 @@ from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
 from trainer.launch.torchrun import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
+from trainer.model import llama
 from trainer.model.flops import model_flops_per_sequence
 from trainer.model.precision import precision_note
 from trainer.monitoring import monitor as monitoring
+from trainer.plan.fit import DeviceMemoryError, check_device_memory
+from trainer.plan.search import vocab_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +129,7 @@ def _work(
     parallel.initialize(cfg, dims)
     try:
         train(cfg, dims, console, fresh=fresh, stop=stop)
-    except (faults.TrainingStopped, CheckpointError, CheckpointSaveError) as error:
+    except (faults.TrainingStopped, CheckpointError, CheckpointSaveError, DeviceMemoryError) as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")  # every rank raised it; rank 0 says so
         return 1
     except RuntimeError as error:
@@ -162,6 +165,10 @@ def train(
     torch.distributed.barrier()
     console.print(f"[bold]{cfg.name}[/]: {dims} on {parallel.device_type()}, run directory {cfg.run_dir}")
     console.print(precision_note(cfg, parallel.device_type()))
+    console.print(llama.attention_note(parallel.device_type()))
+    # The planner's peak against the GPUs' free memory: a clear refusal instead of an out-of-memory traceback.
+    kernels = llama.planner_kernels(parallel.device_type())
+    check_device_memory(cfg, torch.distributed.get_world_size(), vocab_size(cfg), kernels)
     monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     engine = engines.build(cfg, dims)
     checkpointer = Checkpointer(engine, console)

@@ -139,6 +139,20 @@ def test_gpu_suite_code_runs_on_cpu_and_writes_its_report(tiny_config, tmp_path)
     details = report["details"]["training"]
     assert list(details) == ["local-bf16"]
     assert (details["local-bf16"]["production"], details["local-bf16"]["kernels"]) == (False, "local")
+    # The same shape trained by a plain transformers SDPA loop in the same run, and the trainer against it.
+    baseline = next(
+        r for r in report["results"] if r["name"].startswith("transformers LlamaForCausalLM loop")
+    )
+    versus = next(r for r in report["results"] if "against the transformers SDPA loop" in r["name"])
+    assert baseline["value"] > 0 and versus["baseline_value"] == baseline["value"]
+    assert versus["ratio"] == pytest.approx(training["value"] / baseline["value"])
+    assert report["details"]["baseline"]["micro_batch_size"] == details["local-bf16"]["micro_batch_size"]
+    # The background save's stall against the synchronous save's, and the save's write speed.
+    stall = next(r for r in report["results"] if r["name"].startswith("checkpoint stall per background save"))
+    assert stall["value"] > 0 and stall["baseline_value"] > 0
+    assert any(
+        r["name"].startswith("checkpoint save write speed") and r["value"] > 0 for r in report["results"]
+    )
     sweep = report["details"]["allreduce"]
     assert sweep["world_size"] == 2 and sweep["backend"] == "gloo"
     assert [row["bytes"] for row in sweep["sizes"]] == [1 << 20, 4 << 20]

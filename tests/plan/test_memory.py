@@ -143,3 +143,41 @@ def test_transformer_engine_layer_keeps_korthikantis_34_sbh_less_the_two_dropout
     cfg = with_layout(llama3_8b.model_copy(update={"model": gpt_shaped}), recompute="none")
     per_token = sum(t.bytes_per_token for t in saved_per_layer(cfg, "transformer_engine"))
     assert per_token == 32 * h + 2 * 4 + 4 * heads
+
+
+def _at_sequence(cfg, seq: int):
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"seq_length": seq})})
+
+
+def test_sdpa_attention_keeps_no_scores_so_its_activations_grow_linearly_with_sequence(llama3_8b):
+    cfg = with_layout(llama3_8b, recompute="none", micro_batch_size=1)
+
+    def doubling(kernels: str) -> float:
+        short, long = (estimate_stages(_at_sequence(cfg, s), 8, VOCAB, kernels)[0] for s in (4096, 8192))
+        return long.activations / short.activations
+
+    assert doubling("local") == pytest.approx(2.0)
+    assert doubling("local-unfused") > 2.5  # the s x s scores
+    sdpa = estimate_stages(cfg, 8, VOCAB, "local")[0]
+    assert sdpa.workspace == 0.0  # megatron's global score buffer is the unfused attention's alone
+
+
+def test_sdpa_layer_keeps_flash_attentions_tensors_beside_the_local_norms_and_swiglu(llama3_8b):
+    # SDPA's backward reads query, key, value, its output and the fp32 log-sum-exp (torch 2.13's schema of
+    # aten::_scaled_dot_product_flash_attention_backward); the rest of the layer is the local spec's.
+    cfg = with_layout(llama3_8b, recompute="none")
+    m = cfg.model
+    d = m.hidden_size // m.num_attention_heads
+    sdpa = {t.name: t.bytes_per_token for t in saved_per_layer(cfg, "local")}
+    unfused = {t.name: t.bytes_per_token for t in saved_per_layer(cfg, "local-unfused")}
+    # Value stays a view of linear_qkv's whole output (megatron-core 0.16.1 get_query_key_value_tensors)
+    assert sdpa["query and key after rotary embeddings"] == 2 * d * (m.num_attention_heads + m.query_groups)
+    assert sdpa["linear_qkv output (value is a view of it)"] == 2 * d * (
+        m.num_attention_heads + 2 * m.query_groups
+    )
+    assert sdpa["SDPA output (kept for its backward)"] == 2 * d * m.num_attention_heads
+    assert sdpa["softmax log-sum-exp (fp32)"] == 4 * m.num_attention_heads
+    assert "softmax output (fp32)" in unfused and "softmax output (fp32)" not in sdpa
+    assert {k: v for k, v in sdpa.items() if "norm" in k or "FC" in k or "silu" in k} == {
+        k: v for k, v in unfused.items() if "norm" in k or "FC" in k or "silu" in k
+    }

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-from trainer.checkpoint.store import Progress, verify
+from trainer.checkpoint.store import Progress, prune, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.engines.megatron import MegatronEngine
 
@@ -47,18 +47,26 @@ def _size(checkpoint: Path) -> int:
 
 
 def _interval_saves(run: MegatronEngine) -> None:
-    """Every save in the format a run's interval (background) saves use (none is pruned: nothing here prunes; the
-    first is loaded at another layout afterwards)."""
+    """Every save in the format a run's interval (background) saves use."""
     c = run.cfg.checkpoint.model_copy(update={"optimizer_format": run.optimizer_format(background=True)})
     run.cfg = run.cfg.model_copy(update={"checkpoint": c})
 
 
-def _published(write: Write) -> Path | None:
+def _kept(published: Path, keep_last: int | None) -> Path:
+    """After a publish: prune to keep_last, as the checkpointer does (rank 0), when given."""
+    if keep_last is not None and torch.distributed.get_rank() == 0:
+        prune(published.parent, keep_last)
+    return published
+
+
+def _published(write: Write, keep_last: int | None) -> Path | None:
     """The check the checkpointer makes at each step boundary: publish once every rank's write is done."""
-    return write.finish() if write.done() else None
+    return _kept(write.finish(), keep_last) if write.done() else None
 
 
-def _background_save(run: MegatronEngine, writer: Writer, batches: list, step: int, plain: float) -> dict:
+def _background_save(
+    run: MegatronEngine, writer: Writer, batches: list, step: int, plain: float, keep_last: int | None
+) -> dict:
     started = time.perf_counter()
     # What training waits for: staging, the state dict, planning, the common state, the fork of the writer.
     start_seconds, write = _timed(lambda: run.save(Progress(step=step), writer=writer))
@@ -68,7 +76,7 @@ def _background_save(run: MegatronEngine, writer: Writer, batches: list, step: i
         seconds, _ = _timed(lambda: run.train_step(batches))
         while_writing.append(seconds)
         # Also blocking: the check at each step boundary, and once written, finalizing and publishing.
-        check_seconds, published = _timed(lambda: _published(write))
+        check_seconds, published = _timed(lambda: _published(write, keep_last))
     return {
         "start_seconds": start_seconds,
         "publish_step_seconds": check_seconds,  # the check that finalized and published it
@@ -80,11 +88,14 @@ def _background_save(run: MegatronEngine, writer: Writer, batches: list, step: i
     }
 
 
-def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
+def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: int | None = None) -> dict:
+    """`keep_last`: prune to that many after each save, as a run's retention would (1 where disk is short, as for
+    the GPU suite's 17 GB saves); None keeps every one (the first is loaded at another layout afterwards)."""
     _interval_saves(run)
     writer = Writer()
     writer.ready()  # as a run's checkpointer has it by its first save (trainer/checkpoint/writer.py)
-    save_seconds, saved = _timed(lambda: run.save(Progress(step=step)).finish())
+    save_seconds, saved = _timed(lambda: _kept(run.save(Progress(step=step)).finish(), keep_last))
+    size = _size(saved)
     # Every byte's digest, the files shared out over the ranks (what a run's load checks first): about what each
     # rank's writer spends hashing its share while it writes.
     verify_seconds, problem = _timed(lambda: verify(saved))
@@ -92,14 +103,15 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int) -> dict:
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
     return {
-        "bytes": _size(saved),
+        "bytes": size,
         "save_seconds": save_seconds,
         "verify_seconds": verify_seconds,
         "load_seconds": load_seconds,
         "plain_step_seconds": plain,
         # In order: a run's first background save, ..., a steady-state one (the last).
         "background_saves": [
-            _background_save(run, writer, batches, step + 1 + i, plain) for i in range(BACKGROUND_SAVES)
+            _background_save(run, writer, batches, step + 1 + i, plain, keep_last)
+            for i in range(BACKGROUND_SAVES)
         ],
         "checkpoint": str(saved),
     }

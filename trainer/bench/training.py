@@ -51,6 +51,7 @@ def run_worker(
     checkpoint: bool = False,
     load: Path | None = None,
     timeout_s: int = 600,
+    checkpoint_keep_last: int | None = None,
 ) -> MeasuredRun:
     """One measured run: torchrun starts `layout.processes` bench workers on this machine."""
     run_dir = out / layout.name
@@ -58,6 +59,7 @@ def run_worker(
     cfg = load_config(config, list(overrides))
     arguments = ["-m", "trainer.bench.worker", str(config), str(run_dir / "ranks"), "--steps", str(steps)]
     arguments += [*(["--checkpoint"] if checkpoint else []), *(["--load", str(load)] if load else [])]
+    arguments += ["--checkpoint-keep-last", str(checkpoint_keep_last)] if checkpoint_keep_last else []
     arguments += [arg for o in overrides for arg in ("--set", o)]
     _torchrun(arguments, layout.processes, run_dir, layout.name, timeout_s)
     ranks = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(layout.processes)]

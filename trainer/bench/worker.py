@@ -1,7 +1,7 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
-        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint] [--load CHECKPOINT]
+        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint [--checkpoint-keep-last N]] [--load CHECKPOINT]
 
 Each rank writes OUT/rank<R>.json with
 - memory: bytes of the weights, the gradient buffers and everything else allocated before the second step
@@ -32,6 +32,7 @@ from trainer.config import ParallelDims, load_config
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import parallel
 from trainer.engines import megatron
+from trainer.model import attention
 from trainer.model.llama import HAVE_TRANSFORMER_ENGINE
 
 TRACED_STEPS = 2
@@ -50,7 +51,8 @@ class PipelineWaits:
 
 def kernels() -> str:
     """The planner's name for the layer implementation this process runs (trainer/model/llama.py picks it)."""
-    return "transformer_engine" if parallel.device_type() == "cuda" and HAVE_TRANSFORMER_ENGINE else "local"
+    backend = attention.core_attention_backend(parallel.device_type(), HAVE_TRANSFORMER_ENGINE)
+    return attention.PLANNER_KERNELS[backend]
 
 
 def _storage_bytes(tensors) -> int:
@@ -73,7 +75,14 @@ def measure_memory(run: megatron.MegatronEngine, trace: AllocationTrace) -> dict
     }
 
 
-def measure(cfg, dims: ParallelDims, steps: int, save_checkpoint: bool, load: Path | None = None) -> dict:
+def measure(
+    cfg,
+    dims: ParallelDims,
+    steps: int,
+    save_checkpoint: bool,
+    load: Path | None = None,
+    checkpoint_keep_last: int | None = None,
+) -> dict:
     device = parallel.device_type()
     waits = PipelineWaits()
     with AllocationTrace(device) as trace:
@@ -107,7 +116,7 @@ def measure(cfg, dims: ParallelDims, steps: int, save_checkpoint: bool, load: Pa
             {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
         )
     if save_checkpoint:
-        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS)
+        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS, checkpoint_keep_last)
     if load is not None:
         result["load"] = time_load(run, load)
     return result
@@ -123,12 +132,15 @@ def main() -> None:
         "--checkpoint", action="store_true", help="time checkpoint saves (synchronous, background) and a load"
     )
     parser.add_argument("--load", type=Path, help="time loading this checkpoint (saved at another layout)")
+    parser.add_argument(
+        "--checkpoint-keep-last", type=int, help="checkpoints kept while timing saves (default: all of them)"
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     dims = parallel.initialize(cfg)
     Console(stderr=True, quiet=torch.distributed.get_rank() != 0).print(f"bench worker: {cfg.name} at {dims}")
     try:
-        result = measure(cfg, dims, args.steps, args.checkpoint, args.load)
+        result = measure(cfg, dims, args.steps, args.checkpoint, args.load, args.checkpoint_keep_last)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
     finally:

@@ -16,7 +16,30 @@ from trainer.config import TrainConfig
 
 
 def build_optimizer(cfg: TrainConfig, model: list[torch.nn.Module]) -> MegatronOptimizer:
-    return get_megatron_optimizer(optimizer_config(cfg), model)
+    optimizer = get_megatron_optimizer(optimizer_config(cfg), model)
+    use_fused_adamw(optimizer)
+    return optimizer
+
+
+def use_fused_adamw(optimizer: MegatronOptimizer) -> None:
+    """Without TransformerEngine or apex, megatron-core steps torch.optim.AdamW with its defaults (megatron-core
+    0.16.1 optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups, USING_PYTORCH_OPTIMIZER): a
+    for-loop over parameters on CPUs, the foreach kernels on GPUs. torch's fused AdamW does every parameter of a
+    group in one kernel (torch docs, torch.optim.AdamW `fused`, CPU and CUDA); docs/bench.md has the measured gain.
+    AdamW reads each group's `fused` and `foreach` at every step (torch 2.13 optim/adam.py `step`), so setting
+    them on megatron's groups switches the kernel; TE's and apex's FusedAdam are left alone."""
+    for inner in _torch_optimizers(optimizer):
+        if type(inner) is not torch.optim.AdamW:
+            continue
+        for group in inner.param_groups:
+            group["foreach"], group["fused"] = False, True
+
+
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron's wrappers (ChainedOptimizer holds one wrapper per parameter kind)."""
+    if hasattr(optimizer, "chained_optimizers"):
+        return [inner for chained in optimizer.chained_optimizers for inner in _torch_optimizers(chained)]
+    return [optimizer.optimizer] if getattr(optimizer, "optimizer", None) is not None else []
 
 
 def optimizer_config(cfg: TrainConfig) -> MegatronOptimizerConfig:

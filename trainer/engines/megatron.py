@@ -96,6 +96,7 @@ class MegatronEngine:
         with fast_path.weights_gathered(self.chunks, self.cfg.parallel.overlap_param_gather):
             return self._evaluate()
 
+    @torch.no_grad()  # forward only: nothing saved for a backward (megatron's schedules do not disable grad)
     def _evaluate(self) -> float:
         batches = self._batches(self.valid_data, 0)
         losses = [

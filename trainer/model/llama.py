@@ -1,7 +1,8 @@
 """The model: megatron-core's GPTModel configured as Llama, and an initialization that ignores the layout.
 
 Llama = RMSNorm, SwiGLU MLP, rotary position embeddings, grouped-query attention, no biases. On GPUs with
-TransformerEngine the layers use TE's fused modules; otherwise megatron-core's local (plain torch) spec.
+TransformerEngine the layers use TE's fused modules; otherwise megatron-core's local (plain torch) spec with torch
+SDPA as its core attention (trainer/model/attention.py).
 
 Initialization: every parameter is drawn at its full (TP=1) shape from a generator seeded by the run seed and
 the parameter's global name (which carries the global layer number), then this rank keeps its TP shard. The same
@@ -19,14 +20,12 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_local_spec,
-    get_gpt_layer_with_transformer_engine_spec,
-)
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 from megatron.core.transformer import TransformerConfig
 
 from trainer.config import TrainConfig
 from trainer.distributed.parallel import device_type
+from trainer.model import attention
 
 try:
     import transformer_engine  # noqa: F401
@@ -121,12 +120,16 @@ def build(cfg: TrainConfig) -> Built:
     return Built(build_model(cfg, config, padded_vocab_size), config, padded_vocab_size)
 
 
-def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: int) -> list[GPTModel]:
-    """This rank's model chunks (one per virtual pipeline stage), initialized from the seed."""
+def build_model(
+    cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: int, attention_backend: str | None = None
+) -> list[GPTModel]:
+    """This rank's model chunks (one per virtual pipeline stage), initialized from the seed; attention_backend
+    (trainer/model/attention.py) overrides the automatic choice, for parity tests against megatron's unfused one."""
+    backend = attention_backend or core_attention(config)
     spec = (
         get_gpt_layer_with_transformer_engine_spec()
-        if not config.use_cpu_initialization and HAVE_TRANSFORMER_ENGINE
-        else get_gpt_layer_local_spec(normalization="RMSNorm")
+        if backend == attention.TRANSFORMER_ENGINE
+        else attention.layer_spec(backend)
     )
     vp = _virtual_stages(cfg)
     chunks = []
@@ -149,6 +152,22 @@ def build_model(cfg: TrainConfig, config: TransformerConfig, padded_vocab_size: 
         initialize_parameters(chunk, cfg)
         chunks.append(chunk)
     return chunks
+
+
+def core_attention(config: TransformerConfig) -> str:
+    """The core attention this model uses (trainer/model/attention.py): TransformerEngine's, else torch SDPA."""
+    device = "cpu" if config.use_cpu_initialization else "cuda"
+    return attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE)
+
+
+def attention_note(device: str) -> str:
+    """The run's first-lines note naming its core attention kernel."""
+    return attention.describe(attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE))
+
+
+def planner_kernels(device: str) -> str:
+    """The planner's name (trainer/plan/memory.py) for the layers a run on `device` builds."""
+    return attention.PLANNER_KERNELS[attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE)]
 
 
 def global_name(chunk: GPTModel, name: str) -> str:

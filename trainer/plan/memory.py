@@ -22,10 +22,13 @@ per layer, the tensors autograd saves for backward, adapted to this Llama (RMSNo
 attention, rotary positions, no dropout, so no dropout masks) and to the kernels that run:
 - "transformer_engine" (GPUs; the image ships TransformerEngine): RMSNorm fused into the next linear, flash
   attention (no s x s matrix; fp32 softmax statistics instead), fused SwiGLU;
-- "local" (megatron-core's plain-torch layer spec: CPUs, or GPUs without TransformerEngine): unfused RMSNorm
-  keeping fp32 copies, attention scores materialized (fp32 softmax and bf16 probabilities), keys and values
-  repeated to every head, SwiGLU's intermediates, torch's single-tensor AdamW (two fp32 temporaries of the
-  largest parameter during the step).
+- "local" (megatron-core's plain-torch layer spec with torch SDPA as its core attention, trainer/model/attention.py:
+  CPUs, or GPUs without TransformerEngine): unfused RMSNorm keeping fp32 copies, flash-style attention (query and
+  key after rotary embeddings, the whole linear_qkv output that value is a view of, its output and fp32 log-sum-exp
+  per head; no s x s matrix), SwiGLU's intermediates,
+  torch's single-tensor AdamW (two fp32 temporaries of the largest parameter during the step);
+- "local-unfused" (the same spec with megatron-core's DotProductAttention, for comparison): attention scores
+  materialized (fp32 softmax and bf16 probabilities) in a kept buffer, keys and values repeated to every head.
 The pipeline keeps several micro-batches in flight: 1F1B's first stage holds min(PP, m) of them, the interleaved
 schedule's first rank min(v m, 2 (PP - 1) + (v - 1) PP + 1) model chunks (megatron-core's warm-up counts). Full
 recompute keeps only each layer's input and rebuilds one layer's activations at a time during backward. The last
@@ -49,7 +52,7 @@ from typing import Literal
 from trainer.config import ParallelDims, TrainConfig
 from trainer.model.flops import ParameterCounts, parameter_counts
 
-Kernels = Literal["transformer_engine", "local"]
+Kernels = Literal["transformer_engine", "local", "local-unfused"]
 FP32 = 4
 REDUCE_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default zero_optimization.reduce_bucket_size
 
@@ -134,6 +137,17 @@ def saved_per_layer(cfg: TrainConfig, kernels: Kernels) -> list[SavedTensor]:
         ]
         if selective:  # core attention recomputed: its checkpoint keeps query and the grouped key, value
             attention = [SavedTensor("query, key, value", e * d * (a + 2 * g), "tp")]
+        elif kernels == "local":
+            # SDPA's flash backward reads query, key, value, out, logsumexp (torch 2.13's schema of
+            # aten::_scaled_dot_product_flash_attention_backward, and of its _for_cpu and cudnn variants)
+            # Value is a view of linear_qkv's output (megatron-core 0.16.1 transformer/attention.py
+            # get_query_key_value_tensors splits it), so that whole output stays; rotary made query and key anew.
+            attention = [
+                SavedTensor("query and key after rotary embeddings", e * d * (a + g), "tp"),
+                SavedTensor("linear_qkv output (value is a view of it)", e * d * (a + 2 * g), "tp"),
+                SavedTensor("SDPA output (kept for its backward)", e * d * a, "tp"),
+                SavedTensor("softmax log-sum-exp (fp32)", FP32 * a, "tp"),
+            ]
         else:
             attention = [
                 SavedTensor("query, key and value repeated to every head", 3 * e * d * a, "tp"),
@@ -164,7 +178,7 @@ class MemoryEstimate:
     weights: float
     gradients: float
     optimizer_states: float
-    workspace: float  # kept between steps: the local attention's score buffer
+    workspace: float  # kept between steps: the unfused attention's score buffer
     activations: float  # saved for backward by every micro-batch in flight
     logits: float  # at the loss: one micro-batch's bf16 logits and fp32 softmax
     transient: float  # in backward: gradients being formed (and full recompute's rebuilt layer); in the step: temporaries
@@ -230,7 +244,8 @@ def estimate_stages(
     no_recompute = cfg.model_copy(update={"parallel": p.model_copy(update={"recompute": "none"})})
     layer = per_token(saved_per_layer(cfg, kernels)) * tokens
     rebuilt_layer = per_token(saved_per_layer(no_recompute, kernels)) * tokens
-    local = kernels == "local"
+    local = kernels != "transformer_engine"
+    scores = kernels == "local-unfused"  # megatron's DotProductAttention forms [b, heads, s, s]
     workspace = 0.0
     backward_working_set = 0.0
     weight_bytes = 2 if cfg.precision == "bf16" else FP32
@@ -239,7 +254,7 @@ def estimate_stages(
     if cfg.engine == "deepspeed" and cfg.zero.stage == 3:
         # The gathered weights of the running and the prefetched module: at most a layer or the embedding each.
         workspace += 2 * max(counts.layer, counts.embedding) * weight_bytes
-    if local:
+    if scores:
         # Attention scores are formed in megatron's global memory buffer, kept for the next step.
         workspace += s.micro_batch_size * heads * seq**2 * e
         # Softmax backward forms an fp32 gradient the size of the scores.

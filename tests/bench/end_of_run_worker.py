@@ -1,0 +1,64 @@
+"""One process of the end-of-run memory test, launched by torchrun: the trainer's whole loop (trainer/train.py)
+with background saves every 2 steps and an evaluation at the last step, every allocation traced; writes the
+peak of each training step and of the final evaluation.
+
+    end_of_run_worker.py CONFIG OUT --set key=value ...      OUT/peaks.json
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from trainer import engines, train  # noqa: E402
+from trainer.bench.allocations import AllocationTrace  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.distributed import parallel  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    dims = parallel.initialize(cfg)
+    build = engines.build
+    try:
+        with AllocationTrace(parallel.device_type()) as trace:
+
+            def traced_build(cfg, dims):
+                run = build(cfg, dims)
+                step, evaluate = run.train_step, run.evaluate
+
+                def traced_step(*a, **k):
+                    with trace.phase("step"):
+                        return step(*a, **k)
+
+                def traced_evaluate():
+                    with trace.phase("evaluate"):
+                        return evaluate()
+
+                run.train_step, run.evaluate = traced_step, traced_evaluate
+                return run
+
+            engines.build = train.engines.build = traced_build
+            train.train(cfg, dims, Console(quiet=True), fresh=True)
+        peaks = {
+            "steps": [trace.peak_during(p) for p in trace.phases("step")],
+            "evaluations": [trace.peak_during(p) for p in trace.phases("evaluate")],
+        }
+        (args.out / "peaks.json").write_text(json.dumps(peaks))
+    finally:
+        engines.build = build
+        parallel.shutdown()
+
+
+if __name__ == "__main__":
+    main()
