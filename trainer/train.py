@@ -170,8 +170,9 @@ def train(
             f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
             "(make train FRESH=1, or --fresh, starts over)"
         )
+        monitoring.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
         return
-    logger = _metrics_logger(run, progress.step, console) if torch.distributed.get_rank() == 0 else None
+    logger = _metrics_logger(run, progress, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
         _log(logger, 0, val_loss=run.evaluate())  # the untrained model: where the loss starts
     batches = run.train_batches(progress.consumed_samples)
@@ -292,13 +293,14 @@ def _resume(run: Engine, console: Console) -> Progress:
     return progress
 
 
-def _metrics_logger(run: Engine, start_step: int, console: Console) -> MetricsLogger:
+def _metrics_logger(run: Engine, progress: Progress, console: Console) -> MetricsLogger:
     cfg, s = run.cfg, run.cfg.schedule
     flops_per_sequence = model_flops_per_sequence(cfg.model, cfg.data.seq_length, run.padded_vocab_size)
     return MetricsLogger(
         cfg.run_dir,
         train_iters=s.train_iters,
-        start_step=start_step,
+        start_step=progress.step,
+        skipped_steps=progress.skipped_steps,  # the exporters count only this process's skips
         flops_per_step=flops_per_sequence * s.global_batch_size,
         tokens_per_step=s.global_batch_size * cfg.data.seq_length,
         world_size=run.dims.world_size,

@@ -18,14 +18,17 @@ import yaml
 from tests.trainer.conftest import tiny_corpus  # noqa: F401  (a fixture: the trainer tests' prepared corpus)
 
 
-def ensure_prometheus() -> None:
-    """Debian's prometheus package gives /usr/bin/prometheus and promtool; install it when absent (root, as in CI)."""
-    if shutil.which("prometheus") and shutil.which("promtool"):
+def ensure_prometheus(
+    package: str = "prometheus", tools: tuple[str, ...] = ("prometheus", "promtool")
+) -> None:
+    """Debian's prometheus package gives /usr/bin/prometheus and promtool, prometheus-alertmanager gives amtool;
+    install one when absent (root, as in CI)."""
+    if all(shutil.which(tool) for tool in tools):
         return
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True, env=env
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], check=True, env=env
     )
 
 
@@ -81,6 +84,12 @@ class PrometheusServer:
 def promtool() -> str:
     ensure_prometheus()
     return shutil.which("promtool")
+
+
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    ensure_prometheus("prometheus-alertmanager", ("amtool",))
+    return shutil.which("amtool")
 
 
 @pytest.fixture
