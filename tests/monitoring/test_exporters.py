@@ -18,7 +18,7 @@ from moto import mock_aws
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.monitoring.conftest import free_port
-from tests.monitoring.fixtures import efa_sysfs, fake_nvml, h100
+from tests.monitoring.fixtures import efa_sysfs, emf_to_cloudwatch, fake_nvml, h100
 from trainer.contract import metrics as r
 from trainer.monitoring import monitor
 from trainer.monitoring.cloudwatch import EmfWriter
@@ -125,29 +125,6 @@ def test_cpu_run_has_no_endpoint_and_no_cloudwatch_unless_asked(monkeypatch):
         assert started.prometheus is None and started.cloudwatch is None
     finally:
         monitor.stop(completed=True)
-
-
-def emf_to_cloudwatch(cloudwatch, lines: list[str]) -> None:
-    """What CloudWatch Logs does with EMF lines (the specification's extraction): each metric of each directive,
-    under each dimension set, becomes datapoints of the values on the root."""
-    for document in map(json.loads, lines):
-        aws = document["_aws"]
-        for directive in aws["CloudWatchMetrics"]:
-            for dimension_set in directive["Dimensions"]:
-                for definition in directive["Metrics"]:
-                    value = document[definition["Name"]]
-                    cloudwatch.put_metric_data(
-                        Namespace=directive["Namespace"],
-                        MetricData=[
-                            {
-                                "MetricName": definition["Name"],
-                                "Dimensions": [{"Name": k, "Value": document[k]} for k in dimension_set],
-                                "Timestamp": datetime.fromtimestamp(aws["Timestamp"] / 1000, UTC),
-                                "Values": value if isinstance(value, list) else [value],
-                                "Unit": definition["Unit"],
-                            }
-                        ],
-                    )
 
 
 @mock_aws
