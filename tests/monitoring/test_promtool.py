@@ -103,7 +103,9 @@ def merge_series(*processes: Process, minutes: int) -> list[dict[str, str]]:
     return series
 
 
-def alerts_at(rules: dict, promtool: str, tmp_path, series, expected: dict[str, dict[str, list]]) -> str:
+def alerts_at(
+    rules: dict, promtool: str, tmp_path, series, expected: dict[str, dict[str, list]], interval: str = "1m"
+) -> str:
     """Run promtool with `expected` = {eval_time: {alertname: [labels of each firing alert]}}; return its output
     (empty when every expectation held). Annotations are checked by summary in the tests that need them."""
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
@@ -121,7 +123,7 @@ def alerts_at(rules: dict, promtool: str, tmp_path, series, expected: dict[str, 
     test = {
         "rule_files": ["rules.yml"],
         "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}],
+        "tests": [{"interval": interval, "input_series": series, "alert_rule_test": tests}],
     }
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = subprocess.run(
@@ -179,6 +181,34 @@ def test_a_healthy_run_pages_nothing(promtool, tmp_path, rules):
 def test_a_clean_end_pages_nothing_then_or_two_hours_later(promtool, tmp_path, rules):
     series = merge_series(Process(start=1, end=12, first_step=2, last_step=10, completed=True), minutes=160)
     assert alerts_at(rules, promtool, tmp_path, series, no_pages("13m", "40m", "155m")) == ""
+
+
+def test_a_completion_scraped_once_between_two_rule_evaluations_still_counts(promtool, tmp_path, rules):
+    """Scrapes every 15 s, rules every minute: the completion is served for one scrape (11m30s), stale at the next,
+    and no rule evaluation falls in between; the rules still see the clean end."""
+    scrapes = 4 * 60  # one hour of 15-second samples
+    alive = range(4, 47)
+
+    def at(i: int, value: float | None) -> float | str | None:
+        return "stale" if i == 47 else (value if i in alive else None)
+
+    process = 'run="r",job_id="j",node="n",rank="0",stage="0",instance="node-a:9500",job="trainstack"'
+    series = [
+        {
+            "series": f"{r.PROCESS_START.full_name}{{{process}}}",
+            "values": timeline(scrapes, lambda i: at(i, 60)),
+        },
+        {
+            "series": f'{r.LAST_STEP_TIME.full_name}{{run="r",job_id="j",instance="node-a:9500",job="trainstack"}}',
+            "values": timeline(scrapes, lambda i: at(i, 15 * min(i, 44) if i >= 8 else None)),
+        },
+        {
+            "series": f"{r.PROCESS_COMPLETED.full_name}{{{process}}}",
+            "values": timeline(scrapes, lambda i: at(i, 690 if i == 46 else None)),
+        },
+        up("node-a:9500", scrapes, lambda i: i in alive),
+    ]
+    assert alerts_at(rules, promtool, tmp_path, series, no_pages("30m", "55m"), interval="15s") == ""
 
 
 def test_a_killed_run_pages_target_down_then_stalled_and_still_does_two_hours_later(

@@ -31,12 +31,12 @@ def scrape_config(processes: int, port: int = MonitoringConfig().prometheus_port
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.monitoring", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/monitoring"))
-    parser.add_argument("--stall-minutes", type=int, default=15, help="page after this long without a step")
+    parser.add_argument("--stall-minutes", type=float, default=15, help="page after this long without a step")
     parser.add_argument(
-        "--start-minutes", type=int, default=10, help="page when no first step after this long"
+        "--start-minutes", type=float, default=10, help="page when no first step after this long"
     )
     parser.add_argument(
-        "--target-down-minutes", type=int, default=2, help="page when a process stops answering"
+        "--target-down-minutes", type=float, default=2, help="page when a process stops answering"
     )
     parser.add_argument("--remember-hours", type=float, default=24, help="how long a dead run keeps paging")
     parser.add_argument("--loss-spike-ratio", type=float, default=1.5, help="loss over its 30-minute median")

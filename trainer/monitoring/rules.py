@@ -27,6 +27,10 @@ STATE_GROUP = "trainstack-training-state"
 SCRAPE_JOB = "trainstack"  # the scrape job name in the generated prometheus.yml
 RUN = "run, job_id"
 RUNBOOK = "docs/monitoring.md#runbook"
+# The raw series are read over this window: a sample scraped once (a clean end's completion, served until one scrape
+# read it) is still seen by a rule evaluated up to 10 minutes later, whatever the evaluation interval. Range
+# functions skip staleness markers ("Staleness", Prometheus querying basics), so the value outlives its process.
+STATE_WINDOW = "10m"
 
 # Recorded state, per run and per scrape target.
 RUN_SEEN = "trainstack:run_seen_timestamp_seconds"
@@ -43,10 +47,13 @@ def state_rules(remember_hours: float) -> list[dict[str, str]]:
     start, completed = r.PROCESS_START.full_name, r.PROCESS_COMPLETED.full_name
     up = f'up{{job="{SCRAPE_JOB}"}}'
 
+    def latest(source: str) -> str:
+        return f"last_over_time({source}[{STATE_WINDOW}])"
+
     def per_run(record: str, source: str) -> dict[str, str]:
         return {
             "record": record,
-            "expr": f"max by ({RUN}) ({source}) or ({record} and on ({RUN}) {RUN_SEEN})",
+            "expr": f"max by ({RUN}) ({latest(source)}) or ({record} and on ({RUN}) {RUN_SEEN})",
         }
 
     return [
@@ -67,10 +74,17 @@ def state_rules(remember_hours: float) -> list[dict[str, str]]:
         },
         {
             "record": TARGET_COMPLETED,
-            "expr": f"max by (instance, job) ({completed}) or ({TARGET_COMPLETED} and on (instance, job) {up} "
-            f"unless on (instance, job) {start})",
+            # The target's newest process ended cleanly: its completion is not older than the newest start.
+            "expr": f"(max by (instance, job) ({latest(completed)}) >= on (instance, job) max by (instance, job) "
+            f"({latest(start)})) or ({TARGET_COMPLETED} and on (instance, job) {up} unless on (instance, job) "
+            f"{start})",
         },
     ]
+
+
+def _duration(minutes: float) -> str:
+    """A rule's `for:` in whole seconds (Prometheus duration syntax), so windows under a minute can be tested."""
+    return f"{round(minutes * 60)}s"
 
 
 def _alert(name: str, expr: str, severity: str, summary: str, runbook: str, **extra: Any) -> dict[str, Any]:
@@ -85,9 +99,9 @@ def _alert(name: str, expr: str, severity: str, summary: str, runbook: str, **ex
 
 def alert_rules(
     *,
-    stall_minutes: int = 15,
-    start_minutes: int = 10,
-    target_down_minutes: int = 2,
+    stall_minutes: float = 15,
+    start_minutes: float = 10,
+    target_down_minutes: float = 2,
     remember_hours: float = 24,
     loss_spike_ratio: float = 1.5,
     min_mfu: float | None = None,
@@ -102,10 +116,10 @@ def alert_rules(
     rules: list[dict[str, Any]] = [
         _alert(
             "TrainingStalled",
-            f"(time() - {RUN_LAST_STEP} > {stall_minutes * 60}) and on ({RUN}) {stepped_this_attempt} "
+            f"(time() - {RUN_LAST_STEP} > {stall_minutes * 60:g}) and on ({RUN}) {stepped_this_attempt} "
             f"unless on ({RUN}) {this_attempt_completed}",
             "page",
-            f"{run_label} has made no step for {{{{ $value | humanizeDuration }}}} (limit {stall_minutes} min)",
+            f"{run_label} has made no step for {{{{ $value | humanizeDuration }}}} (limit {stall_minutes:g} min)",
             "The run stepped, then stopped, and did not end cleanly. If TrainingTargetDown fires too, the "
             "processes are gone: read the job's log for the error, then resume with the same command (Batch "
             "retries do this themselves). If the processes are up, the run hangs: look for a rank stuck in a "
@@ -114,7 +128,7 @@ def alert_rules(
         ),
         _alert(
             "TrainingNeverStarted",
-            f"(time() - {RUN_START} > {start_minutes * 60}) unless on ({RUN}) {stepped_this_attempt} "
+            f"(time() - {RUN_START} > {start_minutes * 60:g}) unless on ({RUN}) {stepped_this_attempt} "
             f"unless on ({RUN}) {this_attempt_completed}",
             "page",
             f"{run_label} started {{{{ $value | humanizeDuration }}}} ago and has not completed a step",
@@ -133,7 +147,7 @@ def alert_rules(
             "The process behind this endpoint exited without a clean end, or hangs so hard it cannot answer. "
             "Check whether the job is still running (Batch console, `ps` on the node); a rank killed by the "
             "kernel's OOM killer shows in `dmesg`. The run pages TrainingStalled too, which this alert inhibits.",
-            **{"for": f"{target_down_minutes}m"},
+            **{"for": _duration(target_down_minutes)},
         ),
         _alert(
             "TrainingLossNotFinite",
@@ -183,7 +197,7 @@ def alert_rules(
                     f"Run {{{{ $labels.run }}}}: {what} below {floor:g}",
                     "Compare step time per rank for a straggler, data wait time for a slow file system, and "
                     "EFA retransmits for a bad link.",
-                    **{"for": f"{throughput_minutes}m"},
+                    **{"for": _duration(throughput_minutes)},
                 )
             )
     return {
