@@ -38,13 +38,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """A base port with `count` free ports from it (one per local rank); other programs share this machine."""
+    for _ in range(100):
+        base = free_port()
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+    raise OSError(f"no {count} consecutive free ports found")
+
+
 class PrometheusServer:
-    def __init__(self, directory: Path, targets: list[str]) -> None:
+    def __init__(self, directory: Path, targets: list[str], rules: dict | None = None) -> None:
         self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": targets}]}],
         }
+        if rules is not None:
+            (directory / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+            config["rule_files"] = [str(directory / "rules.yml")]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (directory / "prometheus.log").open("w")
         self.process = subprocess.Popen(
@@ -94,12 +116,13 @@ def amtool() -> str:
 
 @pytest.fixture
 def prometheus_server(tmp_path):
-    """`prometheus_server(targets)`: a running server scraping `targets` every second."""
+    """`prometheus_server(targets, rules)`: a running server scraping `targets` and evaluating `rules` every
+    second."""
     ensure_prometheus()
     servers = []
 
-    def start(targets: list[str]) -> PrometheusServer:
-        servers.append(PrometheusServer(tmp_path, targets))
+    def start(targets: list[str], rules: dict | None = None) -> PrometheusServer:
+        servers.append(PrometheusServer(tmp_path, targets, rules))
         return servers[-1]
 
     yield start

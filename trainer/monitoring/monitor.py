@@ -174,6 +174,9 @@ def listen_problems(config: MonitoringConfig, device_type: str, world_size: int)
     for local_rank in local_ranks:
         port = config.prometheus_port + local_rank
         with socket.socket() as probe:
+            # As the endpoint's server binds (http.server's allow_reuse_address): the port's connections left in
+            # TIME_WAIT by a run that just ended do not make it look taken; a listening program still does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((config.prometheus_address, port))
             except OSError as error:
