@@ -246,6 +246,18 @@ def test_a_run_hung_before_its_first_step_pages_never_started(promtool, tmp_path
     assert alerts_at(rules, promtool, tmp_path, series, expected) == ""
 
 
+def test_a_run_that_dies_before_its_first_step_pages_and_keeps_paging(promtool, tmp_path, rules):
+    series = merge_series(Process(start=1, end=5), minutes=160)
+    RENDERED["TrainingTargetDown", "r"] = "Training process at node-a:9500 (run r) does not answer scrapes"
+    RENDERED["TrainingNeverStarted", "r"] = "Run r (job j) started 2h 34m 0s ago and has not completed a step"
+    expected = {
+        "8m": {"TrainingTargetDown": [target_labels()], "TrainingNeverStarted": []},
+        "155m": {"TrainingTargetDown": [target_labels()], "TrainingNeverStarted": [run_labels()],
+                 "TrainingStalled": []},
+    }  # fmt: skip
+    assert alerts_at(rules, promtool, tmp_path, series, expected) == ""
+
+
 def test_a_run_resumed_after_a_clean_end_is_watched_at_once(promtool, tmp_path, rules):
     first = Process(start=1, end=12, first_step=2, last_step=10, completed=True)
     hangs_at_start = Process(start=20, end=200)
