@@ -93,9 +93,9 @@ class Monitor:
     def close(self, *, completed: bool, final_scrape_timeout_s: float = 0) -> None:
         """Flush what is gathered and stop serving; at a clean end, mark it and serve until it was scraped."""
         self.heartbeat_stop.set()
-        marked = time.monotonic()
         if completed:
             self.record({r.PROCESS_COMPLETED: time.time()})
+        marked = time.monotonic()  # after the value is set: a scrape that begins later carries it
         if self.cloudwatch is not None:
             with self.lock:
                 self._flush_cloudwatch()
