@@ -203,6 +203,7 @@ class Cluster(pulumi.ComponentResource):
             placement_group=self._placement_group(cfg, child),
         )
         self.job_queue = self._queue(f"{prefix}-gpu", self.compute_environment, args.scheduling_policy)
+        self.job_queues = {"gpu": self.job_queue}  # every queue the stack creates (monitoring watches each)
 
         self.log_group = aws.cloudwatch.LogGroup(
             f"{prefix}-jobs",
@@ -440,7 +441,7 @@ class Cluster(pulumi.ComponentResource):
                 f"{cfg.name_prefix}-spot", strategy="cluster", opts=child
             ).name,
         )
-        queue = self._queue(f"{cfg.name_prefix}-spot", environment)
+        queue = self.job_queues["spot"] = self._queue(f"{cfg.name_prefix}-spot", environment)
         definition = aws.batch.JobDefinition(
             f"{cfg.name_prefix}-spot",
             type="container",

@@ -3,15 +3,18 @@ EventBridge rule for failed Batch jobs, and a CloudWatch dashboard of the traine
 
 The trainer's metrics arrive as CloudWatch embedded-metric-format lines in the job's log stream
 (trainer/monitoring/cloudwatch.py), in namespace `trainstack` with dimension `JobQueue` (AWS_BATCH_JQ_NAME), so
-one alarm per stack watches whatever run its queue holds. Metric names are read from trainer/contract/metrics.py.
+alarms per queue watch whatever runs the queue holds. Metric names are read from trainer/contract/metrics.py.
 
-- Training stalled: the queue's `Steps` summed per minute stays below 1 for `stallAlarmMinutes`; missing data counts
-  as breaching, so a job that died silently (no lines at all) pages too. An idle queue therefore reads as stalled:
-  the topic hears it once, when the last run ends (docs/monitoring.md).
+- Training stalled, one alarm per queue the stack creates (the GPU queue, and dev's Spot queue): the Maximum over
+  every job on the queue of `SecondsSinceLastStep`, which each run's rank 0 writes every minute from a background
+  thread (since its last step, or its start before the first), above `stallAlarmMinutes`. The Maximum is per job in
+  effect: one stalled or never-started job among several healthy ones raises it (a Sum of `Steps` over the queue,
+  used before, did not move). No data is not breaching: an idle queue, and a run that ended cleanly, stay quiet. A
+  job that died is a failed Batch job, which the failed-job rule reports.
 - Slow training: `MFU` or `TokensPerSecond` below `minMfu` / `minTokensPerSecond` for `throughputAlarmMinutes`
   (only when a floor is configured; no data here is not breaching, the stall alarm covers silence).
-- Job failed: Batch's "Batch Job State Change" events with status FAILED for the stack's queue (Batch User Guide,
-  "Job state change events": `detail.jobQueue` is the queue's ARN) go to the topic.
+- Job failed: Batch's "Batch Job State Change" events with status FAILED for any of the stack's queues (Batch User
+  Guide, "Job state change events": `detail.jobQueue` is the queue's ARN) go to the topic.
 - FSx nearly full: `FreeDataStorageCapacity` (AWS/FSx, dimension FileSystemId) below `fsxFreeCapacityAlarmPercent`
   of the capacity. FSx for Lustre emits one point per disk per minute, so the Sum over one minute is the file
   system's free bytes and a Sum over five minutes reads five times too much (FSx for Lustre User Guide, "Amazon FSx
@@ -60,6 +63,7 @@ class Monitoring(pulumi.ComponentResource):
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         prefix = cfg.name_prefix
         queue = args.cluster.job_queue
+        queues = args.cluster.job_queues  # "gpu", and "spot" where the stack has one
         file_system = args.lustre.file_system
 
         self.topic = aws.sns.Topic(f"{prefix}-alarms", kms_master_key_id=args.keys.key.arn, opts=child)
@@ -71,8 +75,8 @@ class Monitoring(pulumi.ComponentResource):
         ]
         self.failed_jobs = aws.cloudwatch.EventRule(
             f"{prefix}-job-failed",
-            description=f"trainstack {cfg.stack}: a job on the GPU queue failed",
-            event_pattern=queue.arn.apply(failed_job_pattern),
+            description=f"trainstack {cfg.stack}: a job on one of the stack's queues failed",
+            event_pattern=pulumi.Output.all(*(q.arn for q in queues.values())).apply(failed_job_pattern),
             opts=child,
         )
         aws.cloudwatch.EventTarget(
@@ -88,19 +92,25 @@ class Monitoring(pulumi.ComponentResource):
         on_queue = {"JobQueue": queue.name}
         self.alarms = [
             aws.cloudwatch.MetricAlarm(
-                f"{prefix}-training-stalled",
-                alarm_description=f"No training step on {cfg.stack}'s GPU queue for {cfg.stall_alarm_minutes} min",
+                f"{prefix}-training-stalled" if key == "gpu" else f"{prefix}-{key}-training-stalled",
+                alarm_description=(
+                    f"A job on {cfg.stack}'s {key} queue made no step for {cfg.stall_alarm_minutes} min (or none "
+                    "since it started); runbook: docs/monitoring.md#runbook"
+                ),
                 namespace=NAMESPACE,
-                metric_name=metrics.STEPS.cloudwatch,
-                dimensions=on_queue,
-                statistic="Sum",
+                metric_name=metrics.SECONDS_SINCE_LAST_STEP.cloudwatch,
+                dimensions={"JobQueue": job_queue.name},
+                statistic="Maximum",
                 period=PERIOD_S,
-                evaluation_periods=cfg.stall_alarm_minutes,
-                threshold=1,
-                comparison_operator="LessThanThreshold",
-                treat_missing_data="breaching",
+                # Any one of the last three minutes: a heartbeat line that lands in the next minute does not flap.
+                evaluation_periods=3,
+                datapoints_to_alarm=1,
+                threshold=cfg.stall_alarm_minutes * 60,
+                comparison_operator="GreaterThanThreshold",
+                treat_missing_data="notBreaching",
                 **alarm,
             )
+            for key, job_queue in queues.items()
         ]
         for metric, floor, what in (
             (metrics.MFU, cfg.min_mfu, "MFU"),
@@ -148,8 +158,8 @@ class Monitoring(pulumi.ComponentResource):
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{prefix}-training",
             dashboard_name=f"{prefix}-training",
-            dashboard_body=pulumi.Output.all(queue.name, file_system.id).apply(
-                lambda values: json.dumps(dashboard_body(cfg.region, *values))
+            dashboard_body=pulumi.Output.all(file_system.id, *(q.name for q in queues.values())).apply(
+                lambda values: json.dumps(dashboard_body(cfg.region, values[1], values[0], values[1:]))
             ),
             opts=child,
         )
@@ -186,13 +196,13 @@ class Monitoring(pulumi.ComponentResource):
         )
 
 
-def failed_job_pattern(queue_arn: str) -> str:
-    """EventBridge pattern: this queue's jobs entering FAILED (Batch User Guide, "Job state change events")."""
+def failed_job_pattern(queue_arns: list[str]) -> str:
+    """EventBridge pattern: these queues' jobs entering FAILED (Batch User Guide, "Job state change events")."""
     return json.dumps(
         {
             "source": ["aws.batch"],
             "detail-type": ["Batch Job State Change"],
-            "detail": {"status": ["FAILED"], "jobQueue": [queue_arn]},
+            "detail": {"status": ["FAILED"], "jobQueue": list(queue_arns)},
         }
     )
 
@@ -221,9 +231,12 @@ def _widget(title: str, series: list[dict], region: str, x: int, y: int, **prope
     }
 
 
-def dashboard_body(region: str, queue: str, file_system_id: str) -> dict[str, Any]:
+def dashboard_body(
+    region: str, queue: str, file_system_id: str, queues: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
     """CloudWatch dashboard body (Dashboard Body Structure and Syntax, CloudWatch API reference): loss, throughput,
-    MFU, step time per rank, GPUs and EFA per node, FSx throughput and free capacity."""
+    MFU, step time per rank, GPUs and EFA per node, FSx throughput and free capacity for the GPU queue `queue`, and
+    each run's seconds since its last step on every queue in `queues` (what the stall alarms read)."""
     run, rank, node = RUN_DIMENSIONS[1], RANK_DIMENSIONS[0], NODE_DIMENSIONS[0]
 
     def searches(dimensions, statistic, *wanted):
@@ -280,6 +293,23 @@ def dashboard_body(region: str, queue: str, file_system_id: str) -> dict[str, An
                 region,
                 12,
                 12,
+            ),
+            _widget(
+                "Seconds since the last step, per run (stall alarms)",
+                [
+                    # A dynamic label (CloudWatch User Guide, "Use dynamic labels"): one line per queue and run.
+                    [
+                        {
+                            **_search(run, metrics.SECONDS_SINCE_LAST_STEP, name, "Maximum"),
+                            "label": f"{name} ${{PROP('Dim.Run')}}",
+                            "id": f"q{i}",
+                        }
+                    ]
+                    for i, name in enumerate(queues or (queue,))
+                ],
+                region,
+                0,
+                24,
             ),
             _widget("FSx throughput (bytes/s)", fsx_throughput, region, 0, 18, period=FSX_PERIOD_S),
             _widget(

@@ -64,6 +64,7 @@ class MetricsLogger:
         train_iters: int,
         start_step: int,
         flops_per_step: float,
+        skipped_steps: int = 0,
         tokens_per_step: int,
         world_size: int,
         peak_tflops: float | None,
@@ -95,8 +96,9 @@ class MetricsLogger:
         )
         self.progress.start()
         self.train_iters = train_iters
-        # The total at the last logged step: the exporters' counter grows by the difference.
-        self.skipped_steps = 0
+        # The total at the last logged step (the resumed total at first): the exporters' counter grows by the
+        # difference, so a resumed run does not count its earlier skips again.
+        self.skipped_steps = skipped_steps
         self.line_every = max(1, train_iters // 20)  # every metric in a line every 5 %; the bar has the rest
 
     def log(
@@ -146,7 +148,7 @@ class MetricsLogger:
                     and math.isfinite(value)
                 ):
                     self.tensorboard.add_scalar(key, value, step)
-        self._export(step, record, skipped_steps)
+        self._export(step, record, skipped_steps, result.loss if result else None)
         if result is not None:
             mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
             status = (
@@ -162,7 +164,7 @@ class MetricsLogger:
         if val_loss is not None:
             self.console.print(f"step {step}: validation loss {val_loss:.4f}")
 
-    def _export(self, step: int, record: dict, skipped_steps: int | None) -> None:
+    def _export(self, step: int, record: dict, skipped_steps: int | None, loss: float | None) -> None:
         skipped = None
         if skipped_steps is not None:
             skipped, self.skipped_steps = skipped_steps - self.skipped_steps, skipped_steps
@@ -170,7 +172,7 @@ class MetricsLogger:
         monitoring.record(
             {
                 registry.STEP: step,
-                registry.TRAINING_LOSS: record["loss"],
+                registry.TRAINING_LOSS: loss,  # a NaN or inf loss too: the numerical-trouble alert reads it
                 registry.VALIDATION_LOSS: record.get("val_loss"),
                 registry.TOKENS_PER_SECOND: record["tokens_per_s"],
                 registry.MODEL_FLOPS: tflops * 1e12 if tflops is not None else None,

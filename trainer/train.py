@@ -24,7 +24,7 @@ from trainer import engines, faults
 from trainer.arguments import positive_int
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.start import start_problems
-from trainer.checkpoint.store import CheckpointError, CheckpointSaveError
+from trainer.checkpoint.store import CheckpointError, CheckpointSaveError, Progress
 from trainer.config import (
     ConfigError,
     ParallelDims,
@@ -178,8 +178,9 @@ def train(
             f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
             "(make train FRESH=1, or --fresh, starts over)"
         )
+        monitoring.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
         return
-    logger = _metrics_logger(engine, progress.step, console) if torch.distributed.get_rank() == 0 else None
+    logger = _metrics_logger(engine, progress, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
         val_loss: float | None = engine.evaluate()  # the untrained model: where the loss starts
         if logger is not None:
@@ -247,13 +248,14 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     health_report.remove(cfg.run_dir)
 
 
-def _metrics_logger(engine: Engine, start_step: int, console: Console) -> MetricsLogger:
+def _metrics_logger(engine: Engine, progress: Progress, console: Console) -> MetricsLogger:
     cfg, s = engine.cfg, engine.cfg.schedule
     flops_per_sequence = model_flops_per_sequence(cfg.model, cfg.data.seq_length, engine.padded_vocab_size)
     return MetricsLogger(
         cfg.run_dir,
         train_iters=s.train_iters,
-        start_step=start_step,
+        start_step=progress.step,
+        skipped_steps=progress.skipped_steps,  # the exporters count only this process's skips
         flops_per_step=flops_per_sequence * s.global_batch_size,
         tokens_per_step=s.global_batch_size * cfg.data.seq_length,
         world_size=engine.dims.world_size,

@@ -17,6 +17,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from tests.data.conftest import TINY_VOCAB, documents, write_jsonl, write_text_corpus
 from trainer.data import DataError
 from trainer.data.datasets import build_gpt_datasets, check_tokenizer_matches_dataset
+from trainer.data.manifest import sampled_sha256
 from trainer.data.prepare import prepare_dataset
 from trainer.data.sampler import FIELDS, sample_batches
 from trainer.data.tokenizer import load_tokenizer
@@ -234,3 +235,49 @@ def test_tokenizer_speaks_megatrons_interface(prepared):
     assert tokenizer.detokenize(tokenizer.tokenize(text)) == text
     assert tokenizer.decode(tokenizer.encode("<|endoftext|>")) == "<|endoftext|>"
     assert tokenizer.eod not in tokenizer.tokenize("<|endoftext|>")
+
+
+def copy_prepared(prepared, tmp_path, name="c") -> str:
+    for suffix in (".bin", ".idx", ".manifest.json", ".tokenizer.json"):
+        (tmp_path / f"{name}{suffix}").write_bytes(Path(prepared["a"] + suffix).read_bytes())
+    return str(tmp_path / name)
+
+
+def test_a_same_size_change_to_the_bin_or_idx_is_caught_by_the_manifest_hashes(prepared, tmp_path):
+    prefix = copy_prepared(prepared, tmp_path)
+    tokenizer = load_tokenizer(prepared["tokenizer"])
+    check_tokenizer_matches_dataset(prefix, tokenizer)
+    for suffix in (".bin", ".idx"):
+        path = Path(prefix + suffix)
+        original = path.read_bytes()
+        flipped = bytearray(original)
+        flipped[len(flipped) // 2] ^= 0x01  # one bit, size unchanged
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(DataError, match=rf"c\{suffix} has the recorded size but other contents"):
+            check_tokenizer_matches_dataset(prefix, tokenizer)
+        path.write_bytes(original)
+
+
+def test_forty_random_bytes_in_the_idx_of_a_dataset_without_manifest_are_refused(prepared, tmp_path):
+    prefix = copy_prepared(prepared, tmp_path)
+    Path(prefix + ".manifest.json").unlink()
+    idx = bytearray(Path(prefix + ".idx").read_bytes())
+    idx[60:100] = np.random.default_rng(0).bytes(40)
+    Path(prefix + ".idx").write_bytes(bytes(idx))
+    with pytest.raises(DataError, match=r"c\.idx is damaged or not .*c\.bin's index: sequence \d+ "):
+        check_tokenizer_matches_dataset(prefix, load_tokenizer(prepared["tokenizer"]))
+
+
+def test_the_sampled_bin_hash_reads_spread_blocks_of_a_large_file(tmp_path):
+    path = tmp_path / "large.bin"
+    path.write_bytes(np.random.default_rng(1).bytes(1 << 20))
+    before = sampled_sha256(path, blocks=4, block_bytes=4096)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # the last block is always sampled
+    path.write_bytes(bytes(data))
+    assert sampled_sha256(path, blocks=4, block_bytes=4096) != before
+    data[-1] ^= 0xFF
+    data[1000 * 1024] ^= 0xFF  # between the blocks at 0, ~340 KiB, ~680 KiB and the end: not read
+    path.write_bytes(bytes(data))
+    assert sampled_sha256(path, blocks=4, block_bytes=4096) == before
+    assert sampled_sha256(path) != before  # a file under 64 MiB is hashed whole

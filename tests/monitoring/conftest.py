@@ -18,14 +18,17 @@ import yaml
 from tests.trainer.conftest import tiny_corpus  # noqa: F401  (a fixture: the trainer tests' prepared corpus)
 
 
-def ensure_prometheus() -> None:
-    """Debian's prometheus package gives /usr/bin/prometheus and promtool; install it when absent (root, as in CI)."""
-    if shutil.which("prometheus") and shutil.which("promtool"):
+def ensure_prometheus(
+    package: str = "prometheus", tools: tuple[str, ...] = ("prometheus", "promtool")
+) -> None:
+    """Debian's prometheus package gives /usr/bin/prometheus and promtool, prometheus-alertmanager gives amtool;
+    install one when absent (root, as in CI)."""
+    if all(shutil.which(tool) for tool in tools):
         return
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True, env=env
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], check=True, env=env
     )
 
 
@@ -35,13 +38,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """A base port with `count` free ports from it (one per local rank); other programs share this machine."""
+    for _ in range(100):
+        base = free_port()
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+    raise OSError(f"no {count} consecutive free ports found")
+
+
 class PrometheusServer:
-    def __init__(self, directory: Path, targets: list[str]) -> None:
+    def __init__(self, directory: Path, targets: list[str], rules: dict | None = None) -> None:
         self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": targets}]}],
         }
+        if rules is not None:
+            (directory / "rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+            config["rule_files"] = [str(directory / "rules.yml")]
         (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (directory / "prometheus.log").open("w")
         self.process = subprocess.Popen(
@@ -83,14 +108,21 @@ def promtool() -> str:
     return shutil.which("promtool")
 
 
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    ensure_prometheus("prometheus-alertmanager", ("amtool",))
+    return shutil.which("amtool")
+
+
 @pytest.fixture
 def prometheus_server(tmp_path):
-    """`prometheus_server(targets)`: a running server scraping `targets` every second."""
+    """`prometheus_server(targets, rules)`: a running server scraping `targets` and evaluating `rules` every
+    second."""
     ensure_prometheus()
     servers = []
 
-    def start(targets: list[str]) -> PrometheusServer:
-        servers.append(PrometheusServer(tmp_path, targets))
+    def start(targets: list[str], rules: dict | None = None) -> PrometheusServer:
+        servers.append(PrometheusServer(tmp_path, targets, rules))
         return servers[-1]
 
     yield start

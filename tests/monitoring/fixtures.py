@@ -3,6 +3,8 @@ NVML answers in nvidia-ml-py's own return types."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,3 +110,26 @@ def h100(**changes) -> dict:
 
 def fake_nvml(*gpus: dict) -> SimpleNamespace:
     return FakeNvml(list(gpus))
+
+
+def emf_to_cloudwatch(cloudwatch, lines: list[str]) -> None:
+    """What CloudWatch Logs does with EMF lines (the specification's extraction): each metric of each directive,
+    under each dimension set, becomes datapoints of the values on the root."""
+    for document in map(json.loads, lines):
+        aws = document["_aws"]
+        for directive in aws["CloudWatchMetrics"]:
+            for dimension_set in directive["Dimensions"]:
+                for definition in directive["Metrics"]:
+                    value = document[definition["Name"]]
+                    cloudwatch.put_metric_data(
+                        Namespace=directive["Namespace"],
+                        MetricData=[
+                            {
+                                "MetricName": definition["Name"],
+                                "Dimensions": [{"Name": k, "Value": document[k]} for k in dimension_set],
+                                "Timestamp": datetime.fromtimestamp(aws["Timestamp"] / 1000, UTC),
+                                "Values": value if isinstance(value, list) else [value],
+                                "Unit": definition["Unit"],
+                            }
+                        ],
+                    )

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import socket
+import threading
+import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 
+import boto3
 import pytest
+from moto import mock_aws
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.monitoring.conftest import free_port
-from tests.monitoring.fixtures import efa_sysfs, fake_nvml, h100
+from tests.monitoring.fixtures import efa_sysfs, emf_to_cloudwatch, fake_nvml, h100
 from trainer.contract import metrics as r
 from trainer.monitoring import monitor
 from trainer.monitoring.cloudwatch import EmfWriter
@@ -121,18 +127,135 @@ def test_cpu_run_has_no_endpoint_and_no_cloudwatch_unless_asked(monkeypatch):
         monitor.stop(completed=True)
 
 
-def test_under_batch_cloudwatch_is_on_and_restarts_are_counted(monkeypatch):
-    out = io.StringIO()
-    monkeypatch.setattr("sys.stdout", out)
+@mock_aws
+def test_cloudwatch_sum_of_restarts_equals_the_restarts(monkeypatch):
+    """Four processes of one Batch job: the first, two torchrun restarts, then Batch's second attempt (torchrun's
+    count starts again in the new container): three restarts, and CloudWatch's Sum says 3 (cumulative counts
+    written as deltas summed to 0 + 1 + 2 + 1 = 4)."""
     monkeypatch.setenv("AWS_BATCH_JOB_ID", "job-1")
     monkeypatch.setenv("AWS_BATCH_JQ_NAME", "trainstack-prod-gpu")
-    monkeypatch.setenv("AWS_BATCH_JOB_ATTEMPT", "2")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
-    assert started.labels["job_id"] == "job-1" and started.cloudwatch is not None
-    monitor.stop(completed=True)
-    [restarts] = [json.loads(line) for line in out.getvalue().splitlines() if "Restarts" in line]
-    assert (restarts["Restarts"], restarts["JobQueue"]) == (2, "trainstack-prod-gpu")
+    lines: list[str] = []
+    for attempt, torchrun_restarts in (("1", "0"), ("1", "1"), ("1", "2"), ("2", "0")):
+        out = io.StringIO()
+        monkeypatch.setattr("sys.stdout", out)
+        monkeypatch.setenv("AWS_BATCH_JOB_ATTEMPT", attempt)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", torchrun_restarts)
+        started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+        assert started.labels["job_id"] == "job-1" and started.cloudwatch is not None
+        monitor.stop(completed=False)
+        lines += out.getvalue().splitlines()
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    emf_to_cloudwatch(cloudwatch, lines)
+    [datapoint] = cloudwatch.get_metric_statistics(
+        Namespace="trainstack",
+        MetricName=r.RESTARTS.cloudwatch,
+        # The run's own series (moto, unlike CloudWatch, also matches the queue's series on a subset).
+        Dimensions=[{"Name": "JobQueue", "Value": "trainstack-prod-gpu"}, {"Name": "Run", "Value": "r"}],
+        StartTime=datetime.now(UTC) - timedelta(hours=1),
+        EndTime=datetime.now(UTC) + timedelta(hours=1),
+        Period=7200,
+        Statistics=["Sum"],
+    )["Datapoints"]
+    assert datapoint["Sum"] == 3
+
+
+def test_a_resumed_run_exports_only_its_own_skipped_steps(tmp_path):
+    """SkippedSteps after a resume: the 3 skips restored from the checkpoint were counted by the earlier process."""
+    from rich.console import Console
+
+    from trainer.metrics import MetricsLogger
+
+    out = io.StringIO()
+    writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out)
+    monitor._active = monitor.Monitor(LABELS, cloudwatch=writer)
+    try:
+        logger = MetricsLogger(
+            tmp_path, train_iters=10, start_step=5, flops_per_step=1.0, tokens_per_step=1, world_size=1,
+            peak_tflops=None, tensorboard=False, console=Console(file=io.StringIO()), skipped_steps=3,
+        )  # fmt: skip
+        logger.log(6, loss=float("nan"), lr=1e-3, grad_norm=float("nan"), step_time_s=1.0, skipped_steps=4)
+        logger.close()
+    finally:
+        monitor.stop(completed=False)
+    [run] = [json.loads(line) for line in out.getvalue().splitlines() if "SkippedSteps" in line]
+    assert run["SkippedSteps"] == 1
+
+
+def test_a_nan_loss_reaches_prometheus_but_not_cloudwatch():
+    exporter = PrometheusExporter(LABELS, None)
+    out = io.StringIO()
+    writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out)
+    watch = monitor.Monitor(LABELS, prometheus=exporter, cloudwatch=writer)
+    port = free_port()
+    exporter.serve(port, "127.0.0.1")
+    try:
+        watch.record({r.TRAINING_LOSS: float("nan"), r.SKIPPED_STEPS: float("nan")})
+        families = scrape(port)
+    finally:
+        watch.close(completed=False)
+    [loss] = families["trainstack_training_loss"].samples
+    assert math.isnan(loss.value)
+    assert "trainstack_skipped_steps" not in families or not families["trainstack_skipped_steps"].samples
+    assert "TrainingLoss" not in out.getvalue()  # JSON has no NaN
+
+
+def test_a_clean_end_is_served_until_a_scrape_has_read_it():
+    """The completion time must reach Prometheus: close() keeps serving until a scrape that began after it was
+    answered, about one scrape interval here (0.3 s), far below the timeout."""
+    exporter = PrometheusExporter(LABELS, None)
+    watch = monitor.Monitor(LABELS, prometheus=exporter)
+    port = free_port()
+    exporter.serve(port, "127.0.0.1")
+    scrapes: list[dict] = []
+    stop = threading.Event()
+
+    def prometheus() -> None:  # scrapes every 0.3 s until the endpoint is gone
+        while not stop.is_set():
+            try:
+                scrapes.append(scrape(port))
+            except OSError:
+                return
+            time.sleep(0.3)
+
+    scraper = threading.Thread(target=prometheus)
+    scraper.start()
+    try:
+        while len(scrapes) < 2:
+            time.sleep(0.05)
+        started = time.monotonic()
+        watch.close(completed=True, final_scrape_timeout_s=30)
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        scraper.join()
+    completed = [s for s in scrapes if s.get("trainstack_process_completed_timestamp_seconds")]
+    assert completed and completed[-1]["trainstack_process_completed_timestamp_seconds"].samples[0].value > 0
+    assert waited < 5
+
+
+def test_a_clean_end_nobody_scrapes_closes_at_once():
+    exporter = PrometheusExporter(LABELS, None)
+    watch = monitor.Monitor(LABELS, prometheus=exporter)
+    exporter.serve(free_port(), "127.0.0.1")
+    started = time.monotonic()
+    watch.close(completed=True, final_scrape_timeout_s=30)
+    assert time.monotonic() - started < 1
+
+
+def test_the_heartbeat_reports_time_since_the_last_step_while_the_loop_is_silent():
+    out = io.StringIO()
+    now = [1000.0]
+    writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=60, stream=out,
+                       clock=lambda: now[0])  # fmt: skip
+    watch = monitor.Monitor(LABELS, cloudwatch=writer)
+    watch.begin_step()
+    watch.end_step(1.0)
+    watch.last_step -= 600  # the last step ended ten minutes ago
+    now[0] += 60
+    watch.heartbeat()
+    [line] = [json.loads(line) for line in out.getvalue().splitlines() if "SecondsSinceLastStep" in line]
+    assert line["SecondsSinceLastStep"][0] == pytest.approx(600, abs=5)
+    assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == r.RUN_DIMENSIONS
 
 
 def test_a_busy_port_names_the_key_to_change(monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +60,19 @@ def empty(path: Path) -> None:
 def garbage(path: Path) -> None:
     """Bytes of the same length as before, so only the contents give it away."""
     path.write_bytes(bytes(i % 251 for i in range(path.stat().st_size)))
+
+
+def random_bytes(path: Path) -> None:
+    """40 random bytes written inside the index's arrays: header intact, size unchanged (the reported case)."""
+    data = bytearray(path.read_bytes())
+    data[60:100] = random.Random(40).randbytes(40)
+    path.write_bytes(bytes(data))
+
+
+def bit_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 def truncate(path: Path) -> None:
@@ -256,7 +270,11 @@ ROWS: dict[str, Row] = {
     ),
     "data-corrupt-idx": Row(
         f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
-        ("{tmp}/d.idx is not a Megatron index (bad header)", "--output {tmp}/d --force"),
+        (
+            "{tmp}/d.idx has the recorded size but other contents",
+            "not a Megatron index (bad header)",
+            "--force",
+        ),
         damaged("d", idx=garbage),
     ),
     "data-corrupt-manifest": Row(
@@ -269,6 +287,21 @@ ROWS: dict[str, Row] = {
         ("{tmp}/d.idx is not a Megatron index (bad header)",),
         damaged("d", manifest=False, bin=empty, idx=empty),
     ),
+    "data-idx-random-bytes": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.idx has the recorded size but other contents (its hash differs; sequence",),
+        damaged("d", idx=random_bytes),
+    ),
+    "data-bin-bit-flip": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.bin has the recorded size but other contents",),
+        damaged("d", bin=bit_flip),
+    ),
+    "data-other-tool-idx-random-bytes": Row(
+        f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
+        ("{tmp}/d.idx is damaged or not {tmp}/d.bin's index: sequence",),
+        damaged("d", manifest=False, idx=random_bytes),
+    ),
     "data-other-tool-corrupt-idx": Row(
         f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
         ("{tmp}/d.idx is not a Megatron index (bad header)",),
@@ -276,7 +309,10 @@ ROWS: dict[str, Row] = {
     ),
     "data-other-tool-truncated-bin": Row(
         f"{TRAIN} --set data.prefixes=[{{tmp}}/d]",
-        ("{tmp}/d.bin holds 1000 bytes but {tmp}/d.idx describes", "truncated"),
+        (
+            "{tmp}/d.idx is damaged or not {tmp}/d.bin's index: its sequences end at byte",
+            "but the .bin holds 1000 bytes (truncated",
+        ),
         damaged("d", manifest=False, bin=truncate),
     ),
     # --- tokenizer against dataset and model --------------------------------------------------------------------

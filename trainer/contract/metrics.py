@@ -37,6 +37,7 @@ class Metric:
     unit: str = ""  # Prometheus unit suffix, already part of the name
     cloudwatch: str | None = None  # the CloudWatch metric name; None: not pushed
     cloudwatch_unit: CloudWatchUnit = "None"
+    prometheus: bool = True  # False: pushed to CloudWatch only
 
     def __post_init__(self) -> None:
         if self.kind == "counter" and not self.name.endswith("_total"):
@@ -120,9 +121,36 @@ SKIPPED_STEPS = Metric(
     cloudwatch="SkippedSteps",
     cloudwatch_unit="Count",
 )
-RUN_COMPLETED = Metric(
-    "run_completed", "gauge", "1 once the run reached train_iters or stopped cleanly", RUN_LABELS
+# When each process started and, at a clean end (train_iters reached, or stopped on SIGTERM), when it finished:
+# the alert rules tell an attempt that ended cleanly from one that died, and a resumed attempt from the one before.
+PROCESS_START = Metric(
+    "process_start_timestamp_seconds",
+    "gauge",
+    "Unix time this training process started",
+    RANK_LABELS,
+    unit="seconds",
 )
+PROCESS_COMPLETED = Metric(
+    "process_completed_timestamp_seconds",
+    "gauge",
+    "Unix time this process finished cleanly (train_iters reached, or stopped on SIGTERM with a checkpoint)",
+    RANK_LABELS,
+    unit="seconds",
+)
+# CloudWatch only (Prometheus computes it from the last step's timestamp): rank 0 writes it every
+# cloudwatch_interval_seconds from a background thread, so a hung run keeps reporting how long it has hung.
+SECONDS_SINCE_LAST_STEP = Metric(
+    "last_step_age_seconds",
+    "gauge",
+    "Seconds since this attempt's last step (since its start before the first step)",
+    RUN_LABELS,
+    unit="seconds",
+    cloudwatch="SecondsSinceLastStep",
+    cloudwatch_unit="Seconds",
+    prometheus=False,
+)
+# Prometheus: the restart count so far (a counter that starts at it, so increase() counts restarts across
+# processes); CloudWatch: 1 from each restarted process, so a Sum over any period counts the restarts in it.
 RESTARTS = Metric(
     "restarts_total",
     "counter",

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainer.data import DataError
+from trainer.data.indexed import index_problem
 from trainer.data.manifest import DatasetFiles, read_manifest
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 
@@ -61,34 +61,24 @@ def check_tokenizer_matches_dataset(prefix: str, tokenizer: HuggingFaceTokenizer
 
 
 def open_indexed_dataset(prefix: str) -> IndexedDataset:
-    """megatron-core's reader over PREFIX.bin/.idx, or a DataError naming the damaged file: megatron-core would
-    assert, fail to map an empty file, or read past a truncated .bin only when training reaches it."""
-    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, IndexedDataset
+    """megatron-core's reader over PREFIX.bin/.idx, or a DataError naming the damaged file: the whole index is
+    checked against the .bin first (trainer/data/indexed.py `index_problem`), where megatron-core would assert,
+    fail to map an empty file, or read wrong samples only when training reaches them."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     files = DatasetFiles(prefix)
     redo = f"re-run `python -m trainer prepare ... --output {prefix} --force`"
-    with files.idx.open("rb") as stream:
-        if stream.read(len(_INDEX_HEADER)) != _INDEX_HEADER:
-            raise DataError(f"dataset {prefix!r}: {files.idx} is not a Megatron index (bad header); {redo}")
     bin_bytes = files.bin.stat().st_size
+    problem = index_problem(files.idx, bin_bytes)
+    if problem == "not a Megatron index (bad header)":
+        raise DataError(f"dataset {prefix!r}: {files.idx} is {problem}; {redo}")
     if bin_bytes == 0:
         raise DataError(f"dataset {prefix!r}: {files.bin} is empty; {redo}")
-    try:
-        dataset = IndexedDataset(prefix)
-    except (AssertionError, ValueError, struct.error) as error:
-        raise DataError(f"dataset {prefix!r}: {files.idx} cannot be read ({error}); {redo}") from None
-    index = dataset.index
-    described = (
-        int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
-        if len(index)
-        else 0
-    )
-    if described != bin_bytes:
+    if problem is not None:
         raise DataError(
-            f"dataset {prefix!r}: {files.bin} holds {bin_bytes} bytes but {files.idx} describes {described}: "
-            f"truncated, or the two files are of different datasets; {redo}"
+            f"dataset {prefix!r}: {files.idx} is damaged or not {files.bin}'s index: {problem}; {redo}"
         )
-    return dataset
+    return IndexedDataset(prefix)
 
 
 def _max_token_id(prefix: str, dtype: np.dtype) -> int:

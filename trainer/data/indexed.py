@@ -58,3 +58,62 @@ class IndexedDatasetWriter:
             idx.write(lengths.tobytes())
             idx.write(pointers.tobytes())
             idx.write(document_indices.tobytes())
+
+
+# Header bytes before the arrays: 9 header + 8 version + 1 dtype code + 8 sequence count + 8 document count
+# (indexed_dataset.py core_v0.16.1, _IndexReader: "offset = 34").
+INDEX_ARRAYS_OFFSET = 34
+CODE_DTYPES = {code: np.dtype(dtype) for dtype, code in DTYPE_CODES.items()}
+
+
+def index_problem(idx_path: str | Path, bin_bytes: int) -> str | None:
+    """What is inconsistent in a Megatron index against its .bin of `bin_bytes`, or None when it is whole.
+
+    Checks every field megatron-core's `_IndexReader` reads (core_v0.16.1) and what `_IndexWriter` guarantees:
+    the file is exactly as long as its counts say, lengths are non-negative, each sequence's pointer is where the
+    one before it ends (`_sequence_pointers`: a running sum of length x itemsize from 0), the last one ends at the
+    .bin's size, and document indices run from 0 to the sequence count without going back. Vectorised: one read
+    of the index and a few numpy passes."""
+    raw = Path(idx_path).read_bytes()
+    if len(raw) < INDEX_ARRAYS_OFFSET or raw[: len(INDEX_HEADER)] != INDEX_HEADER:
+        return "not a Megatron index (bad header)"
+    version, code, sequences, boundaries = struct.unpack_from("<QBQQ", raw, len(INDEX_HEADER))
+    if version != INDEX_VERSION:
+        return f"index version {version}, megatron-core reads version {INDEX_VERSION}"
+    if code not in CODE_DTYPES:
+        known = ", ".join(f"{c} ({d.name})" for c, d in sorted(CODE_DTYPES.items()))
+        return f"token dtype code {code} is none of {known}"
+    expected = INDEX_ARRAYS_OFFSET + sequences * (4 + 8) + boundaries * 8
+    if expected != len(raw):
+        return (
+            f"its header counts {sequences} sequences and {boundaries} document boundaries, which take "
+            f"{expected} bytes, but the file has {len(raw)}"
+        )
+    itemsize = CODE_DTYPES[code].itemsize
+    offset = INDEX_ARRAYS_OFFSET
+    lengths = np.frombuffer(raw, np.int32, sequences, offset).astype(np.int64)
+    pointers = np.frombuffer(raw, np.int64, sequences, offset + 4 * sequences)
+    documents = np.frombuffer(raw, np.int64, boundaries, offset + 12 * sequences)
+    if sequences:
+        if (bad := np.flatnonzero(lengths < 0)).size:
+            return f"sequence {bad[0]} has length {lengths[bad[0]]}"
+        ends = np.cumsum(lengths * itemsize)
+        starts = np.concatenate(([0], ends[:-1]))
+        if (bad := np.flatnonzero(pointers != starts)).size:
+            i = bad[0]
+            return f"sequence {i} points at byte {pointers[i]}, but the sequences before it end at byte {starts[i]}"
+        if ends[-1] != bin_bytes:
+            return (
+                f"its sequences end at byte {ends[-1]}, but the .bin holds {bin_bytes} bytes (truncated, or the "
+                "two files are of different datasets)"
+            )
+    elif bin_bytes:
+        return f"it lists no sequence, but the .bin holds {bin_bytes} bytes"
+    if boundaries == 0 or documents[0] != 0 or documents[-1] != sequences:
+        first_last = f"{documents[0]}..{documents[-1]}" if boundaries else "none"
+        return f"document indices must run from 0 to the sequence count {sequences}, found {first_last}"
+    # Compared, not subtracted: a difference of two damaged int64 values can overflow and look positive.
+    if (bad := np.flatnonzero(documents[1:] < documents[:-1])).size:
+        i = bad[0] + 1
+        return f"document index {i} ({documents[i]}) is below the one before it ({documents[i - 1]})"
+    return None

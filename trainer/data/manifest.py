@@ -6,6 +6,7 @@ re-running `prepare` with the same request finds it and does nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trainer.data import DataError
+from trainer.data.indexed import index_problem
 from trainer.data.tokenizer import file_sha256
 
 
@@ -41,6 +43,28 @@ class DatasetFiles:
 
     def all(self) -> tuple[Path, ...]:
         return (self.bin, self.idx, self.tokenizer, self.manifest)
+
+
+# The .bin is hashed in SAMPLE_BLOCKS blocks of SAMPLE_BLOCK_BYTES spread evenly from its first byte to its last
+# (the whole file when it is smaller): a re-tokenized or swapped .bin of the same size differs in nearly every
+# block, and the check reads 64 MiB however large the dataset is (docs/data.md has the measured cost).
+SAMPLE_BLOCKS = 64
+SAMPLE_BLOCK_BYTES = 1 << 20
+
+
+def sampled_sha256(path: Path, *, blocks: int = SAMPLE_BLOCKS, block_bytes: int = SAMPLE_BLOCK_BYTES) -> str:
+    """sha256 over the file's size and `blocks` blocks at evenly spaced offsets (the whole file if it is small)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(size.to_bytes(8, "little"))
+    with path.open("rb") as stream:
+        if size <= blocks * block_bytes:
+            while chunk := stream.read(block_bytes):
+                digest.update(chunk)
+        else:
+            for k in range(blocks):
+                stream.seek(k * (size - block_bytes) // (blocks - 1))
+                digest.update(stream.read(block_bytes))
+    return digest.hexdigest()
 
 
 class _Strict(BaseModel):
@@ -100,15 +124,30 @@ class Manifest(_Strict):
     max_token_id: int
     bin_bytes: int
     idx_bytes: int
+    # Content hashes (None in manifests written before they were recorded: sizes alone are checked then).
+    idx_sha256: str | None = None  # the whole index
+    bin_sampled_sha256: str | None = None  # sampled_sha256 of the .bin
 
     def check_files(self, files: DatasetFiles) -> None:
-        """Raise unless the dataset's files are the ones this manifest describes (sizes; the tokenizer's hash)."""
+        """Raise unless the dataset's files are the ones this manifest describes (sizes, then the index's hash and
+        the .bin's sampled hash, and the tokenizer's hash)."""
         found = {path: path.stat().st_size if path.exists() else None for path in (files.bin, files.idx)}
         problems = [
             f"{path} is {'missing' if size is None else f'{size} bytes'}, its manifest says {expected} bytes"
             for (path, size), expected in zip(found.items(), (self.bin_bytes, self.idx_bytes), strict=True)
             if size != expected
         ]
+        if not problems:
+            for path, recorded, digest in (
+                (files.idx, self.idx_sha256, file_sha256),
+                (files.bin, self.bin_sampled_sha256, sampled_sha256),
+            ):
+                if recorded is not None and digest(path) != recorded:
+                    damage = index_problem(path, self.bin_bytes) if path == files.idx else None
+                    problems.append(
+                        f"{path} has the recorded size but other contents (its hash differs"
+                        + (f"; {damage})" if damage else ")")
+                    )
         if not files.tokenizer.exists():
             problems.append(f"{files.tokenizer} is missing")
         elif file_sha256(files.tokenizer) != self.tokenizer.sha256:

@@ -43,6 +43,7 @@ from trainer.data.manifest import (
     Request,
     TokenizerRecord,
     read_manifest,
+    sampled_sha256,
     write_manifest,
 )
 from trainer.data.sources import (
@@ -476,5 +477,7 @@ def _encode(
         max_token_id=max_token_id,
         bin_bytes=temporary[files.bin].stat().st_size,
         idx_bytes=temporary[files.idx].stat().st_size,
+        idx_sha256=file_sha256(temporary[files.idx]),
+        bin_sampled_sha256=sampled_sha256(temporary[files.bin]),
     )
     return manifest, EncodeTiming(seconds, worker_cpu_seconds), template

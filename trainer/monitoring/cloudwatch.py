@@ -6,7 +6,9 @@ CloudWatch_Embedded_Metric_Format_Specification): one JSON object per log event 
 `_aws.CloudWatchMetrics` directives (Namespace, Dimensions: DimensionSets of at most 9 keys, Metrics: at most 100
 MetricDefinitions of Name and Unit), every referenced dimension a string member and every metric a number or an
 array of at most 100 numbers on the root. Values gathered between lines go out as arrays, so CloudWatch computes
-the statistics over all of them; counters go out as their increase since the last line.
+the statistics over all of them; a metric that reaches 100 values writes its line early rather than drop any, so a
+minute's Max and Min keep the spike. Counters go out as their increase since the last line (deltas: CloudWatch's
+Sum adds the lines up).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class EmfWriter:
         else:
             values = self.gauges[metric]
             values.append(value)
-            del values[:-MAX_VALUES]
+            if len(values) == MAX_VALUES:
+                self.flush()
 
     def add_samples(self, samples: Iterable[Sample], previous: dict[tuple, float]) -> None:
         """Node samples: gauges as arrays (one value per GPU), counters as their increase since `previous`."""

@@ -16,6 +16,9 @@ class MonitoringConfig(BaseModel):
     prometheus: Switch = "auto"
     prometheus_port: int = Field(9500, ge=1024, le=65535 - 64)  # room for a node's ranks above it
     prometheus_address: str = "0.0.0.0"
+    # At a clean end, serve at most this long for a scrape to read the completion (twice the scrape interval seen,
+    # not at all when nothing scraped); Prometheus's default scrape_interval is 1m (its configuration docs).
+    final_scrape_timeout_seconds: PositiveFloat = 150
     # CloudWatch embedded metric format lines on stdout; auto: on under AWS Batch (AWS_BATCH_JOB_ID is set).
     cloudwatch: Switch = "auto"
     # At most one CloudWatch line per dimension group this often (CloudWatch's standard resolution is 60 s).

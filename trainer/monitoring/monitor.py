@@ -8,8 +8,10 @@ that call the loop directly, tools) every call is a no-op.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping
 
@@ -30,23 +32,45 @@ class Monitor:
         prometheus=None,  # PrometheusExporter | None
         cloudwatch: EmfWriter | None = None,
         node: NodeReaders | None = None,
+        config: MonitoringConfig | None = None,
     ) -> None:
         self.labels = labels
+        self.config = config or MonitoringConfig()
         self.prometheus, self.cloudwatch, self.node = prometheus, cloudwatch, node
         self.phases: dict[r.Metric, float] = {}
         self.previous_counters: dict[tuple, float] = {}
+        self.started = time.time()
+        self.last_step: float | None = None  # this process's last step (Unix time); None before the first
+        self.lock = threading.Lock()  # the heartbeat thread writes CloudWatch lines too
+        self.heartbeat_stop = threading.Event()
 
     def record(self, values: Mapping[r.Metric, float | None]) -> None:
-        """Gauges take the value; counters grow by it. None (absent) and non-finite values are left out."""
-        for metric, value in values.items():
-            if value is None or value != value or value in (float("inf"), float("-inf")):
-                continue
-            if self.prometheus is not None:
-                self.prometheus.record(metric, value)
-            if self.cloudwatch is not None:
-                self.cloudwatch.add(metric, value)
-        if self.cloudwatch is not None and self.cloudwatch.due():
-            self._flush_cloudwatch()
+        """Gauges take the value; counters grow by it. None is absent. A non-finite gauge (a NaN loss) reaches
+        Prometheus, whose text format carries it; CloudWatch's JSON cannot, and counters never take one."""
+        with self.lock:
+            for metric, value in values.items():
+                if value is None:
+                    continue
+                finite = math.isfinite(value)
+                if self.prometheus is not None and (finite or metric.kind == "gauge"):
+                    self.prometheus.record(metric, value)
+                if self.cloudwatch is not None and finite:
+                    self.cloudwatch.add(metric, value)
+            if self.cloudwatch is not None and self.cloudwatch.due():
+                self._flush_cloudwatch()
+
+    def heartbeat(self) -> None:
+        """CloudWatch: how long since this attempt's last step (or its start), written even while the loop hangs;
+        the stack's stall alarm takes the Maximum over every job on the queue."""
+        since = self.last_step if self.last_step is not None else self.started
+        self.record({r.SECONDS_SINCE_LAST_STEP: time.time() - since})
+
+    def start_heartbeat(self, interval_s: float) -> None:
+        def beat() -> None:
+            while not self.heartbeat_stop.wait(interval_s):
+                self.heartbeat()
+
+        threading.Thread(target=beat, daemon=True, name="cloudwatch-heartbeat").start()
 
     def begin_step(self) -> None:
         self.phases = dict.fromkeys(STEP_PHASES, 0.0)
@@ -55,8 +79,9 @@ class Monitor:
         forward_backward = self.phases.get(r.FORWARD_BACKWARD_TIME)
         phases = {metric: seconds for metric, seconds in self.phases.items() if seconds}
         optimizer = step_time_s - forward_backward if forward_backward else None
+        self.last_step = time.time()
         # The run's progress comes from rank 0 alone, so that a CloudWatch Sum counts steps, not steps x ranks.
-        progress = {r.LAST_STEP_TIME: time.time(), r.STEPS: 1} if self.labels["rank"] == "0" else {}
+        progress = {r.LAST_STEP_TIME: self.last_step, r.STEPS: 1} if self.labels["rank"] == "0" else {}
         self.record({r.STEP_TIME: step_time_s, r.OPTIMIZER_TIME: optimizer, **progress, **phases})
 
     def add_phase(self, metric: r.Metric, seconds: float) -> None:
@@ -65,12 +90,18 @@ class Monitor:
         else:
             self.record({metric: seconds})
 
-    def close(self, *, completed: bool) -> None:
+    def close(self, *, completed: bool, final_scrape_timeout_s: float = 0) -> None:
+        """Flush what is gathered and stop serving; at a clean end, mark it and serve until it was scraped."""
+        self.heartbeat_stop.set()
         if completed:
-            self.record({r.RUN_COMPLETED: 1})
+            self.record({r.PROCESS_COMPLETED: time.time()})
+        marked = time.monotonic()  # after the value is set: a scrape that begins later carries it
         if self.cloudwatch is not None:
-            self._flush_cloudwatch()
+            with self.lock:
+                self._flush_cloudwatch()
         if self.prometheus is not None:
+            if completed:
+                self.prometheus.wait_for_scrape(marked, final_scrape_timeout_s)
             self.prometheus.close()
 
     def _flush_cloudwatch(self) -> None:
@@ -119,8 +150,17 @@ def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | 
             "Node": labels["node"],
         }
         cloudwatch = EmfWriter(dimensions, interval_s=config.cloudwatch_interval_seconds)
-    _active = Monitor(labels, prometheus=prometheus, cloudwatch=cloudwatch, node=node)
-    _active.record({r.RESTARTS: _restarts()} if rank == 0 else {})
+    _active = Monitor(labels, prometheus=prometheus, cloudwatch=cloudwatch, node=node, config=config)
+    _active.record({r.PROCESS_START: _active.started})
+    if rank == 0:
+        restarts = _restarts()
+        # Counters start at 0 so that increase() sees their first step; restarts as the registry says.
+        if prometheus is not None:
+            prometheus.record(r.RESTARTS, restarts)
+        if cloudwatch is not None:
+            cloudwatch.add(r.RESTARTS, 1 if restarts else 0)
+            _active.start_heartbeat(config.cloudwatch_interval_seconds)
+        _active.record({r.STEPS: 0, r.SKIPPED_STEPS: 0})
     return _active
 
 
@@ -134,6 +174,9 @@ def listen_problems(config: MonitoringConfig, device_type: str, world_size: int)
     for local_rank in local_ranks:
         port = config.prometheus_port + local_rank
         with socket.socket() as probe:
+            # As the endpoint's server binds (http.server's allow_reuse_address): the port's connections left in
+            # TIME_WAIT by a run that just ended do not make it look taken; a listening program still does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((config.prometheus_address, port))
             except OSError as error:
@@ -146,9 +189,11 @@ def listen_problems(config: MonitoringConfig, device_type: str, world_size: int)
 
 
 def stop(*, completed: bool) -> None:
+    """Close this process's monitor; `completed`: a clean end (train_iters reached, stopped on SIGTERM, or
+    nothing left to train), which the alert rules must see before the endpoint goes."""
     global _active
     if _active is not None:
-        _active.close(completed=completed)
+        _active.close(completed=completed, final_scrape_timeout_s=_active.config.final_scrape_timeout_seconds)
     _active = None
 
 

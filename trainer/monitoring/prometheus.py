@@ -3,16 +3,25 @@
 Training values are set when the loop records them; node values (NVML, EFA, host memory) are read at scrape time
 by a collector, so a node costs nothing between scrapes. Each process serves its own port (the configured one plus
 its local rank), so every rank's step time is there without a collective; node values come from local rank 0 only.
+
+At a clean end the process keeps serving until one scrape that began after its completion time was delivered (at
+most `final_scrape_timeout_seconds`, and not at all when nothing ever scraped it): pull-based monitoring sees a
+final state only if a scrape reads it (Prometheus docs, "Instrumentation: batch jobs" and "When to use the
+Pushgateway": a process that exits between scrapes leaves no trace of how it ended).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from trainer.contract import metrics as r
@@ -27,8 +36,8 @@ class PrometheusExporter:
         self.families: dict[r.Metric, Gauge | Counter] = {}
         self.children: dict[r.Metric, Any] = {}  # this process's labelled series, looked up once
         for metric in r.METRICS:
-            if metric in r.NODE_METRICS:
-                continue  # NodeCollector reads them at scrape time
+            if metric in r.NODE_METRICS or not metric.prometheus:
+                continue  # NodeCollector reads node metrics at scrape time
             kind = Counter if metric.kind == "counter" else Gauge
             # prometheus-client appends _total to a counter's name itself.
             name = metric.full_name.removesuffix("_total")
@@ -37,9 +46,32 @@ class PrometheusExporter:
         if node is not None:
             self.registry.register(NodeCollector(node, {k: labels[k] for k in r.NODE_LABELS}))
         self.server = None
+        self.scrapes: list[float] = []  # monotonic start times of the scrapes answered in full
 
     def serve(self, port: int, address: str) -> None:
-        self.server, _ = start_http_server(port, addr=address, registry=self.registry)
+        """prometheus-client's WSGI app (what its start_http_server serves) behind a server that notes each
+        scrape once its answer was written."""
+        app = make_wsgi_app(self.registry)
+
+        def scraped(environ: dict, start_response: Callable) -> Iterable[bytes]:
+            began = time.monotonic()
+            return _Delivered(app(environ, start_response), lambda: self.scrapes.append(began))
+
+        self.server = make_server(address, port, scraped, ThreadingWSGIServer, handler_class=_Quiet)
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="prometheus-endpoint").start()
+
+    def wait_for_scrape(self, since: float, timeout_s: float) -> bool:
+        """Keep serving until a scrape that began after `since` (time.monotonic) was answered; give up after two
+        of the intervals seen so far (at most `timeout_s`), or at once when nothing has scraped this endpoint."""
+        if not self.scrapes:
+            return False
+        seen = self.scrapes[-1] - self.scrapes[-2] if len(self.scrapes) > 1 else timeout_s
+        deadline = since + min(timeout_s, 2 * seen + 1)
+        while time.monotonic() < deadline:
+            if self.scrapes[-1] > since:
+                return True
+            time.sleep(0.05)
+        return self.scrapes[-1] > since
 
     def record(self, metric: r.Metric, value: float) -> None:
         child = self.children.get(metric)
@@ -51,7 +83,7 @@ class PrometheusExporter:
         if metric.kind == "counter":
             child.inc(value)
         else:
-            child.set(value)
+            child.set(value)  # NaN and +-Inf too: the text format carries them (a non-finite loss is news)
 
     def close(self) -> None:
         if self.server is not None:
@@ -81,3 +113,21 @@ class NodeCollector(Collector):
             for sample in samples:
                 family.add_metric([*self.labels.values(), *(sample.labels[k] for k in extra)], sample.value)
             yield family
+
+
+class _Delivered:
+    """A WSGI body whose close() (wsgiref calls it after the last byte is written) reports the delivery."""
+
+    def __init__(self, body: Iterable[bytes], delivered: Callable[[], None]) -> None:
+        self.body, self.delivered = body, delivered
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        self.delivered()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log line per scrape on the training console."""
