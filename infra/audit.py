@@ -135,7 +135,7 @@ class Audit(pulumi.ComponentResource):
         super().__init__("trainstack:audit:Audit", name, inputs, opts)
         cfg = args.config
         if cfg.organization_trail is not None:
-            self.outputs = {"audit_trail": cfg.organization_trail}
+            self.outputs: dict[str, pulumi.Input[str]] = {"audit_trail": cfg.organization_trail}
             self.register_outputs(self.outputs)
             return
         child = pulumi.ResourceOptions(parent=self)

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.config import StackConfig
 from infra.iam import policy_document
-from trainer.contract import metrics as metrics
+from trainer.contract import metrics as registry
 from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS
 
 if TYPE_CHECKING:
@@ -40,12 +40,20 @@ if TYPE_CHECKING:
     from infra.keys import Keys
     from infra.lustre import Lustre
 
-NAMESPACE = metrics.CLOUDWATCH_NAMESPACE
+NAMESPACE = registry.CLOUDWATCH_NAMESPACE
 PERIOD_S = 60
 FSX_PERIOD_S = 300
 # FreeDataStorageCapacity: one point per disk per minute; their Sum over exactly one minute is the file system's
 # free bytes (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").
 FSX_CAPACITY_PERIOD_S = 60
+
+
+class _AlarmActions(TypedDict):
+    """What every alarm of the stack shares (passed with ** to MetricAlarm)."""
+
+    alarm_actions: list[pulumi.Input[str]]
+    ok_actions: list[pulumi.Input[str]]
+    opts: pulumi.ResourceOptions
 
 
 @dataclass
@@ -88,7 +96,11 @@ class Monitoring(pulumi.ComponentResource):
             policy=self._topic_policy(cfg, args.account_id, self.topic.arn, self.failed_jobs.arn),
             opts=child,
         )
-        alarm = {"alarm_actions": [self.topic.arn], "ok_actions": [self.topic.arn], "opts": child}
+        alarm: _AlarmActions = {
+            "alarm_actions": [self.topic.arn],
+            "ok_actions": [self.topic.arn],
+            "opts": child,
+        }
         on_queue = {"JobQueue": queue.name}
         self.alarms = [
             aws.cloudwatch.MetricAlarm(
@@ -98,7 +110,7 @@ class Monitoring(pulumi.ComponentResource):
                     "since it started); runbook: docs/monitoring.md#runbook"
                 ),
                 namespace=NAMESPACE,
-                metric_name=metrics.SECONDS_SINCE_LAST_STEP.cloudwatch,
+                metric_name=registry.SECONDS_SINCE_LAST_STEP.cloudwatch,
                 dimensions={"JobQueue": job_queue.name},
                 statistic="Maximum",
                 period=PERIOD_S,
@@ -113,8 +125,8 @@ class Monitoring(pulumi.ComponentResource):
             for key, job_queue in queues.items()
         ]
         for metric, floor, what in (
-            (metrics.MFU, cfg.min_mfu, "MFU"),
-            (metrics.TOKENS_PER_SECOND, cfg.min_tokens_per_second, "tokens/s"),
+            (registry.MFU, cfg.min_mfu, "MFU"),
+            (registry.TOKENS_PER_SECOND, cfg.min_tokens_per_second, "tokens/s"),
         ):
             if floor is None:
                 continue
@@ -207,14 +219,16 @@ def failed_job_pattern(queue_arns: list[str]) -> str:
     )
 
 
-def _search(dimensions: list[str], metric: metrics.Metric, queue: str, statistic: str) -> dict[str, str]:
+def _search(dimensions: list[str], metric: registry.Metric, queue: str, statistic: str) -> dict[str, str]:
     """A SEARCH expression: every series of `metric` under the queue, one line per Run / Rank / Node."""
+    assert metric.cloudwatch is not None, f"{metric.name} is not pushed to CloudWatch"
     schema = ",".join([NAMESPACE, *dimensions])
     expression = f"SEARCH('{{{schema}}} MetricName=\"{metric.cloudwatch}\" JobQueue=\"{queue}\"', '{statistic}', {PERIOD_S})"
     return {"expression": expression, "label": metric.cloudwatch}
 
 
-def _widget(title: str, series: list[dict], region: str, x: int, y: int, **properties: Any) -> dict[str, Any]:
+def _widget(title: str, series: list[Any], region: str, x: int, y: int, **properties: Any) -> dict[str, Any]:
+    """A metric widget; `series`: metric arrays or expression objects, as the dashboard body takes them."""
     return {
         "type": "metric",
         "x": x,
@@ -267,15 +281,19 @@ def dashboard_body(
     return {
         "widgets": [
             _widget(
-                "Loss", searches(run, "Average", metrics.TRAINING_LOSS, metrics.VALIDATION_LOSS), region, 0, 0
+                "Loss",
+                searches(run, "Average", registry.TRAINING_LOSS, registry.VALIDATION_LOSS),
+                region,
+                0,
+                0,
             ),
-            _widget("Tokens/s", searches(run, "Average", metrics.TOKENS_PER_SECOND), region, 12, 0),
-            _widget("MFU", searches(run, "Average", metrics.MFU), region, 0, 6),
-            _widget("Step time per rank (s)", searches(rank, "Average", metrics.STEP_TIME), region, 12, 6),
+            _widget("Tokens/s", searches(run, "Average", registry.TOKENS_PER_SECOND), region, 12, 0),
+            _widget("MFU", searches(run, "Average", registry.MFU), region, 0, 6),
+            _widget("Step time per rank (s)", searches(rank, "Average", registry.STEP_TIME), region, 12, 6),
             _widget(
                 "GPU utilisation, temperature, power (per node)",
                 searches(
-                    node, "Average", metrics.GPU_UTILIZATION, metrics.GPU_TEMPERATURE, metrics.GPU_POWER
+                    node, "Average", registry.GPU_UTILIZATION, registry.GPU_TEMPERATURE, registry.GPU_POWER
                 ),
                 region,
                 0,
@@ -286,9 +304,9 @@ def dashboard_body(
                 searches(
                     node,
                     "Sum",
-                    metrics.EFA_TRANSMITTED,
-                    metrics.EFA_RECEIVED,
-                    metrics.EFA_RETRANSMITTED_PACKETS,
+                    registry.EFA_TRANSMITTED,
+                    registry.EFA_RECEIVED,
+                    registry.EFA_RETRANSMITTED_PACKETS,
                 ),
                 region,
                 12,
@@ -300,7 +318,7 @@ def dashboard_body(
                     # A dynamic label (CloudWatch User Guide, "Use dynamic labels"): one line per queue and run.
                     [
                         {
-                            **_search(run, metrics.SECONDS_SINCE_LAST_STEP, name, "Maximum"),
+                            **_search(run, registry.SECONDS_SINCE_LAST_STEP, name, "Maximum"),
                             "label": f"{name} ${{PROP('Dim.Run')}}",
                             "id": f"q{i}",
                         }

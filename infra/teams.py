@@ -19,6 +19,7 @@ starve another. Batch has no per-share ceiling; the team's `gpuQuota` is checked
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.bat
 def team_access_statements(
     cfg: StackConfig,
     account: pulumi.Input[str],
-    buckets: list[pulumi.Input[str]],
+    buckets: Sequence[pulumi.Input[str]],
     key_arn: pulumi.Input[str],
 ) -> list[dict[str, Any]]:
     """The one team policy: every scope is `${aws:PrincipalTag/team}`, nothing names a team."""
@@ -96,7 +97,7 @@ def team_access_statements(
         allow(
             "ListOwnPrefixes",
             ["s3:ListBucket"],
-            buckets,
+            list(buckets),
             Condition={"StringLike": {"s3:prefix": [f"{TEAMS_PREFIX}{TEAM}/", f"{TEAMS_PREFIX}{TEAM}/*"]}},
         ),
         allow(

@@ -54,25 +54,21 @@ def _status(
     control: Control, resources: list, violations: dict, organization_trail: str | None
 ) -> ControlStatus:
     present = [r.name for r in resources if r.type in control.resource_types]
-    row = {
-        "control": control.id,
-        "title": control.title,
-        "policies": list(control.policies),
-        "resources": present,
-    }
+
+    def status(state: str, detail: str) -> ControlStatus:
+        return ControlStatus(control.id, control.title, state, list(control.policies), present, detail=detail)
+
     failing = [v for policy in control.policies for v in violations.get(policy, [])]
     if failing:
-        detail = "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing)
-        return ControlStatus(**row, status=FAIL, detail=detail)
+        return status(FAIL, "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing))
     if present:
-        return ControlStatus(**row, status=PASS, detail=control.evidence)
+        return status(PASS, control.evidence)
     if organization_trail and control.id.startswith(("CloudTrail.", "CloudWatch.")):
-        why = (
-            f"recorded by the organisation trail {organization_trail}; its account holds the trail and alarms"
+        return status(
+            NOT_COVERED,
+            f"recorded by the organisation trail {organization_trail}; its account holds the trail and alarms",
         )
-        return ControlStatus(**row, status=NOT_COVERED, detail=why)
-    why = control.not_covered or f"the stack has no {', '.join(control.resource_types)}"
-    return ControlStatus(**row, status=NOT_COVERED, detail=why)
+    return status(NOT_COVERED, control.not_covered or f"the stack has no {', '.join(control.resource_types)}")
 
 
 def security_hub_failures(securityhub: Any) -> dict[str, int] | None:

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trainer.contract import metrics as registry
 from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
 from trainer.engines.step import StepResult
-from trainer.monitoring import monitor as monitoring
+from trainer.monitoring import exporters
 
 # metrics.jsonl's keys on every line (MetricsLogger.log writes them by name; val_loss and stragglers when measured).
 JSONL_KEYS = (
@@ -169,7 +169,7 @@ class MetricsLogger:
         if skipped_steps is not None:
             skipped, self.skipped_steps = skipped_steps - self.skipped_steps, skipped_steps
         tflops = record["tflops_per_device"]
-        monitoring.record(
+        exporters.record(
             {
                 registry.STEP: step,
                 registry.TRAINING_LOSS: loss,  # a NaN or inf loss too: the numerical-trouble alert reads it

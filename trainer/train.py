@@ -45,7 +45,7 @@ from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_devi
 from trainer.model import llama
 from trainer.model.flops import model_flops_per_sequence
 from trainer.model.precision import precision_note
-from trainer.monitoring import monitor as monitoring
+from trainer.monitoring import exporters
 from trainer.plan.fit import DeviceMemoryError, check_device_memory
 from trainer.plan.search import vocab_size
 
@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         if not problems:
             cfg = with_resolved_model(cfg)  # the tokenizer's vocabulary, resolved once: the run's one cfg
             problems = start_problems(cfg, cfg.model, fresh=fresh)
-        problems += monitoring.listen_problems(cfg.monitoring, device, world_size)
+        problems += exporters.listen_problems(cfg.monitoring, device, world_size)
         if problems:
             raise ConfigError(problems)
     except ConfigError as error:
@@ -169,7 +169,7 @@ def train(
     # The planner's peak against the GPUs' free memory: a clear refusal instead of an out-of-memory traceback.
     kernels = llama.planner_kernels(parallel.device_type())
     check_device_memory(cfg, torch.distributed.get_world_size(), vocab_size(cfg), kernels)
-    monitoring.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
+    exporters.start(cfg.monitoring, cfg.name, device_type=parallel.device_type())
     engine = engines.build(cfg, dims)
     checkpointer = Checkpointer(engine, console)
     progress = checkpointer.load()
@@ -178,7 +178,7 @@ def train(
             f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
             "(make train FRESH=1, or --fresh, starts over)"
         )
-        monitoring.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
+        exporters.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
         return
     logger = _metrics_logger(engine, progress, console) if torch.distributed.get_rank() == 0 else None
     if progress.step == 0:
@@ -195,14 +195,14 @@ def train(
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
-            monitoring.begin_step()
+            exporters.begin_step()
             try:
                 result = engine.train_step(batches, step=progress.step + 1)
             except RuntimeError as error:
                 error.add_note(f"in step {progress.step + 1}")
                 raise
             step_time = time.perf_counter() - started
-            monitoring.end_step(step_time)
+            exporters.end_step(step_time)
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
@@ -230,7 +230,7 @@ def train(
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
     finally:
         health.close()
-        monitoring.stop(completed=sys.exc_info()[0] is None)
+        exporters.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
 

@@ -18,7 +18,7 @@ from tests.infra.conftest import planned
 from tests.monitoring.fixtures import emf_to_cloudwatch
 from trainer.contract import metrics as registry
 from trainer.monitoring.cloudwatch import EmfWriter
-from trainer.monitoring.monitor import Monitor
+from trainer.monitoring.exporters import Monitor
 
 
 def alarms(stack):

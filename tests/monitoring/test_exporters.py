@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.monitoring.conftest import free_port
 from tests.monitoring.fixtures import efa_sysfs, emf_to_cloudwatch, fake_nvml, h100
 from trainer.contract import metrics as r
-from trainer.monitoring import monitor
+from trainer.monitoring import exporters
 from trainer.monitoring.cloudwatch import EmfWriter
 from trainer.monitoring.config import MonitoringConfig
 from trainer.monitoring.node import Gpus, NodeReaders
@@ -88,7 +88,7 @@ def test_monitor_times_a_step_and_its_parts():
     cloudwatch = EmfWriter(
         {"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out
     )
-    watch = monitor.Monitor(LABELS, cloudwatch=cloudwatch)
+    watch = exporters.Monitor(LABELS, cloudwatch=cloudwatch)
     watch.begin_step()
     watch.add_phase(r.DATA_WAIT_TIME, 0.25)
     watch.add_phase(r.DATA_WAIT_TIME, 0.25)  # two micro-batches
@@ -109,22 +109,22 @@ def test_monitor_times_a_step_and_its_parts():
 
 
 def test_without_a_started_monitor_the_loop_calls_do_nothing():
-    monitor.stop(completed=False)
-    monitor.begin_step()
-    with monitor.timed(r.FORWARD_BACKWARD_TIME):
+    exporters.stop(completed=False)
+    exporters.begin_step()
+    with exporters.timed(r.FORWARD_BACKWARD_TIME):
         pass
-    monitor.end_step(1.0)
-    monitor.record({r.TRAINING_LOSS: 1.0})
-    assert monitor.active() is None
+    exporters.end_step(1.0)
+    exporters.record({r.TRAINING_LOSS: 1.0})
+    assert exporters.active() is None
 
 
 def test_cpu_run_has_no_endpoint_and_no_cloudwatch_unless_asked(monkeypatch):
     monkeypatch.delenv("AWS_BATCH_JOB_ID", raising=False)
-    started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+    started = exporters.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
     try:
         assert started.prometheus is None and started.cloudwatch is None
     finally:
-        monitor.stop(completed=True)
+        exporters.stop(completed=True)
 
 
 @mock_aws
@@ -140,9 +140,9 @@ def test_cloudwatch_sum_of_restarts_equals_the_restarts(monkeypatch):
         monkeypatch.setattr("sys.stdout", out)
         monkeypatch.setenv("AWS_BATCH_JOB_ATTEMPT", attempt)
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", torchrun_restarts)
-        started = monitor.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+        started = exporters.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
         assert started.labels["job_id"] == "job-1" and started.cloudwatch is not None
-        monitor.stop(completed=False)
+        exporters.stop(completed=False)
         lines += out.getvalue().splitlines()
     cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
     emf_to_cloudwatch(cloudwatch, lines)
@@ -167,7 +167,7 @@ def test_a_resumed_run_exports_only_its_own_skipped_steps(tmp_path):
 
     out = io.StringIO()
     writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out)
-    monitor._active = monitor.Monitor(LABELS, cloudwatch=writer)
+    exporters._active = exporters.Monitor(LABELS, cloudwatch=writer)
     try:
         logger = MetricsLogger(
             tmp_path, train_iters=10, start_step=5, flops_per_step=1.0, tokens_per_step=1, world_size=1,
@@ -176,7 +176,7 @@ def test_a_resumed_run_exports_only_its_own_skipped_steps(tmp_path):
         logger.log(6, loss=float("nan"), lr=1e-3, grad_norm=float("nan"), step_time_s=1.0, skipped_steps=4)
         logger.close()
     finally:
-        monitor.stop(completed=False)
+        exporters.stop(completed=False)
     [run] = [json.loads(line) for line in out.getvalue().splitlines() if "SkippedSteps" in line]
     assert run["SkippedSteps"] == 1
 
@@ -185,7 +185,7 @@ def test_a_nan_loss_reaches_prometheus_but_not_cloudwatch():
     exporter = PrometheusExporter(LABELS, None)
     out = io.StringIO()
     writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=3600, stream=out)
-    watch = monitor.Monitor(LABELS, prometheus=exporter, cloudwatch=writer)
+    watch = exporters.Monitor(LABELS, prometheus=exporter, cloudwatch=writer)
     port = free_port()
     exporter.serve(port, "127.0.0.1")
     try:
@@ -203,7 +203,7 @@ def test_a_clean_end_is_served_until_a_scrape_has_read_it():
     """The completion time must reach Prometheus: close() keeps serving until a scrape that began after it was
     answered, about one scrape interval here (0.3 s), far below the timeout."""
     exporter = PrometheusExporter(LABELS, None)
-    watch = monitor.Monitor(LABELS, prometheus=exporter)
+    watch = exporters.Monitor(LABELS, prometheus=exporter)
     port = free_port()
     exporter.serve(port, "127.0.0.1")
     scrapes: list[dict] = []
@@ -235,7 +235,7 @@ def test_a_clean_end_is_served_until_a_scrape_has_read_it():
 
 def test_a_clean_end_nobody_scrapes_closes_at_once():
     exporter = PrometheusExporter(LABELS, None)
-    watch = monitor.Monitor(LABELS, prometheus=exporter)
+    watch = exporters.Monitor(LABELS, prometheus=exporter)
     exporter.serve(free_port(), "127.0.0.1")
     started = time.monotonic()
     watch.close(completed=True, final_scrape_timeout_s=30)
@@ -247,7 +247,7 @@ def test_the_heartbeat_reports_time_since_the_last_step_while_the_loop_is_silent
     now = [1000.0]
     writer = EmfWriter({"JobQueue": "q", "Run": "r", "Rank": "0", "Node": "n"}, interval_s=60, stream=out,
                        clock=lambda: now[0])  # fmt: skip
-    watch = monitor.Monitor(LABELS, cloudwatch=writer)
+    watch = exporters.Monitor(LABELS, cloudwatch=writer)
     watch.begin_step()
     watch.end_step(1.0)
     watch.last_step -= 600  # the last step ended ten minutes ago
@@ -266,7 +266,7 @@ def test_a_busy_port_names_the_key_to_change(monkeypatch):
         port = busy.getsockname()[1]
         config = MonitoringConfig(prometheus="on", prometheus_port=port, prometheus_address="127.0.0.1")
         with pytest.raises(OSError, match=r"monitoring.prometheus_port.*--set monitoring.prometheus_port=N"):
-            monitor.start(config, "r", stage=0, device_type="cpu")
+            exporters.start(config, "r", stage=0, device_type="cpu")
 
 
 def test_a_taken_port_is_refused_before_any_work(monkeypatch):
@@ -276,11 +276,11 @@ def test_a_taken_port_is_refused_before_any_work(monkeypatch):
         busy.listen()
         port = busy.getsockname()[1]
         config = MonitoringConfig(prometheus="on", prometheus_port=port - 1, prometheus_address="127.0.0.1")
-        [problem] = monitor.listen_problems(config, "cpu", world_size=2)  # ranks 0 and 1: port - 1 and port
+        [problem] = exporters.listen_problems(config, "cpu", world_size=2)  # ranks 0 and 1: port - 1 and port
         assert problem.startswith(
             f"monitoring.prometheus_port = {port - 1}: local rank 1 needs 127.0.0.1:{port}"
         )
         assert "--set monitoring.prometheus_port=N" in problem
         monkeypatch.setenv("LOCAL_RANK", "0")  # a torchrun worker checks only its own port
-        assert monitor.listen_problems(config, "cpu", world_size=2) == []
-    assert monitor.listen_problems(MonitoringConfig(), "cpu", world_size=2) == []  # off on CPU by default
+        assert exporters.listen_problems(config, "cpu", world_size=2) == []
+    assert exporters.listen_problems(MonitoringConfig(), "cpu", world_size=2) == []  # off on CPU by default

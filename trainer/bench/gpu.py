@@ -42,6 +42,7 @@ from trainer.launch.torchrun import Rendezvous
 from trainer.metrics import peak_tflops_per_device
 from trainer.model.flops import model_flops_per_sequence
 from trainer.plan.fit import fit_problem, largest_micro_batch
+from trainer.plan.memory import Kernels
 from trainer.plan.search import vocab_size
 
 GPU_CONFIG = Path("trainer/configs/bench-gpu.yaml")
@@ -110,7 +111,7 @@ def fitting_micro_batch(config: Path, gpu_pass: GpuPass, processes: int, transfo
     # The whole device less the CUDA context (about half a GiB): read without creating a context here, which
     # would stay and take memory from the workers.
     free = torch.cuda.get_device_properties(0).total_memory - CUDA_CONTEXT_BYTES
-    kernels = "transformer_engine" if transformer_engine else "local"
+    kernels: Kernels = "transformer_engine" if transformer_engine else "local"
     if fit_problem(cfg, processes, vocab_size(cfg), kernels, free) is None:
         return cfg.schedule.micro_batch_size
     fits = largest_micro_batch(cfg, processes, vocab_size(cfg), kernels, free)
@@ -145,7 +146,7 @@ def add_baseline(
     micro_batch: int,
     trainer_tokens_per_s: float,
     flops_per_step: float,
-    peak: float,
+    peak: float | None,
 ) -> None:
     """The transformers SDPA loop at the same shape and micro-batch (trainer/bench/hf_baseline.py), its MFU by
     the trainer's formula, and the trainer's tokens/s against it."""

@@ -34,18 +34,19 @@ def train_steps(config: Path, overrides: list[str], micro_batch_size: int, steps
 
     cfg = load_config(config, overrides)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model_cfg = cfg.model.model_copy(update={"vocab_size": vocab_size(cfg)})
+    vocabulary = vocab_size(cfg)
+    model_cfg = cfg.model.model_copy(update={"vocab_size": vocabulary})
     hf = to_hf_config(model_cfg, None, torch.float32, cfg.data.seq_length)
     with torch.device(device):  # initialized where it trains: 1.24 B parameters take seconds on a CPU
-        model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))
+        # transformers 5.24 configuration_utils.py PreTrainedConfig takes attn_implementation among its kwargs
+        model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))  # type: ignore[call-arg]
     # fused=True: one kernel for every parameter (torch docs, torch.optim.AdamW; CPU and CUDA since torch 2.4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, fused=True)
     accumulation = cfg.schedule.global_batch_size // micro_batch_size
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     shape = (micro_batch_size, cfg.data.seq_length)
     batches = [
-        torch.randint(0, model_cfg.vocab_size, shape, device=device, generator=generator)
-        for _ in range(accumulation)
+        torch.randint(0, vocabulary, shape, device=device, generator=generator) for _ in range(accumulation)
     ]
     seconds = []
     for step in range(WARMUP_STEPS + steps):

@@ -33,8 +33,9 @@ def add_memory_results(report: dict, runs: Sequence[MeasuredRun]) -> None:
 
 
 def add_result(
-    report: dict, name: str, unit: str, value: float, baseline: str, baseline_value: float
+    report: dict, name: str, unit: str, value: float | None, baseline: str, baseline_value: float | None
 ) -> None:
+    """A row: value against its baseline (None where there is none to show, e.g. n/a on one device)."""
     report["results"].append(
         {
             "name": name,
@@ -42,7 +43,7 @@ def add_result(
             "value": value,
             "baseline": baseline,
             "baseline_value": baseline_value,
-            "ratio": value / baseline_value if baseline_value else None,
+            "ratio": value / baseline_value if value is not None and baseline_value else None,
         }
     )
 

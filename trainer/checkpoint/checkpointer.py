@@ -23,8 +23,8 @@ from trainer.checkpoint import formats
 from trainer.checkpoint.start import Start, starting_checkpoint
 from trainer.checkpoint.store import CheckpointError, Progress, latest_checkpoint, prune, verify
 from trainer.checkpoint.writer import Write, Writer
-from trainer.contract import metrics as metric
-from trainer.monitoring import monitor as monitoring
+from trainer.contract import metrics as registry
+from trainer.monitoring import exporters
 
 if TYPE_CHECKING:
     from trainer.engines import Engine
@@ -57,7 +57,7 @@ class Checkpointer:
         self.saved_step = 0  # a stop before the first step saves nothing
         if start is None:
             return Progress()
-        with monitoring.timed(metric.CHECKPOINT_LOAD):
+        with exporters.timed(registry.CHECKPOINT_LOAD):
             progress = self.engine.load(start.path, weights_only=start.weights_only)
         source = formats.read_record(start.path)
         if source is not None and source.hf_config:  # carried along, so that an export writes it back
@@ -136,7 +136,7 @@ class Checkpointer:
         self.publish(wait=True)  # one save in flight at most; it is published before the next is staged
         if self.writer is not None:
             self.writer.ready()
-        with monitoring.timed(metric.CHECKPOINT_SAVE):
+        with exporters.timed(registry.CHECKPOINT_SAVE):
             write = self.engine.save(progress, writer=self.writer if background else None)
         if val_loss is not None:
             write.metrics["val_loss"] = val_loss

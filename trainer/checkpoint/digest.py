@@ -94,7 +94,7 @@ def install() -> None:
     """Hash megatron-core's checkpoint files as its writers write them (idempotent; forked writers inherit it)."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    filesystem_async.open = hashing_open  # type: ignore[attr-defined]  # shadows the builtin in that module alone
+    filesystem_async.open = hashing_open  # shadows the builtin in that module alone
 
 
 def file_digest(path: Path) -> str:

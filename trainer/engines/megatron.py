@@ -29,13 +29,13 @@ from trainer.checkpoint.settings import run_settings
 from trainer.checkpoint.store import Progress
 from trainer.checkpoint.writer import Write, Writer
 from trainer.config import ParallelDims, TrainConfig
-from trainer.contract import metrics as metric
+from trainer.contract import metrics as registry
 from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
 from trainer.engines.step import StepResult
 from trainer.model import llama, loss
-from trainer.monitoring import monitor as monitoring
+from trainer.monitoring import exporters
 
 
 @dataclass
@@ -63,7 +63,7 @@ class MegatronEngine:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        with monitoring.timed(metric.FORWARD_BACKWARD_TIME):
+        with exporters.timed(registry.FORWARD_BACKWARD_TIME):
             mean_loss = self.forward_backward(batches)
         if step is not None:
             faults.inject_in_step(step, self.chunks)
@@ -175,7 +175,7 @@ def build(cfg: TrainConfig, dims: ParallelDims) -> MegatronEngine:
         cfg, dims, chunks, optimizer, scheduler, train_data, valid_data, built.padded_vocab_size, record
     )
     if dims.pp > 1:
-        parallel.on_pipeline_wait(monitoring.pipeline_idle)
+        parallel.on_pipeline_wait(exporters.pipeline_idle)
     return engine
 
 
@@ -192,7 +192,7 @@ def build_model_and_optimizer(
 
 
 def _forward_step(batches, chunk):
-    with monitoring.timed(metric.DATA_WAIT_TIME):
+    with exporters.timed(registry.DATA_WAIT_TIME):
         batch = next(batches)
     per_token_loss = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return per_token_loss, functools.partial(_loss_sum, batch["loss_mask"])

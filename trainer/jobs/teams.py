@@ -15,7 +15,8 @@ from trainer.jobs.outputs import StackOutputs
 
 
 def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
-    teams = [str(t) for t in outputs.values.get("teams") or []]
+    listed = outputs.values.get("teams")
+    teams = [str(t) for t in listed] if isinstance(listed, list) else []
     if not teams:
         return (
             [f"TEAM={team}: stack {outputs.stack!r} has no teams (trainstack:teams); leave TEAM out"]
@@ -26,7 +27,8 @@ def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[s
         return [f"stack {outputs.stack!r} is shared by teams {', '.join(teams)}: say which with TEAM=<name>"]
     if team not in teams:
         return [f"TEAM={team}: not a team of stack {outputs.stack!r}; its teams are {', '.join(teams)}"]
-    quota = int((outputs.values.get("team_gpu_quotas") or {}).get(team, 0)) or None
+    quotas = outputs.values.get("team_gpu_quotas")
+    quota: int | None = (int(quotas.get(team, 0)) if isinstance(quotas, dict) else 0) or None
     gpus = nodes * outputs.gpus_per_node
     if quota is not None and gpus > quota:
         return [

@@ -24,6 +24,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from trainer.plan.memory import Kernels
+
 # The names runs print and the bench records: TransformerEngine's fused attention, torch SDPA, megatron's unfused.
 TRANSFORMER_ENGINE, SDPA, UNFUSED = "transformer_engine", "sdpa", "unfused"
 
@@ -37,7 +39,11 @@ def core_attention_backend(device: str, have_transformer_engine: bool) -> str:
 
 
 # The planner's name for the layers each backend runs (trainer/plan/memory.py Kernels).
-PLANNER_KERNELS = {TRANSFORMER_ENGINE: "transformer_engine", SDPA: "local", UNFUSED: "local-unfused"}
+PLANNER_KERNELS: dict[str, Kernels] = {
+    TRANSFORMER_ENGINE: "transformer_engine",
+    SDPA: "local",
+    UNFUSED: "local-unfused",
+}
 
 
 def describe(backend: str) -> str:

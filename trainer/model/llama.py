@@ -26,6 +26,7 @@ from megatron.core.transformer import TransformerConfig
 from trainer.config import TrainConfig
 from trainer.distributed.parallel import device_type
 from trainer.model import attention
+from trainer.plan.memory import Kernels
 
 try:
     import transformer_engine  # noqa: F401
@@ -165,7 +166,7 @@ def attention_note(device: str) -> str:
     return attention.describe(attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE))
 
 
-def planner_kernels(device: str) -> str:
+def planner_kernels(device: str) -> Kernels:
     """The planner's name (trainer/plan/memory.py) for the layers a run on `device` builds."""
     return attention.PLANNER_KERNELS[attention.core_attention_backend(device, HAVE_TRANSFORMER_ENGINE)]
 

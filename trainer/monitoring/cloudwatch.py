@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import IO
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS
 from trainer.monitoring.node import Sample
 
@@ -29,7 +29,7 @@ MAX_VALUES = 100  # numeric array targets (spec: "MUST NOT have more than 100 me
 MAX_METRICS = 100  # MetricDefinitions per directive
 
 
-def dimensions_for(metric: r.Metric) -> list[list[str]]:
+def dimensions_for(metric: registry.Metric) -> list[list[str]]:
     if "rank" in metric.labels:
         return RANK_DIMENSIONS
     if "node" in metric.labels:
@@ -52,11 +52,11 @@ class EmfWriter:
         self.interval_s = interval_s
         self.stream = stream or sys.stdout
         self.clock = clock
-        self.gauges: dict[r.Metric, list[float]] = defaultdict(list)
-        self.counters: dict[r.Metric, float] = defaultdict(float)
+        self.gauges: dict[registry.Metric, list[float]] = defaultdict(list)
+        self.counters: dict[registry.Metric, float] = defaultdict(float)
         self.last_flush = clock()
 
-    def add(self, metric: r.Metric, value: float) -> None:
+    def add(self, metric: registry.Metric, value: float) -> None:
         if metric.cloudwatch is None:
             return
         if metric.kind == "counter":
@@ -73,7 +73,7 @@ class EmfWriter:
             if sample.metric.cloudwatch is None:
                 continue
             if sample.metric.kind == "counter":
-                if sample.metric is r.GPU_ECC_ERRORS and sample.labels.get("type") != "uncorrected":
+                if sample.metric is registry.GPU_ECC_ERRORS and sample.labels.get("type") != "uncorrected":
                     continue
                 key = (sample.metric.name, tuple(sorted(sample.labels.items())))
                 before = previous.get(key)
@@ -89,14 +89,14 @@ class EmfWriter:
     def flush(self) -> None:
         """Write what was gathered: one line per dimension group; nothing when nothing was gathered."""
         timestamp = int(self.clock() * 1000)
-        groups: dict[str, dict[r.Metric, float | list[float]]] = defaultdict(dict)
+        groups: dict[str, dict[registry.Metric, float | list[float]]] = defaultdict(dict)
         for metric, values in self.gauges.items():
             if values:
                 groups[json.dumps(dimensions_for(metric))][metric] = values
         for metric, total in self.counters.items():
             groups[json.dumps(dimensions_for(metric))][metric] = total
-        for dimension_sets, values in groups.items():
-            self._write(timestamp, json.loads(dimension_sets), values)
+        for dimension_sets, group in groups.items():
+            self._write(timestamp, json.loads(dimension_sets), group)
         self.gauges.clear()
         self.counters.clear()
         self.last_flush = self.clock()
@@ -108,7 +108,7 @@ class EmfWriter:
                 "Timestamp": timestamp,
                 "CloudWatchMetrics": [
                     {
-                        "Namespace": r.CLOUDWATCH_NAMESPACE,
+                        "Namespace": registry.CLOUDWATCH_NAMESPACE,
                         "Dimensions": dimension_sets,
                         "Metrics": [
                             {"Name": metric.cloudwatch, "Unit": metric.cloudwatch_unit}

@@ -9,7 +9,7 @@ from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 
 UID = "trainstack-training"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -22,7 +22,7 @@ def _panel(title: str, unit: str, *queries: tuple[str, str]) -> timeseries.Panel
     return panel
 
 
-def _by_run(metric: r.Metric) -> str:
+def _by_run(metric: registry.Metric) -> str:
     return f'{metric.full_name}{{run=~"$run"}}'
 
 
@@ -39,7 +39,7 @@ def grafana_dashboard() -> dict:
         .with_variable(
             dashboard.QueryVariable("run")
             .datasource(DATASOURCE)
-            .query(f"label_values({r.STEP.full_name}, run)")
+            .query(f"label_values({registry.STEP.full_name}, run)")
             .include_all(True)
             .multi(True)
         )
@@ -48,13 +48,13 @@ def grafana_dashboard() -> dict:
             _panel(
                 "Loss",
                 "none",
-                (_by_run(r.TRAINING_LOSS), "train {{run}}"),
-                (_by_run(r.VALIDATION_LOSS), "validation {{run}}"),
+                (_by_run(registry.TRAINING_LOSS), "train {{run}}"),
+                (_by_run(registry.VALIDATION_LOSS), "validation {{run}}"),
             )
         )
-        .with_panel(_panel("Tokens/s", "none", (_by_run(r.TOKENS_PER_SECOND), "{{run}}")))
-        .with_panel(_panel("MFU", "percentunit", (_by_run(r.MFU), "{{run}}")))
-        .with_panel(_panel("Step time per rank", "s", (_by_run(r.STEP_TIME), rank_legend)))
+        .with_panel(_panel("Tokens/s", "none", (_by_run(registry.TOKENS_PER_SECOND), "{{run}}")))
+        .with_panel(_panel("MFU", "percentunit", (_by_run(registry.MFU), "{{run}}")))
+        .with_panel(_panel("Step time per rank", "s", (_by_run(registry.STEP_TIME), rank_legend)))
         .with_panel(
             _panel(
                 "Step parts (rank 0)",
@@ -62,39 +62,43 @@ def grafana_dashboard() -> dict:
                 *(
                     (f'{m.full_name}{{run=~"$run",rank="0"}}', m.name)
                     for m in (
-                        r.FORWARD_BACKWARD_TIME,
-                        r.OPTIMIZER_TIME,
-                        r.DATA_WAIT_TIME,
-                        r.PIPELINE_IDLE_TIME,
+                        registry.FORWARD_BACKWARD_TIME,
+                        registry.OPTIMIZER_TIME,
+                        registry.DATA_WAIT_TIME,
+                        registry.PIPELINE_IDLE_TIME,
                     )
                 ),
             )
         )
-        .with_panel(_panel("Gradient norm", "none", (_by_run(r.GRADIENT_NORM), "{{run}}")))
+        .with_panel(_panel("Gradient norm", "none", (_by_run(registry.GRADIENT_NORM), "{{run}}")))
         .with_row(dashboard.Row("Nodes"))
         .with_panel(
-            _panel("GPU utilisation", "percentunit", (_by_run(r.GPU_UTILIZATION), "{{node}} gpu {{gpu}}"))
+            _panel(
+                "GPU utilisation", "percentunit", (_by_run(registry.GPU_UTILIZATION), "{{node}} gpu {{gpu}}")
+            )
         )
         .with_panel(
-            _panel("GPU temperature", "celsius", (_by_run(r.GPU_TEMPERATURE), "{{node}} gpu {{gpu}}"))
+            _panel("GPU temperature", "celsius", (_by_run(registry.GPU_TEMPERATURE), "{{node}} gpu {{gpu}}"))
         )
-        .with_panel(_panel("GPU power", "watt", (_by_run(r.GPU_POWER), "{{node}} gpu {{gpu}}")))
-        .with_panel(_panel("GPU memory used", "bytes", (_by_run(r.GPU_MEMORY_USED), "{{node}} gpu {{gpu}}")))
+        .with_panel(_panel("GPU power", "watt", (_by_run(registry.GPU_POWER), "{{node}} gpu {{gpu}}")))
+        .with_panel(
+            _panel("GPU memory used", "bytes", (_by_run(registry.GPU_MEMORY_USED), "{{node}} gpu {{gpu}}"))
+        )
         .with_panel(
             _panel(
                 "EFA throughput",
                 "Bps",
-                (rate.format(name=r.EFA_TRANSMITTED.full_name), "tx {{node}} {{device}}"),
-                (rate.format(name=r.EFA_RECEIVED.full_name), "rx {{node}} {{device}}"),
+                (rate.format(name=registry.EFA_TRANSMITTED.full_name), "tx {{node}} {{device}}"),
+                (rate.format(name=registry.EFA_RECEIVED.full_name), "rx {{node}} {{device}}"),
             )
         )
         .with_panel(
             _panel(
                 "EFA retransmits",
                 "pps",
-                (rate.format(name=r.EFA_RETRANSMITTED_PACKETS.full_name), "{{node}} {{device}}"),
+                (rate.format(name=registry.EFA_RETRANSMITTED_PACKETS.full_name), "{{node}} {{device}}"),
             )
         )
-        .with_panel(_panel("Host memory used", "bytes", (_by_run(r.HOST_MEMORY_USED), "{{node}}")))
+        .with_panel(_panel("Host memory used", "bytes", (_by_run(registry.HOST_MEMORY_USED), "{{node}}")))
     ).build()
     return json.loads(json.dumps(built, cls=JSONEncoder))

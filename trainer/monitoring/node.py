@@ -13,21 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 
 # Linux efa driver (drivers/infiniband/hw/efa/efa_verbs.c, EFA_DEFINE_PORT_STATS): port counter file -> metric.
 # Older kernels lack the rdma_write_* and retrans_* files; a missing file is skipped.
 EFA_PORT_COUNTERS = {
-    "tx_bytes": r.EFA_TRANSMITTED,
-    "rx_bytes": r.EFA_RECEIVED,
-    "rdma_read_bytes": r.EFA_RDMA_READ,
-    "rdma_write_bytes": r.EFA_RDMA_WRITE,
-    "retrans_pkts": r.EFA_RETRANSMITTED_PACKETS,
-    "retrans_bytes": r.EFA_RETRANSMITTED_BYTES,
-    "retrans_timeout_events": r.EFA_RETRANSMIT_TIMEOUTS,
-    "rx_drops": r.EFA_RECEIVE_DROPS,
-    "unresponsive_remote_events": r.EFA_UNRESPONSIVE_REMOTES,
-    "impaired_remote_conn_events": r.EFA_IMPAIRED_REMOTES,
+    "tx_bytes": registry.EFA_TRANSMITTED,
+    "rx_bytes": registry.EFA_RECEIVED,
+    "rdma_read_bytes": registry.EFA_RDMA_READ,
+    "rdma_write_bytes": registry.EFA_RDMA_WRITE,
+    "retrans_pkts": registry.EFA_RETRANSMITTED_PACKETS,
+    "retrans_bytes": registry.EFA_RETRANSMITTED_BYTES,
+    "retrans_timeout_events": registry.EFA_RETRANSMIT_TIMEOUTS,
+    "rx_drops": registry.EFA_RECEIVE_DROPS,
+    "unresponsive_remote_events": registry.EFA_UNRESPONSIVE_REMOTES,
+    "impaired_remote_conn_events": registry.EFA_IMPAIRED_REMOTES,
 }
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 # EFA devices are named rdmap<bus>s<slot> (efa driver, efa_main.c ib_register_device "efa_%d" renamed by udev).
@@ -45,7 +45,7 @@ CLOCK_EVENT_REASONS = {
 
 @dataclass(frozen=True)
 class Sample:
-    metric: r.Metric
+    metric: registry.Metric
     labels: dict[str, str]
     value: float
 
@@ -55,8 +55,8 @@ def host_memory() -> list[Sample]:
 
     memory = psutil.virtual_memory()
     return [
-        Sample(r.HOST_MEMORY_USED, {}, float(memory.total - memory.available)),
-        Sample(r.HOST_MEMORY_TOTAL, {}, float(memory.total)),
+        Sample(registry.HOST_MEMORY_USED, {}, float(memory.total - memory.available)),
+        Sample(registry.HOST_MEMORY_TOTAL, {}, float(memory.total)),
     ]
 
 
@@ -85,10 +85,11 @@ def _is_efa(device: Path) -> bool:
 class Gpus:
     """NVML's view of this node's GPUs; `available` is False where the NVML library or a GPU is missing."""
 
-    def __init__(self, nvml: Any | None = None) -> None:
+    def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
 
+            nvml = pynvml
         self.nvml = nvml
         try:
             nvml.nvmlInit()
@@ -116,12 +117,12 @@ class Gpus:
         nvml = self.nvml
         utilization = nvml.nvmlDeviceGetUtilizationRates(handle)  # c_nvmlUtilization_t: percent
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)  # c_nvmlMemory_t: bytes
-        yield Sample(r.GPU_UTILIZATION, labels, utilization.gpu / 100)
-        yield Sample(r.GPU_MEMORY_USED, labels, float(memory.used))
-        yield Sample(r.GPU_MEMORY_TOTAL, labels, float(memory.total))
-        yield Sample(r.GPU_POWER, labels, nvml.nvmlDeviceGetPowerUsage(handle) / 1000)  # milliwatts
+        yield Sample(registry.GPU_UTILIZATION, labels, utilization.gpu / 100)
+        yield Sample(registry.GPU_MEMORY_USED, labels, float(memory.used))
+        yield Sample(registry.GPU_MEMORY_TOTAL, labels, float(memory.total))
+        yield Sample(registry.GPU_POWER, labels, nvml.nvmlDeviceGetPowerUsage(handle) / 1000)  # milliwatts
         temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-        yield Sample(r.GPU_TEMPERATURE, labels, float(temperature))
+        yield Sample(registry.GPU_TEMPERATURE, labels, float(temperature))
 
     def _ecc(self, handle: Any, labels: dict[str, str]) -> Iterator[Sample]:
         nvml = self.nvml
@@ -130,19 +131,19 @@ class Gpus:
             ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
         ):
             count = nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, nvml.NVML_VOLATILE_ECC)
-            yield Sample(r.GPU_ECC_ERRORS, {**labels, "type": kind}, float(count))
+            yield Sample(registry.GPU_ECC_ERRORS, {**labels, "type": kind}, float(count))
 
     def _remapped_rows(self, handle: Any, labels: dict[str, str]) -> Iterator[Sample]:
         corrected, uncorrected, pending, failed = self.nvml.nvmlDeviceGetRemappedRows(handle)
-        yield Sample(r.GPU_REMAPPED_ROWS, {**labels, "type": "correctable"}, float(corrected))
-        yield Sample(r.GPU_REMAPPED_ROWS, {**labels, "type": "uncorrectable"}, float(uncorrected))
-        yield Sample(r.GPU_ROW_REMAP_PENDING, labels, float(bool(pending)))
-        yield Sample(r.GPU_ROW_REMAP_FAILED, labels, float(bool(failed)))
+        yield Sample(registry.GPU_REMAPPED_ROWS, {**labels, "type": "correctable"}, float(corrected))
+        yield Sample(registry.GPU_REMAPPED_ROWS, {**labels, "type": "uncorrectable"}, float(uncorrected))
+        yield Sample(registry.GPU_ROW_REMAP_PENDING, labels, float(bool(pending)))
+        yield Sample(registry.GPU_ROW_REMAP_FAILED, labels, float(bool(failed)))
 
     def _clock_events(self, handle: Any, labels: dict[str, str]) -> Iterator[Sample]:
         reasons = self.nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
         for reason, bit in CLOCK_EVENT_REASONS.items():
-            yield Sample(r.GPU_THROTTLED, {**labels, "reason": reason}, float(bool(reasons & bit)))
+            yield Sample(registry.GPU_THROTTLED, {**labels, "reason": reason}, float(bool(reasons & bit)))
 
 
 class NodeReaders:

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 from trainer.monitoring.node import NodeReaders
 
 
@@ -33,10 +33,10 @@ class PrometheusExporter:
         disable_created_metrics()  # no `_created` series beside each counter: nothing here reads them
         self.labels = labels  # run, job_id, node, rank, stage
         self.registry = CollectorRegistry(auto_describe=True)
-        self.families: dict[r.Metric, Gauge | Counter] = {}
-        self.children: dict[r.Metric, Any] = {}  # this process's labelled series, looked up once
-        for metric in r.METRICS:
-            if metric in r.NODE_METRICS or not metric.prometheus:
+        self.families: dict[registry.Metric, Gauge | Counter] = {}
+        self.children: dict[registry.Metric, Any] = {}  # this process's labelled series, looked up once
+        for metric in registry.METRICS:
+            if metric in registry.NODE_METRICS or not metric.prometheus:
                 continue  # NodeCollector reads node metrics at scrape time
             kind = Counter if metric.kind == "counter" else Gauge
             # prometheus-client appends _total to a counter's name itself.
@@ -44,8 +44,8 @@ class PrometheusExporter:
             family = kind(name, metric.help, metric.labels, registry=self.registry)
             self.families[metric] = family
         if node is not None:
-            self.registry.register(NodeCollector(node, {k: labels[k] for k in r.NODE_LABELS}))
-        self.server = None
+            self.registry.register(NodeCollector(node, {k: labels[k] for k in registry.NODE_LABELS}))
+        self.server: ThreadingWSGIServer | None = None
         self.scrapes: list[float] = []  # monotonic start times of the scrapes answered in full
 
     def serve(self, port: int, address: str) -> None:
@@ -57,8 +57,8 @@ class PrometheusExporter:
             began = time.monotonic()
             return _Delivered(app(environ, start_response), lambda: self.scrapes.append(began))
 
-        self.server = make_server(address, port, scraped, ThreadingWSGIServer, handler_class=_Quiet)
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="prometheus-endpoint").start()
+        self.server = server = make_server(address, port, scraped, ThreadingWSGIServer, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, daemon=True, name="prometheus-endpoint").start()
 
     def wait_for_scrape(self, since: float, timeout_s: float) -> bool:
         """Keep serving until a scrape that began after `since` (time.monotonic) was answered; give up after two
@@ -73,14 +73,14 @@ class PrometheusExporter:
             time.sleep(0.05)
         return self.scrapes[-1] > since
 
-    def record(self, metric: r.Metric, value: float) -> None:
+    def record(self, metric: registry.Metric, value: float) -> None:
         child = self.children.get(metric)
         if child is None:
             family = self.families.get(metric)
             if family is None:
                 return
             child = self.children[metric] = family.labels(*(self.labels[label] for label in metric.labels))
-        if metric.kind == "counter":
+        if isinstance(child, Counter):
             child.inc(value)
         else:
             child.set(value)  # NaN and +-Inf too: the text format carries them (a non-finite loss is news)
@@ -104,6 +104,7 @@ class NodeCollector(Collector):
         for metric, samples in grouped.items():
             extra = [label for label in metric.labels if label not in self.labels]
             names = [*self.labels, *extra]
+            family: CounterMetricFamily | GaugeMetricFamily
             if metric.kind == "counter":
                 family = CounterMetricFamily(
                     metric.full_name.removesuffix("_total"), metric.help, labels=names

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 
 GROUP = "trainstack-training"
 STATE_GROUP = "trainstack-training-state"
@@ -44,7 +44,7 @@ TARGET_RUN = "trainstack:target_run_info"
 def state_rules(remember_hours: float) -> list[dict[str, str]]:
     """Recording rules that keep each run's start, last step and clean end after its processes are gone."""
     keep = f"{remember_hours * 3600:g}"
-    start, completed = r.PROCESS_START.full_name, r.PROCESS_COMPLETED.full_name
+    start, completed = registry.PROCESS_START.full_name, registry.PROCESS_COMPLETED.full_name
     up = f'up{{job="{SCRAPE_JOB}"}}'
 
     def latest(source: str) -> str:
@@ -63,7 +63,7 @@ def state_rules(remember_hours: float) -> list[dict[str, str]]:
             "expr": f"max by ({RUN}) (timestamp({start})) or ({RUN_SEEN} > time() - {keep})",
         },
         per_run(RUN_START, start),  # the newest attempt's start: the latest process start of the run
-        per_run(RUN_LAST_STEP, r.LAST_STEP_TIME.full_name),
+        per_run(RUN_LAST_STEP, registry.LAST_STEP_TIME.full_name),
         per_run(RUN_COMPLETED, completed),
         # Per scrape target: the run its last process belonged to, and that process's clean end, kept while the
         # target is scraped (a new process on the target replaces both).
@@ -111,7 +111,7 @@ def alert_rules(
     this_attempt_completed = f"({RUN_COMPLETED} >= on ({RUN}) {RUN_START})"
     stepped_this_attempt = f"({RUN_LAST_STEP} >= on ({RUN}) {RUN_START})"
     up = f'up{{job="{SCRAPE_JOB}"}}'
-    loss = r.TRAINING_LOSS.full_name
+    loss = registry.TRAINING_LOSS.full_name
     run_label = "Run {{ $labels.run }} (job {{ $labels.job_id }})"
     rules: list[dict[str, Any]] = [
         _alert(
@@ -160,7 +160,7 @@ def alert_rules(
         ),
         _alert(
             "TrainingStepsSkipped",
-            f"increase({r.SKIPPED_STEPS.full_name}[15m]) > 0",
+            f"increase({registry.SKIPPED_STEPS.full_name}[15m]) > 0",
             "warning",
             f"{run_label} skipped {{{{ $value }}}} step(s) in 15 minutes (non-finite loss or gradient norm)",
             "Skipped steps make no update. A few are harmless; many in a row stop the run. See the step lines "
@@ -177,7 +177,7 @@ def alert_rules(
         ),
         _alert(
             "GpuRowRemapPending",
-            f"{r.GPU_ROW_REMAP_PENDING.full_name} == 1",
+            f"{registry.GPU_ROW_REMAP_PENDING.full_name} == 1",
             "warning",
             "GPU {{ $labels.gpu }} on {{ $labels.node }} needs a reset (row remap pending)",
             "NVIDIA's row remapping waits for a GPU reset; drain the node after the run's next checkpoint and "
@@ -185,8 +185,8 @@ def alert_rules(
         ),
     ]
     for metric, floor, what in (
-        (r.MFU, min_mfu, "MFU"),
-        (r.TOKENS_PER_SECOND, min_tokens_per_second, "tokens/s"),
+        (registry.MFU, min_mfu, "MFU"),
+        (registry.TOKENS_PER_SECOND, min_tokens_per_second, "tokens/s"),
     ):
         if floor is not None:
             rules.append(

@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from trainer.contract import metrics as r
+from trainer.contract import metrics as registry
 from trainer.monitoring.cloudwatch import EmfWriter, under_aws_batch
 from trainer.monitoring.config import MonitoringConfig
 from trainer.monitoring.node import NodeReaders
 
 # Phases timed inside a step: summed over the step's micro-batches, reported when the step ends.
-STEP_PHASES = (r.FORWARD_BACKWARD_TIME, r.DATA_WAIT_TIME, r.PIPELINE_IDLE_TIME)
+STEP_PHASES = (registry.FORWARD_BACKWARD_TIME, registry.DATA_WAIT_TIME, registry.PIPELINE_IDLE_TIME)
 
 
 class Monitor:
@@ -37,14 +37,14 @@ class Monitor:
         self.labels = labels
         self.config = config or MonitoringConfig()
         self.prometheus, self.cloudwatch, self.node = prometheus, cloudwatch, node
-        self.phases: dict[r.Metric, float] = {}
+        self.phases: dict[registry.Metric, float] = {}
         self.previous_counters: dict[tuple, float] = {}
         self.started = time.time()
         self.last_step: float | None = None  # this process's last step (Unix time); None before the first
         self.lock = threading.Lock()  # the heartbeat thread writes CloudWatch lines too
         self.heartbeat_stop = threading.Event()
 
-    def record(self, values: Mapping[r.Metric, float | None]) -> None:
+    def record(self, values: Mapping[registry.Metric, float | None]) -> None:
         """Gauges take the value; counters grow by it. None is absent. A non-finite gauge (a NaN loss) reaches
         Prometheus, whose text format carries it; CloudWatch's JSON cannot, and counters never take one."""
         with self.lock:
@@ -63,7 +63,7 @@ class Monitor:
         """CloudWatch: how long since this attempt's last step (or its start), written even while the loop hangs;
         the stack's stall alarm takes the Maximum over every job on the queue."""
         since = self.last_step if self.last_step is not None else self.started
-        self.record({r.SECONDS_SINCE_LAST_STEP: time.time() - since})
+        self.record({registry.SECONDS_SINCE_LAST_STEP: time.time() - since})
 
     def start_heartbeat(self, interval_s: float) -> None:
         def beat() -> None:
@@ -76,15 +76,19 @@ class Monitor:
         self.phases = dict.fromkeys(STEP_PHASES, 0.0)
 
     def end_step(self, step_time_s: float) -> None:
-        forward_backward = self.phases.get(r.FORWARD_BACKWARD_TIME)
+        forward_backward = self.phases.get(registry.FORWARD_BACKWARD_TIME)
         phases = {metric: seconds for metric, seconds in self.phases.items() if seconds}
         optimizer = step_time_s - forward_backward if forward_backward else None
         self.last_step = time.time()
         # The run's progress comes from rank 0 alone, so that a CloudWatch Sum counts steps, not steps x ranks.
-        progress = {r.LAST_STEP_TIME: self.last_step, r.STEPS: 1} if self.labels["rank"] == "0" else {}
-        self.record({r.STEP_TIME: step_time_s, r.OPTIMIZER_TIME: optimizer, **progress, **phases})
+        progress = (
+            {registry.LAST_STEP_TIME: self.last_step, registry.STEPS: 1} if self.labels["rank"] == "0" else {}
+        )
+        self.record(
+            {registry.STEP_TIME: step_time_s, registry.OPTIMIZER_TIME: optimizer, **progress, **phases}
+        )
 
-    def add_phase(self, metric: r.Metric, seconds: float) -> None:
+    def add_phase(self, metric: registry.Metric, seconds: float) -> None:
         if metric in STEP_PHASES:
             self.phases[metric] = self.phases.get(metric, 0.0) + seconds
         else:
@@ -94,7 +98,7 @@ class Monitor:
         """Flush what is gathered and stop serving; at a clean end, mark it and serve until it was scraped."""
         self.heartbeat_stop.set()
         if completed:
-            self.record({r.PROCESS_COMPLETED: time.time()})
+            self.record({registry.PROCESS_COMPLETED: time.time()})
         marked = time.monotonic()  # after the value is set: a scrape that begins later carries it
         if self.cloudwatch is not None:
             with self.lock:
@@ -105,6 +109,7 @@ class Monitor:
             self.prometheus.close()
 
     def _flush_cloudwatch(self) -> None:
+        assert self.cloudwatch is not None  # its callers check first
         if self.node is not None:
             self.cloudwatch.add_samples(self.node.samples(), self.previous_counters)
         self.cloudwatch.flush()
@@ -151,16 +156,16 @@ def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | 
         }
         cloudwatch = EmfWriter(dimensions, interval_s=config.cloudwatch_interval_seconds)
     _active = Monitor(labels, prometheus=prometheus, cloudwatch=cloudwatch, node=node, config=config)
-    _active.record({r.PROCESS_START: _active.started})
+    _active.record({registry.PROCESS_START: _active.started})
     if rank == 0:
         restarts = _restarts()
         # Counters start at 0 so that increase() sees their first step; restarts as the registry says.
         if prometheus is not None:
-            prometheus.record(r.RESTARTS, restarts)
+            prometheus.record(registry.RESTARTS, restarts)
         if cloudwatch is not None:
-            cloudwatch.add(r.RESTARTS, 1 if restarts else 0)
+            cloudwatch.add(registry.RESTARTS, 1 if restarts else 0)
             _active.start_heartbeat(config.cloudwatch_interval_seconds)
-        _active.record({r.STEPS: 0, r.SKIPPED_STEPS: 0})
+        _active.record({registry.STEPS: 0, registry.SKIPPED_STEPS: 0})
     return _active
 
 
@@ -201,7 +206,7 @@ def active() -> Monitor | None:
     return _active
 
 
-def record(values: Mapping[r.Metric, float | None]) -> None:
+def record(values: Mapping[registry.Metric, float | None]) -> None:
     if _active is not None:
         _active.record(values)
 
@@ -217,7 +222,7 @@ def end_step(step_time_s: float) -> None:
 
 
 @contextlib.contextmanager
-def timed(metric: r.Metric) -> Iterator[None]:
+def timed(metric: registry.Metric) -> Iterator[None]:
     """Time the block into `metric`: a step phase adds up until end_step, anything else is recorded at once."""
     started = time.perf_counter()
     try:
@@ -226,7 +231,7 @@ def timed(metric: r.Metric) -> Iterator[None]:
         add_phase(metric, time.perf_counter() - started)
 
 
-def add_phase(metric: r.Metric, seconds: float) -> None:
+def add_phase(metric: registry.Metric, seconds: float) -> None:
     """Add seconds measured elsewhere to `metric` (a step phase adds up until end_step)."""
     if _active is not None:
         _active.add_phase(metric, seconds)
@@ -235,7 +240,7 @@ def add_phase(metric: r.Metric, seconds: float) -> None:
 def pipeline_idle(seconds: float) -> None:
     """A pipeline send/receive's wall time, into this step's pipeline idle time (trainer/distributed/parallel.py
     on_pipeline_wait)."""
-    add_phase(r.PIPELINE_IDLE_TIME, seconds)
+    add_phase(registry.PIPELINE_IDLE_TIME, seconds)
 
 
 def _pipeline_stage() -> int:
