@@ -4,5 +4,6 @@ long and how much the run takes. Imports no torch (like trainer/config/), so it 
     memory.py       per-GPU memory of a layout, as this trainer allocates it
     performance.py  step time: compute, pipeline bubble, tensor/pipeline/data-parallel communication
     search.py       every layout `train` accepts on N nodes, estimated and ranked
+    fit.py          the estimate against a GPU's free memory: the check before the first step, the largest micro-batch
     command.py      `python -m trainer plan`: the table, and the chosen layout as a config fragment
 """
