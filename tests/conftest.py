@@ -1,15 +1,47 @@
-"""Shared test setup: the repository root is importable (trainer, infra, policy packages); a local IMDSv2."""
+"""Shared test setup: the repository root is importable (trainer, infra, policy packages); free local ports; a local
+IMDSv2; and the training fixtures (tests/support/training.py: a tiny corpus and config, multi-process runs)."""
 
+import functools
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# The trainer's session fixtures (tiny_corpus, tiny_config, launcher, single, tp2_pp2, ...), for every test folder.
+pytest_plugins = ["tests.support.training"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(count: int) -> int:
+    """A base port with `count` free ports from it (one per local rank); other programs share this machine."""
+    for _ in range(100):
+        base = free_port()
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+    raise OSError(f"no {count} consecutive free ports found")
 
 
 class Imds(BaseHTTPRequestHandler):
@@ -53,3 +85,13 @@ def imds():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+
+
+@functools.cache
+def stack_plan(stack: str, changes: tuple[tuple[str, Any], ...] = ()) -> Any:
+    """A stack's offline preview (infra/preview.py under its mocks), its stack file with `changes` applied; run
+    once a session for the infra and the policy tests alike."""
+    from infra.config import read_stack_file
+    from infra.preview import run_program
+
+    return run_program(stack, {**read_stack_file(stack), **dict(changes)})

@@ -186,3 +186,12 @@ def test_the_path_finder_finds_a_path_that_is_gone():
     gone = "trainer/" + "config.py"  # split, so that this file names no missing path itself
     assert _REPO_PATH.findall(f"see {gone}, or `docs/trainer.md`.") == [gone, "docs/trainer.md"]
     assert not (ROOT / gone).exists()
+
+
+def test_the_tests_mirror_the_packages():
+    # tests/<name>/ for infra/, policy/, image/ and each trainer package; tests/trainer/ for the trainer's own
+    # modules (train.py, metrics.py, faults.py); support/ and fixtures/ are shared.
+    packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
+    expected = {"infra", "policy", "image", "trainer", "support", "fixtures", *packages}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert folders - expected == set()

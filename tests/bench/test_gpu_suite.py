@@ -1,7 +1,6 @@
 """`make bench-gpu` where there is no GPU: it refuses before any work, and its model is what it says."""
 
-from pathlib import Path
-
+from tests.conftest import ROOT
 from trainer.__main__ import main as trainer_main
 from trainer.bench.gpu import (
     ALLREDUCE_TIMEOUT_S,
@@ -16,8 +15,6 @@ from trainer.config import accelerator_problems, layout_problems, load_config
 from trainer.model.flops import parameter_counts
 from trainer.plan.memory import estimate_memory
 from trainer.plan.search import vocab_size
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_gpu_without_cuda_fails_before_any_work(capsys, tmp_path):

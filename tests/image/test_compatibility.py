@@ -9,11 +9,11 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
+from tests.conftest import ROOT
 from trainer.contract.compatibility import compatibility_table, declared_requirement, installed_problems
 from trainer.contract.image import image_pins
 from trainer.distributed.megatron_compat import MEGATRON_CORE_VERSION
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 TABLE = compatibility_table()
 
@@ -49,7 +49,9 @@ def test_megatron_core_requirements_are_its_own_metadata():
 def test_efa_installer_bundles_the_plugin_whose_log_lines_the_preflight_parses():
     assert TABLE["efa_installer"]["aws_ofi_nccl"] == TABLE["aws_ofi_nccl"]["version"]
     assert TABLE["efa_installer"]["libfabric"] == TABLE["aws_ofi_nccl"]["libfabric_tested"]
-    formats = json.loads((FIXTURES / "aws_ofi_nccl_provider_formats.json").read_text())["formats"]
+    formats = json.loads((ROOT / "tests" / "fixtures" / "aws_ofi_nccl_provider_formats.json").read_text())[
+        "formats"
+    ]
     assert f"v{TABLE['aws_ofi_nccl']['version']}" in {entry["tag"] for entry in formats}
 
 

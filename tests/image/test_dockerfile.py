@@ -3,11 +3,10 @@ installer, requirements/ for Python packages (the same pins `make train` install
 
 import re
 import subprocess
-from pathlib import Path
 
+from tests.conftest import ROOT
 from trainer.contract.image import efa_environment, image_pins
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text()
 INSTRUCTIONS = [
     line for line in DOCKERFILE.splitlines() if line.strip() and not line.lstrip().startswith("#")

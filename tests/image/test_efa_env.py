@@ -8,9 +8,9 @@ import re
 import tomllib
 from pathlib import Path
 
+from tests.conftest import ROOT
 from trainer.contract.image import efa_environment
 
-ROOT = Path(__file__).resolve().parents[2]
 DOC = json.loads((Path(__file__).parent / "fixtures" / "aws_ofi_nccl_efa_env_vars.json").read_text())
 ROWS = {row["variable"]: row["text"] for row in DOC["rows"]}
 TABLE = tomllib.loads((ROOT / "image" / "compatibility.toml").read_text())

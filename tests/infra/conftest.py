@@ -10,7 +10,8 @@ import pytest
 
 from infra.config import StackConfig, load_stack_config, parse_stack_config, read_stack_file
 from infra.mocks import PlannedResource
-from infra.preview import Plan, run_program
+from infra.preview import Plan
+from tests.conftest import stack_plan
 from trainer.contract.stack import stack_names
 
 
@@ -66,13 +67,14 @@ class Planned:
 
 @functools.cache
 def planned(name: str) -> Planned:
-    return Planned(run_program(name), load_stack_config(name))
+    return Planned(stack_plan(name), load_stack_config(name))
 
 
 @functools.cache
 def _variant(stack: str, changes: tuple[tuple[str, Any], ...]) -> Planned:
-    values = {**read_stack_file(stack), **dict(changes)}
-    return Planned(run_program(stack, values), parse_stack_config(stack, values))
+    return Planned(
+        stack_plan(stack, changes), parse_stack_config(stack, {**read_stack_file(stack), **dict(changes)})
+    )
 
 
 @pytest.fixture(scope="session")

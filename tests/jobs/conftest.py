@@ -17,7 +17,8 @@ from moto.batch.models import JobDefinition
 from moto.moto_api import recorder
 from moto.server import ThreadedMotoServer
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
+
 REGION = "us-east-1"
 IMAGE_TAG = "0123456789ab"
 DATASET = "/fsx/datasets/corpus/corpus"

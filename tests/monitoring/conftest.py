@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.trainer.conftest import tiny_corpus  # noqa: F401  (a fixture: the trainer tests' prepared corpus)
+from tests.conftest import free_port
 
 
 def ensure_prometheus(
@@ -30,31 +29,6 @@ def ensure_prometheus(
     subprocess.run(
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], check=True, env=env
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(count: int) -> int:
-    """A base port with `count` free ports from it (one per local rank); other programs share this machine."""
-    for _ in range(100):
-        base = free_port()
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                probe = socket.socket()
-                sockets.append(probe)
-                probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for probe in sockets:
-                probe.close()
-    raise OSError(f"no {count} consecutive free ports found")
 
 
 class PrometheusServer:

@@ -17,9 +17,10 @@ import pytest
 from moto import mock_aws
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.monitoring.conftest import free_port
+from tests.conftest import free_port
 from tests.monitoring.fixtures import efa_sysfs, emf_to_cloudwatch, fake_nvml, h100
 from trainer.contract import metrics as r
+from trainer.engines.step import StepResult
 from trainer.monitoring import exporters
 from trainer.monitoring.cloudwatch import EmfWriter
 from trainer.monitoring.config import MonitoringConfig
@@ -173,7 +174,7 @@ def test_a_resumed_run_exports_only_its_own_skipped_steps(tmp_path):
             tmp_path, train_iters=10, start_step=5, flops_per_step=1.0, tokens_per_step=1, world_size=1,
             peak_tflops=None, tensorboard=False, console=Console(file=io.StringIO()), skipped_steps=3,
         )  # fmt: skip
-        logger.log(6, loss=float("nan"), lr=1e-3, grad_norm=float("nan"), step_time_s=1.0, skipped_steps=4)
+        logger.log(6, StepResult(float("nan"), float("nan"), 1e-3, True), step_time_s=1.0, skipped_steps=4)
         logger.close()
     finally:
         exporters.stop(completed=False)

@@ -23,11 +23,10 @@ import psutil
 import pytest
 import yaml
 
-from tests.monitoring.conftest import free_ports
+from tests.conftest import ROOT, free_ports
 from trainer.contract import metrics as r
 from trainer.monitoring.rules import alert_rules
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN_ITERS = 40
 STALL_S, TARGET_DOWN_S = 15, 5
 RULES = alert_rules(stall_minutes=STALL_S / 60, start_minutes=3, target_down_minutes=TARGET_DOWN_S / 60)

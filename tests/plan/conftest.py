@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import ROOT
 from trainer.config import LAYOUT_KEYS, TrainConfig, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
 LLAMA3_8B = ROOT / "trainer/configs/llama3-8b.yaml"
 LLAMA3_70B = ROOT / "trainer/configs/llama3-70b.yaml"
 # The recipes as they were before the GPU fast path (bf16, no TP or weight-gather overlap, no fused kernels), and

@@ -15,9 +15,8 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from infra.config import read_stack_file
-from infra.preview import run_program
 from policy.offline import policy_resource, policy_resources
+from tests.conftest import stack_plan
 
 
 def make_resource(
@@ -66,8 +65,7 @@ def violations():
 
 @functools.cache
 def _planned(stack: str, changes: tuple[tuple[str, Any], ...]) -> list[PolicyResource]:
-    values = {**read_stack_file(stack), **dict(changes)}
-    return policy_resources(run_program(stack, values))
+    return policy_resources(stack_plan(stack, changes))
 
 
 @pytest.fixture(scope="session")

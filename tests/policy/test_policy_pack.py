@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,8 +17,8 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
 from infra.iam import WILDCARD_RESOURCE_ACTIONS
 from policy.pack import PACK_NAME, POLICIES
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUP_URN = "urn:pulumi:dev::trainstack::aws:ec2/securityGroup:SecurityGroup::efa"
 KEY_ARN = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 

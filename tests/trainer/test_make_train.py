@@ -3,11 +3,10 @@
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
 
 
 @pytest.mark.slow

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
+from tests.support.training import TIMEOUT_S, sealed_checkpoint
 from trainer.checkpoint.formats import resolve
 from trainer.checkpoint.megatron import saved_state
 from trainer.checkpoint.store import LATEST, CheckpointError, damage, latest_checkpoint
 from trainer.faults import Fault, SkipCounter, TrainingStopped
-
-from .conftest import ROOT, TIMEOUT_S, sealed_checkpoint
 
 # A short run that saves twice on the way: 12 steps, a checkpoint every 4.
 SHORT = ("schedule.train_iters=12", "checkpoint.save_interval=4")
@@ -108,7 +108,7 @@ def test_truncated_and_garbage_checkpoints_are_skipped_with_a_warning_naming_the
     assert warnings == [
         f"skipping checkpoint {unsealed}: no manifest.json (a save or a copy that did not finish, or not a "
         "trainer checkpoint)",
-        f"skipping checkpoint {scrambled}: common.pt does not hold what the save wrote (SHA-256 differs)",
+        f"skipping checkpoint {scrambled}: common.pt does not hold what the save wrote (XXH3-128 differs)",
         f"skipping checkpoint {truncated}: common.pt is 3 bytes, the save wrote 7",
     ]
 

@@ -9,8 +9,8 @@ Which checkpoints stay is `retained`'s rule (the checkpointer applies it after e
 deleted. A crash never leaves a half-written `iter_*` directory; old ones are renamed away before they are deleted. A
 directory that does not match its manifest (a copy cut short, a truncated file, garbage) is skipped with a
 warning, never loaded: finding the newest checks every size and the small files' digests (`damage`), and the
-checkpoint a run loads has every byte's digest checked first, the files shared out over the ranks (`verify`). A save that fails on any rank fails on every rank, and `latest` keeps naming the previous
-checkpoint.
+checkpoint a run loads has every byte's digest checked first, the files shared out over the ranks (`verify`). A
+save that fails on any rank fails on every rank, and `latest` keeps naming the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -78,12 +78,13 @@ def write_manifest(checkpoint: Path, step: int, metrics: dict[str, float] | None
         side.unlink()
 
 
-def _digest_of(path: Path, expected: dict) -> tuple[str, str] | None:
-    """(the manifest's digest, the file's) under the algorithm the manifest used; None if it recorded none."""
+def _digest_of(path: Path, expected: dict) -> tuple[str, str, str] | None:
+    """(the algorithm, the manifest's digest, the file's) under the algorithm the manifest used; None if it
+    recorded none."""
     if digest.ALGORITHM in expected:
-        return expected[digest.ALGORITHM], digest.file_digest(path)
+        return "XXH3-128", expected[digest.ALGORITHM], digest.file_digest(path)
     if "sha256" in expected:  # manifests written before every byte was hashed
-        return expected["sha256"], hashlib.sha256(path.read_bytes()).hexdigest()
+        return "SHA-256", expected["sha256"], hashlib.sha256(path.read_bytes()).hexdigest()
     return None
 
 
@@ -123,10 +124,8 @@ def _file_damage(checkpoint: Path, name: str, expected: dict, *, every_byte: boo
         return f"{name} is {size} bytes, the save wrote {expected['bytes']}"
     if every_byte or size <= _QUICK_CHECK_MAX_BYTES:
         digests = _digest_of(path, expected)
-        if digests is not None and digests[0] != digests[1]:
-            return (
-                f"{name} does not hold what the save wrote (its digest differs: a changed or corrupted byte)"
-            )
+        if digests is not None and digests[1] != digests[2]:
+            return f"{name} does not hold what the save wrote ({digests[0]} differs)"
     return None
 
 

@@ -112,6 +112,14 @@ class SDPAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+    ) -> dict:
+        """Nothing: no parameters and, as megatron-core 0.16.1 DotProductAttention.sharded_state_dict with a vanilla
+        softmax (transformer/dot_product_attention.py), no `_extra_state` either, so a checkpoint holds the same keys
+        whichever local core attention wrote it, and loads into either."""
+        return {}
+
     def forward(
         self,
         query: torch.Tensor,

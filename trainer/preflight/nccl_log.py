@@ -7,7 +7,7 @@ The line formats come from the upstream sources, not from a sample log:
 - aws-ofi-nccl prefixes its messages with "NET/OFI " (include/nccl_ofi_log.h) and logs the provider it selected as
   "Selected Provider is %s (found %d nics)" in v1.7.0-aws..v1.13.2-aws and as
   "Selected provider is %s, fabric is %s (found %d nics)" from v1.14.0 on (src/nccl_ofi_net.c, .cpp from
-  v1.15.0); tests/image/fixtures/aws_ofi_nccl_provider_formats.json holds the string of every release tag.
+  v1.15.0); tests/fixtures/aws_ofi_nccl_provider_formats.json holds the string of every release tag.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from trainer.checkpoint.store import LATEST, damage
-
-ROOT = Path(__file__).resolve().parents[2]
 
 RELATIVE = 1e-5
 PARITY_STEPS = 3

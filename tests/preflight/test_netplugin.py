@@ -1,6 +1,6 @@
 """How NCCL 2.28 reads NCCL_NET_PLUGIN (NVIDIA/nccl v2.28.9-1 src/plugin/net.cc, ncclNetPluginInit), its plugin name
 rule (src/plugin/plugin_open.cc, openPluginLib) and the loader's search order. The NCCL lines the model follows are
-copied from the tag into tests/image/fixtures/nccl_net_plugin_lines.json."""
+copied from the tag into tests/preflight/fixtures/nccl_net_plugin_lines.json."""
 
 import json
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from trainer.preflight.netplugin import (
     DEFAULT_PLUGIN,
     PLUGIN_PREFIX,
@@ -21,7 +22,6 @@ from trainer.preflight.netplugin import (
     search_dirs,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 NCCL = json.loads((Path(__file__).parent / "fixtures" / "nccl_net_plugin_lines.json").read_text())
 LINES = {line["text"] for line in NCCL["lines"]}
 

@@ -1,4 +1,5 @@
-"""Shared fixtures for the trainer tests: a tiny prepared corpus, the tiny config, and multi-process runs.
+"""The training fixtures every test folder may use (a pytest plugin, tests/conftest.py): a tiny prepared corpus,
+the tiny config (tiny.yaml beside this file), and multi-process runs of worker.py.
 
 A launch costs 10-20 s on 2 cores, so each layout runs once per session and tests compare the results.
 """
@@ -13,11 +14,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
+
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT_S = 300
 
@@ -42,6 +44,8 @@ def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
 @pytest.fixture
 def single_process_group(tmp_path):
     """torch.distributed over gloo in this process alone (world size 1), for the store's collectives."""
+    import torch
+
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     yield
     torch.distributed.destroy_process_group()
@@ -73,8 +77,10 @@ class Result:
     def losses(self) -> dict[int, float]:
         return {r["step"]: r["loss"] for r in self.records if r["loss"] is not None}
 
-    def gradients(self) -> list[dict[str, torch.Tensor]]:
+    def gradients(self) -> list[dict[str, Any]]:
         """Per recorded step, every parameter's full gradient, merged over pipeline stages."""
+        import torch
+
         steps: list[dict[str, torch.Tensor]] = []
         for path in sorted(self.out.glob("grads_pp*.pt")):
             for i, gradients in enumerate(torch.load(path)):

@@ -3,13 +3,13 @@ pair bandwidths), and real runs on CPU: one node of two ranks, and two nodes (tw
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, free_port
 from trainer.contract.catalog import instance_type
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
 from trainer.preflight.checks import (
@@ -26,7 +26,6 @@ from trainer.preflight.command import STATUS_FILE_ENV
 from trainer.preflight.pairwise import judge, pair_rounds
 from trainer.preflight.storage import lustre_problem, parse_mountinfo, unseen_tokens, write_token
 
-ROOT = Path(__file__).resolve().parents[2]
 P5 = instance_type("p5.48xlarge")
 MOUNTINFO = json.loads((Path(__file__).parent / "fixtures" / "mountinfo.json").read_text())
 
@@ -149,9 +148,7 @@ def test_preflight_fails_on_a_cpu_host_posing_as_p5_with_the_retry_code(tmp_path
 
 def two_nodes(tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents on this machine, one rank each, as nodes 0 and 1 of one job."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     agents = [
         subprocess.Popen(
             [

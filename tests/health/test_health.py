@@ -16,6 +16,8 @@ import time
 import pytest
 import torch
 
+from tests.conftest import free_port
+from tests.trainer.test_resilience import Training
 from trainer.config import ConfigError, load_config
 from trainer.contract import retry
 from trainer.faults import Fault
@@ -23,8 +25,6 @@ from trainer.health import report
 from trainer.health.collectives import CollectiveTracker
 from trainer.health.straggler import NOT_AVAILABLE, StragglerDetector, instance_id
 from trainer.health.watchdog import hang_summary
-
-from .test_resilience import Training
 
 # The median and the windows.
 
@@ -58,7 +58,7 @@ def test_exactly_k_times_the_median_is_not_slow_and_the_median_of_an_even_count_
 def test_health_settings_are_checked_against_the_process_group_timeout():
     with pytest.raises(ConfigError) as error:
         load_config(
-            "tests/trainer/tiny.yaml",
+            "tests/support/tiny.yaml",
             ["parallel.distributed_timeout_minutes=1", "health.hang_min_seconds=60"],
         )
     assert (
@@ -66,11 +66,11 @@ def test_health_settings_are_checked_against_the_process_group_timeout():
         "collective would time out before the watchdog dumps the stacks" in str(error.value)
     )
     cfg = load_config(
-        "tests/trainer/tiny.yaml", ["parallel.distributed_timeout_minutes=1", "health.watchdog=false"]
+        "tests/support/tiny.yaml", ["parallel.distributed_timeout_minutes=1", "health.watchdog=false"]
     )
     assert cfg.health.straggler_interval == 20 and cfg.health.straggler_factor == 1.5
     with pytest.raises(ConfigError, match=r"health.straggler_factor = 1: Input should be greater than 1"):
-        load_config("tests/trainer/tiny.yaml", ["health.straggler_factor=1"])
+        load_config("tests/support/tiny.yaml", ["health.straggler_factor=1"])
 
 
 def test_slow_fault_needs_its_seconds():
@@ -87,9 +87,7 @@ def test_instance_id_comes_from_imdsv2_with_a_session_token(imds):
 
 
 def test_instance_id_is_na_at_once_where_nothing_answers():
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
+    port = free_port()  # nothing listens there
     started = time.monotonic()
     assert instance_id(endpoint=f"http://127.0.0.1:{port}") == NOT_AVAILABLE
     assert time.monotonic() - started < 2
@@ -112,9 +110,7 @@ def test_the_supervisor_exits_with_a_ranks_retry_request_only_when_torchrun_fail
 
 @pytest.fixture
 def gloo_group(monkeypatch):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -280,7 +276,7 @@ def test_gpu_runs_get_the_nccl_flight_recorder_dumping_into_the_run_directory(tm
     for name in (*names, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")  # the user's setting wins
-    cfg = load_config("tests/trainer/tiny.yaml", [f"logging.run_dir={tmp_path}"])
+    cfg = load_config("tests/support/tiny.yaml", [f"logging.run_dir={tmp_path}"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     prepare_flight_recorder(cfg)
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in os.environ  # CPU: gloo has no dump on timeout

@@ -1,14 +1,15 @@
 """Issue 13, defect 13: a checkpoint of the local layer spec (CPU) loads where the model carries Transformer
 Engine style `_extra_state` (the GPU spec), and the reverse; only `_extra_state` may be absent. Verified on CPU
-by giving the local model's attention modules an extra state as TE's have (tests/trainer/extra_state_worker.py)."""
+by giving the local model's attention modules an extra state as TE's have (tests/support/extra_state_worker.py)."""
 
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-WORKER = Path(__file__).with_name("extra_state_worker.py")
+from tests.conftest import ROOT
+
+WORKER = ROOT / "tests" / "support" / "extra_state_worker.py"
 
 
 def test_checkpoints_load_across_layer_specs_and_only_extra_state_may_be_absent(tmp_path):

@@ -3,15 +3,15 @@ every release tag from v1.7.0 to the newest (fixture extracted from the tags), N
 "Using network %s" (NVIDIA/nccl src/debug.cc, src/init.cc)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from trainer.contract.catalog import instance_type
 from trainer.preflight.checks import FAILED, OK, check_nccl_network
 from trainer.preflight.nccl_log import ProviderSelection, nccl_network, provider_selections
 
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "aws_ofi_nccl_provider_formats.json").read_text())
+FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "aws_ofi_nccl_provider_formats.json").read_text())
 NCCL_INFO = "%s:%d:%d [%d] NCCL INFO "  # NVIDIA/nccl src/debug.cc
 USING_NETWORK = "Using network %s"  # NVIDIA/nccl src/init.cc, INFO(NCCL_INIT, ...)
 P5 = instance_type("p5.48xlarge")

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.conftest import ROOT
+from tests.support.training import sealed_checkpoint
 from trainer.__main__ import main as trainer_main
 from trainer.config import ConfigError, load_config
 
-from .conftest import sealed_checkpoint
-
-LOGITS_WORKER = Path(__file__).with_name("logits_worker.py")
+LOGITS_WORKER = ROOT / "tests" / "support" / "logits_worker.py"
 VOCAB = 520  # above the tiny corpus's 512 (fine-tuning reads it), and padded to 640: padding is exercised
 TOKENS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3)).tolist()
 SEQUENCES = [

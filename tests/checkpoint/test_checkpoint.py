@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
+from tests.support.training import sealed_checkpoint
 from trainer.checkpoint import digest
 from trainer.checkpoint.megatron import saved_state
 from trainer.checkpoint.start import start_problems
@@ -22,8 +24,6 @@ from trainer.checkpoint.store import (
     write_manifest,
 )
 from trainer.config import load_config
-
-from .conftest import ROOT, sealed_checkpoint
 
 
 @pytest.mark.slow
@@ -152,9 +152,7 @@ def test_a_same_size_bit_flip_in_a_100_mb_shard_is_caught_on_load(tmp_path, sing
         shard.seek(-1, 1)
         shard.write(bytes([byte ^ 0x10]))
     assert latest_checkpoint(tmp_path) == checkpoint  # sizes agree: finding the newest does not read 100 MB
-    assert verify(checkpoint) == (
-        "__0_0.distcp does not hold what the save wrote (its digest differs: a changed or corrupted byte)"
-    )
+    assert verify(checkpoint) == ("__0_0.distcp does not hold what the save wrote (XXH3-128 differs)")
 
 
 def test_a_run_whose_every_checkpoint_is_damaged_is_refused_naming_each(tmp_path, tiny_config):

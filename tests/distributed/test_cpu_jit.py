@@ -5,9 +5,8 @@ starts."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
 
 PROBE = """
 import json, sys

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from trainer.config import ConfigError, load_config
 from trainer.engines.deepspeed_config import deepspeed_problems, derived_config, merged_config
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "trainer" / "configs"
 
 

@@ -5,7 +5,7 @@ means coincide)."""
 
 import pytest
 
-from tests.trainer.test_parity import RELATIVE, relative_error
+from tests.distributed.test_parity import RELATIVE, relative_error
 
 pytestmark = pytest.mark.slow
 

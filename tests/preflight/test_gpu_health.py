@@ -13,7 +13,7 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from tests.conftest import Imds
+from tests.conftest import ROOT, Imds
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
 from trainer.launch.imds import IMDS_ENDPOINT_ENV
 from trainer.preflight.checks import FAILED, OK, check_gpu_health
@@ -21,7 +21,6 @@ from trainer.preflight.command import STATUS_FILE_ENV
 from trainer.preflight.gpu_health import read_gpus
 from trainer.preflight.quarantine import instance_identity, take_out_of_service
 
-ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
 READINGS = json.loads((Path(__file__).parent / "fixtures" / "nvml_readings.json").read_text())
 REGION = "us-east-1"
