@@ -138,6 +138,21 @@ def add_checkpoint_stall(report: dict, run, pass_name: str) -> None:
     )
 
 
+def _run_part(command: list[str], timeout_s: int, what: str) -> None:
+    """One part of the suite in its own process (its cut-off applies on GPUs); BenchError with its output's tail."""
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+        timeout=_cutoff(timeout_s),
+    )
+    if result.returncode != 0:
+        raise BenchError(f"{what} failed ({result.returncode}):\n{(result.stdout + result.stderr)[-4000:]}")
+
+
 def add_baseline(
     report: dict,
     config: Path,
@@ -156,19 +171,7 @@ def add_baseline(
     command += [
         arg for override in gpu_pass.overrides if "fusion." not in override for arg in ("--set", override)
     ]
-    result = subprocess.run(
-        command,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-        timeout=_cutoff(BASELINE_TIMEOUT_S),
-    )
-    if result.returncode != 0:
-        raise BenchError(
-            f"the transformers baseline failed ({result.returncode}):\n{(result.stdout + result.stderr)[-4000:]}"
-        )
+    _run_part(command, BASELINE_TIMEOUT_S, "the transformers baseline")
     baseline = json.loads(path.read_text())
     report["details"]["baseline"] = baseline
     sequences = baseline["global_batch_size"]
@@ -297,17 +300,5 @@ def allreduce_sweep(path: Path, processes: int, max_bytes: int) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", *single_node.torchrun_args(processes, 0, 0)]
     command += ["-m", "trainer.bench.allreduce", str(path), "--max-bytes", str(max_bytes)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        command,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-        timeout=_cutoff(ALLREDUCE_TIMEOUT_S),
-    )
-    if result.returncode != 0:
-        raise BenchError(
-            f"all-reduce sweep failed ({result.returncode}):\n{(result.stdout + result.stderr)[-4000:]}"
-        )
+    _run_part(command, ALLREDUCE_TIMEOUT_S, "all-reduce sweep")
     return json.loads(path.read_text())
