@@ -85,7 +85,7 @@ _PRINCIPAL_ARN = re.compile(r"^arn:aws:iam::\d{12}:(root|(user|role)/[\w+=,.@/-]
 _TRAIL_ARN = re.compile(r"^arn:aws:cloudtrail:[a-z0-9-]+:\d{12}:trail/[\w.-]{3,128}$")
 # A team name becomes a tag value, an S3 prefix and a Batch share identifier; the strictest of the three rules it.
 _TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
-# SSO Admin API shapes InstanceArn and PrincipalId (botocore 1.44.8 data/sso-admin/2020-07-20/service-2.json),
+# SSO Admin API shapes InstanceArn and PrincipalId (botocore 1.44.8 data/sso-admin/2020-07-20/service-2.json.gz),
 # the instance in the commercial partition only, as every other ARN of a stack.
 _IDENTITY_CENTER_INSTANCE_ARN = re.compile(r"^arn:aws:sso:::instance/(sso)?ins-[a-zA-Z0-9-.]{16}$")
 _IDENTITY_STORE_GROUP_ID = re.compile(
