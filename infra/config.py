@@ -85,6 +85,48 @@ _PRINCIPAL_ARN = re.compile(r"^arn:aws:iam::\d{12}:(root|(user|role)/[\w+=,.@/-]
 _TRAIL_ARN = re.compile(r"^arn:aws:cloudtrail:[a-z0-9-]+:\d{12}:trail/[\w.-]{3,128}$")
 # A team name becomes a tag value, an S3 prefix and a Batch share identifier; the strictest of the three rules it.
 _TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+# SSO Admin API shapes InstanceArn and PrincipalId (botocore 1.44.8 data/sso-admin/2020-07-20/service-2.json.gz),
+# the instance in the commercial partition only, as every other ARN of a stack.
+_IDENTITY_CENTER_INSTANCE_ARN = re.compile(r"^arn:aws:sso:::instance/(sso)?ins-[a-zA-Z0-9-.]{16}$")
+_IDENTITY_STORE_GROUP_ID = re.compile(
+    r"^([0-9a-f]{10}-|)[A-Fa-f0-9]{8}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{12}$"
+)
+# SSO Admin API shape PermissionSetName: 1-32 characters (same service model).
+MAX_PERMISSION_SET_NAME = 32
+
+
+def permission_set_name(stack: str, team: str) -> str:
+    """The team's permission set in the Identity Center instance, which every stack of the organisation shares."""
+    return f"{stack}-{team}"
+
+
+class IdentityCenterGroup(BaseModel):
+    """An IAM Identity Center group whose users may assume a team's role: docs/security.md#teams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel)
+
+    instance_arn: str = Field(description="the Identity Center instance ARN (sso-admin list-instances)")
+    group_id: str = Field(description="the group's id in the instance's identity store")
+
+    @field_validator("instance_arn")
+    @classmethod
+    def _instance(cls, arn: str) -> str:
+        if not _IDENTITY_CENTER_INSTANCE_ARN.match(arn):
+            raise _problem(
+                "not an IAM Identity Center instance ARN; write arn:aws:sso:::instance/ssoins-0123456789abcdef "
+                "(aws sso-admin list-instances prints it)"
+            )
+        return arn
+
+    @field_validator("group_id")
+    @classmethod
+    def _group(cls, group_id: str) -> str:
+        if not _IDENTITY_STORE_GROUP_ID.match(group_id):
+            raise _problem(
+                "not an identity store group id; write its GUID, such as f81d4fae-7dec-11d0-a765-00a0c91e6bf6 "
+                "(aws identitystore list-groups prints GroupId)"
+            )
+        return group_id
 
 
 class TeamConfig(BaseModel):
@@ -98,9 +140,11 @@ class TeamConfig(BaseModel):
     gpu_quota: int = Field(ge=1, description="GPUs the team's jobs may hold at once (checked at submit)")
     # Batch ShareAttributes.weightFactor: a lower factor gets a larger share of the queue (Batch API reference).
     weight_factor: float = Field(default=1.0, gt=0, le=999.9999)
+    # A team needs members, an identity-centre group, or both (StackConfig._governance_problems).
     members: list[str] = Field(
-        min_length=1, description="IAM principal ARNs allowed to assume the team's role"
+        default_factory=list, min_length=1, description="IAM principal ARNs allowed to assume the team's role"
     )
+    identity_center_group: IdentityCenterGroup | None = None
 
     @field_validator("name")
     @classmethod
@@ -423,6 +467,20 @@ class StackConfig(BaseModel):
             for t in self.teams
             if t.gpu_quota < self.instance.gpus
         ]
+        problems += [
+            f"{_key('teams')}: team {t.name!r} has neither members nor identityCenterGroup, so nobody could assume "
+            "its role; list IAM principal ARNs in members, or give identityCenterGroup {instanceArn, groupId}, or both"
+            for t in self.teams
+            if not t.members and t.identity_center_group is None
+        ]
+        problems += [
+            f"{_key('teams')}: team {t.name!r} identityCenterGroup: its permission set name "
+            f"{permission_set_name(self.stack, t.name)!r} is {len(permission_set_name(self.stack, t.name))} "
+            f"characters; IAM Identity Center allows {MAX_PERMISSION_SET_NAME}: shorten the team name"
+            for t in self.teams
+            if t.identity_center_group is not None
+            and len(permission_set_name(self.stack, t.name)) > MAX_PERMISSION_SET_NAME
+        ]
         return problems
 
     # --- derived settings: what the components read -------------------------------------------------------------
@@ -577,5 +635,7 @@ def _describe(error: Mapping[str, Any]) -> list[str]:
         hint = f"did you mean {by_name[near[0]]}?" if near else f"valid keys: {', '.join(sorted(_FIELDS))}"
         return [f"{key}: unknown key; {hint}"]
     if error["type"] == "missing":
-        return [f"{key}: required: {_FIELDS[key].description} (docs/infra.md#configuration)"]
+        field = _FIELDS.get(key)  # a nested key (trainstack:teams[0][gpuQuota]) has no entry of its own
+        what = f": {field.description}" if field else ""
+        return [f"{key}: required{what} (docs/infra.md#configuration)"]
     return [f"{key} = {error['input']!r}: {error['msg']}"]

@@ -12,6 +12,10 @@ share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new
 - Describe/List of jobs take no resource (Service Authorization Reference, "Actions, resources, and condition keys
   for AWS Batch"): every team can see the queue's job list, not only its own (docs/security.md, what is not covered).
 
+A team's `members` (IAM principals) and/or `identityCenterGroup` may assume its role. For a group, the team gets a
+permission set `<stack>-<team>` in that Identity Center instance whose only permission is `sts:AssumeRole` on the
+team role, assigned to the group on this account; the team role trusts the role Identity Center provisions for it.
+
 The GPU queue gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
 `ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
 starve another. Batch has no per-share ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import StackConfig
+from infra.config import IdentityCenterGroup, StackConfig, TeamConfig, permission_set_name
 from infra.iam import BATCH_READ_ACTIONS, allow, policy_document
 from trainer.contract.teams import TEAM_TAG, TEAMS_PREFIX
 
@@ -38,6 +42,46 @@ if TYPE_CHECKING:
 TEAM = "${aws:PrincipalTag/" + TEAM_TAG + "}"
 # Fair-share usage decays over an hour (FairsharePolicy.shareDecaySeconds): yesterday's big run does not count today.
 SHARE_DECAY_SECONDS = 3600
+
+
+def identity_center_role_pattern(account: str, permission_set: str) -> str:
+    """The ARNs of the role Identity Center provisions for a permission set in an account, whatever its suffix.
+
+    IAM Identity Center User Guide, "Referencing permission sets in resource policies, Amazon EKS, and AWS KMS":
+    role/aws-reserved/sso.amazonaws.com/<region>/AWSReservedSSO_<permission-set-name>_<unique-suffix>, no <region>
+    when the identity source is in us-east-1, and a new suffix whenever the role is re-created: hence the wildcards.
+    """
+    return f"arn:aws:iam::{account}:role/aws-reserved/sso.amazonaws.com/*AWSReservedSSO_{permission_set}_*"
+
+
+def team_trust_statements(
+    cfg: StackConfig, team: TeamConfig, account: pulumi.Input[str]
+) -> list[dict[str, Any]]:
+    """Who may assume a team's role: its IAM principals, and its Identity Center group's provisioned role."""
+    statements: list[dict[str, Any]] = []
+    if team.members:
+        statements.append({"Effect": "Allow", "Principal": {"AWS": team.members}, "Action": "sts:AssumeRole"})
+    if team.identity_center_group is not None:
+        # The account as principal, narrowed by aws:PrincipalArn: a role ARN as Principal goes stale whenever
+        # Identity Center re-creates the role with a new suffix (same guide as above).
+        statements.append(
+            {
+                "Sid": "IdentityCenterGroup",
+                "Effect": "Allow",
+                "Principal": {"AWS": pulumi.Output.concat("arn:aws:iam::", account, ":root")},
+                "Action": "sts:AssumeRole",
+                "Condition": {
+                    "ArnLike": {
+                        "aws:PrincipalArn": pulumi.Output.from_input(account).apply(
+                            lambda account_id: identity_center_role_pattern(
+                                account_id, permission_set_name(cfg.stack, team.name)
+                            )
+                        )
+                    }
+                },
+            }
+        )
+    return statements
 
 
 def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.batch.SchedulingPolicy | None:
@@ -141,9 +185,7 @@ class Teams(pulumi.ComponentResource):
             role = aws.iam.Role(
                 f"{cfg.name_prefix}-team-{team.name}",
                 description=f"Team {team.name} on {cfg.stack}: its queue share, its jobs, its S3 prefixes",
-                assume_role_policy=policy_document(
-                    {"Effect": "Allow", "Principal": {"AWS": team.members}, "Action": "sts:AssumeRole"}
-                ),
+                assume_role_policy=policy_document(*team_trust_statements(cfg, team, args.account_id)),
                 tags={TEAM_TAG: team.name},
                 opts=child,
             )
@@ -151,6 +193,10 @@ class Teams(pulumi.ComponentResource):
                 f"{cfg.name_prefix}-team-{team.name}", role=role.name, policy_arn=self.policy.arn, opts=child
             )
             self.roles[team.name] = role
+            if team.identity_center_group is not None:
+                self._identity_center_access(
+                    cfg, team, team.identity_center_group, role, args.account_id, child
+                )
         # Activates `team` as a cost-allocation tag, so Cost Explorer splits the bill by team (Billing User Guide,
         # "Activating user-defined cost allocation tags"); jobs propagate it to the instances' ECS tasks.
         aws.costexplorer.CostAllocationTag(
@@ -162,3 +208,41 @@ class Teams(pulumi.ComponentResource):
             "team_gpu_quotas": {team.name: team.gpu_quota for team in cfg.teams},
         }
         self.register_outputs(self.outputs)
+
+    def _identity_center_access(
+        self,
+        cfg: StackConfig,
+        team: TeamConfig,
+        group: IdentityCenterGroup,
+        role: aws.iam.Role,
+        account: pulumi.Input[str],
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        """The team's permission set (assume the team role, nothing else), assigned to its group on this account."""
+        name = f"{cfg.name_prefix}-team-{team.name}"
+        permission_set = aws.ssoadmin.PermissionSet(
+            name,
+            name=permission_set_name(cfg.stack, team.name),
+            instance_arn=group.instance_arn,
+            description=f"Team {team.name} on {cfg.stack}: assume {name} (its queue share, jobs, S3 prefixes)",
+            tags={TEAM_TAG: team.name},
+            opts=opts,
+        )
+        inline_policy = aws.ssoadmin.PermissionSetInlinePolicy(
+            name,
+            instance_arn=group.instance_arn,
+            permission_set_arn=permission_set.arn,
+            inline_policy=policy_document(allow("AssumeTeamRole", ["sts:AssumeRole"], [role.arn])),
+            opts=opts,
+        )
+        # Assigned after the inline policy exists, so the role provisioned in the account carries it from the start.
+        aws.ssoadmin.AccountAssignment(
+            name,
+            instance_arn=group.instance_arn,
+            permission_set_arn=permission_set.arn,
+            principal_id=group.group_id,
+            principal_type="GROUP",
+            target_id=account,
+            target_type="AWS_ACCOUNT",
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[inline_policy])),
+        )

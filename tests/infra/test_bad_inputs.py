@@ -146,6 +146,33 @@ ROWS = {
         },
         ("trainstack:teams[0][name] = 'Vision': a team name is 2-32 characters of a-z, 0-9 and '-'",),
     ),
+    "stack-team-without-members-or-group": Row(
+        "prod",
+        {"trainstack:teams": [{"name": "vision", "gpuQuota": 8}]},
+        (
+            "trainstack:teams: team 'vision' has neither members nor identityCenterGroup",
+            "list IAM principal ARNs in members, or give identityCenterGroup {instanceArn, groupId}, or both",
+        ),
+    ),
+    "stack-team-identity-center-group-invalid": Row(
+        "prod",
+        {
+            "trainstack:teams": [
+                {
+                    "name": "vision",
+                    "gpuQuota": 8,
+                    "identityCenterGroup": {
+                        "instanceArn": "arn:aws:sso:::instance/ssoins-1234567890abcdef",
+                        "groupId": "vision-engineers",
+                    },
+                }
+            ]
+        },
+        (
+            "trainstack:teams[0][identityCenterGroup][groupId] = 'vision-engineers': not an identity store group "
+            "id; write its GUID, such as f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+        ),
+    ),
     "stack-allowed-regions-without-own": Row(
         "prod",
         {"trainstack:allowedRegions": ["eu-west-1"]},

@@ -11,6 +11,7 @@ therefore not proven offline). The documented example at the end checks the engi
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from moto.iam.access_control import IAMPolicy, PermissionResult
 
 from infra.config import StackConfigError, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
-from infra.teams import TEAM
+from infra.teams import TEAM, identity_center_role_pattern
 from trainer.contract.teams import team_prefix
 
 TEAMS = [
@@ -30,6 +31,14 @@ TEAMS = [
         "members": [f"arn:aws:iam::{ACCOUNT_ID}:user/ana", f"arn:aws:iam::{ACCOUNT_ID}:role/speech-ci"],
     },
 ]
+# SSO Admin API reference: an instance ARN as AWS::SSO::Assignment's InstanceArn pattern has it, and the PrincipalId
+# example GUID of CreateAccountAssignment (botocore 1.44.8 sso-admin service model documentation).
+INSTANCE = "arn:aws:sso:::instance/ssoins-1234567890abcdef"
+GROUP = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"
+SSO_TEAMS = [
+    {"name": "vision", "gpuQuota": 16, "identityCenterGroup": {"instanceArn": INSTANCE, "groupId": GROUP}},
+    {**TEAMS[1], "identityCenterGroup": {"instanceArn": INSTANCE, "groupId": "0123456789-" + GROUP}},
+]
 REGION = "us-west-2"  # prod's
 BATCH = f"arn:aws:batch:{REGION}:{ACCOUNT_ID}"
 # The physical names Pulumi gives the queue and job definition: <resource name>-<7 hex>.
@@ -40,6 +49,12 @@ DEFINITION = f"{BATCH}:job-definition/trainstack-prod-train-5d6e7f8:3"
 @pytest.fixture(scope="module")
 def two_teams(variant):
     return variant("prod", **{"trainstack:teams": json.dumps(TEAMS)})
+
+
+@pytest.fixture(scope="module")
+def sso_teams(variant):
+    """vision: an Identity Center group only; speech: IAM members and a group."""
+    return variant("prod", **{"trainstack:teams": json.dumps(SSO_TEAMS)})
 
 
 def role_policy(stack, team: str) -> IAMPolicy:
@@ -156,6 +171,134 @@ def test_two_team_stack_passes_the_policy_pack(two_teams):
     assert evaluate(policy_resources(two_teams.plan), "prod") == []
 
 
+# --- IAM Identity Center groups -------------------------------------------------------------------------------
+
+
+def test_a_group_team_gets_a_permission_set_in_its_instance(sso_teams):
+    for team in ("vision", "speech"):
+        permission_set = sso_teams.one("ssoadmin.PermissionSet", f"-team-{team}")
+        assert permission_set.inputs["name"] == f"prod-{team}"
+        assert permission_set.inputs["instanceArn"] == INSTANCE
+        assert permission_set.inputs["tags"] == {"team": team}
+
+
+def test_the_permission_set_only_assumes_its_own_team_role(sso_teams):
+    roles = {team: sso_teams.one("iam.Role", f"-team-{team}").outputs["arn"] for team in ("vision", "speech")}
+    for team, other in (("vision", "speech"), ("speech", "vision")):
+        permission_set = sso_teams.one("ssoadmin.PermissionSet", f"-team-{team}")
+        inline = sso_teams.one("ssoadmin.PermissionSetInlinePolicy", f"-team-{team}")
+        assert inline.inputs["permissionSetArn"] == permission_set.outputs["arn"]
+        assert inline.inputs["instanceArn"] == INSTANCE
+        document = json.loads(inline.inputs["inlinePolicy"])
+        assert document["Statement"] == [
+            {
+                "Sid": "AssumeTeamRole",
+                "Effect": "Allow",
+                "Action": ["sts:AssumeRole"],
+                "Resource": [roles[team]],
+            }
+        ]
+        policy = IAMPolicy(inline.inputs["inlinePolicy"])
+        assert decide(policy, "sts:AssumeRole", roles[team]) == ALLOWED
+        assert decide(policy, "sts:AssumeRole", roles[other]) != ALLOWED
+        assert (
+            decide(policy, "s3:GetObject", object_arn(sso_teams, "datasets", "teams/vision/a.bin")) != ALLOWED
+        )
+
+
+def test_the_permission_set_is_assigned_to_the_group_on_this_account(sso_teams):
+    groups = {team["name"]: team["identityCenterGroup"]["groupId"] for team in SSO_TEAMS}
+    for team, group in groups.items():
+        assignment = sso_teams.one("ssoadmin.AccountAssignment", f"-team-{team}")
+        assert assignment.inputs == {
+            "instanceArn": INSTANCE,
+            "permissionSetArn": sso_teams.one("ssoadmin.PermissionSet", f"-team-{team}").outputs["arn"],
+            "principalId": group,
+            "principalType": "GROUP",
+            "targetId": ACCOUNT_ID,
+            "targetType": "AWS_ACCOUNT",
+        }
+
+
+def arn_like(pattern: str, arn: str) -> bool:
+    """IAM's ArnLike (IAM User Guide, "IAM JSON policy elements: Condition operators", ARN condition operators):
+    each of the six colon-separated parts matched on its own, `*` any run of characters and `?` one."""
+    parts, values = pattern.split(":", 5), arn.split(":", 5)
+    return len(values) == 6 and all(fnmatch.fnmatchcase(v, p) for p, v in zip(parts, values, strict=True))
+
+
+# IAM Identity Center User Guide, "Referencing permission sets in resource policies, Amazon EKS, and AWS KMS": the
+# role names and ARNs as the page prints them (the example's two suffixes, and the us-east-1 form without a region).
+DOCUMENTED_ACCOUNT, DOCUMENTED_PERMISSION_SET = "111122223333", "DatabaseAdministrator"
+DOCUMENTED_ROLE_ARNS = [
+    "arn:aws:iam::111122223333:role/aws-reserved/sso.amazonaws.com/eu-west-2/AWSReservedSSO_DatabaseAdministrator_1234567890abcdef",
+    "arn:aws:iam::111122223333:role/aws-reserved/sso.amazonaws.com/eu-west-2/AWSReservedSSO_DatabaseAdministrator_abcdef0123456789",
+    "arn:aws:iam::111122223333:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_DatabaseAdministrator_1234567890abcdef",
+]
+
+
+@pytest.mark.parametrize("role_arn", DOCUMENTED_ROLE_ARNS)
+def test_the_pattern_matches_the_documented_identity_center_role_arns(role_arn):
+    assert arn_like(identity_center_role_pattern(DOCUMENTED_ACCOUNT, DOCUMENTED_PERMISSION_SET), role_arn)
+
+
+@pytest.mark.parametrize(
+    "role_arn",
+    [
+        # another permission set's role, another account's, a role outside the reserved path, a user
+        DOCUMENTED_ROLE_ARNS[0].replace("DatabaseAdministrator", "ReadOnly"),
+        DOCUMENTED_ROLE_ARNS[0].replace("111122223333", "444455556666"),
+        "arn:aws:iam::111122223333:role/AWSReservedSSO_DatabaseAdministrator_1234567890abcdef",
+        "arn:aws:iam::111122223333:user/AWSReservedSSO_DatabaseAdministrator_1234567890abcdef",
+    ],
+)
+def test_the_pattern_refuses_other_roles(role_arn):
+    assert not arn_like(identity_center_role_pattern(DOCUMENTED_ACCOUNT, DOCUMENTED_PERMISSION_SET), role_arn)
+
+
+def test_a_group_team_role_trusts_the_account_only_for_its_permission_set_role(sso_teams):
+    trust = json.loads(sso_teams.one("iam.Role", "-team-vision").inputs["assumeRolePolicy"])
+    assert trust["Statement"] == [
+        {
+            "Sid": "IdentityCenterGroup",
+            "Effect": "Allow",
+            "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT_ID}:root"},
+            "Action": "sts:AssumeRole",
+            "Condition": {
+                "ArnLike": {"aws:PrincipalArn": identity_center_role_pattern(ACCOUNT_ID, "prod-vision")}
+            },
+        }
+    ]
+    (pattern,) = trust["Statement"][0]["Condition"]["ArnLike"].values()
+    provisioned = f"arn:aws:iam::{ACCOUNT_ID}:role/aws-reserved/sso.amazonaws.com/{REGION}/AWSReservedSSO_prod-vision_0a1b2c3d4e5f6a7b"
+    assert arn_like(pattern, provisioned)
+    assert not arn_like(pattern, provisioned.replace("prod-vision", "prod-speech"))
+
+
+def test_a_team_with_members_and_a_group_trusts_both(sso_teams):
+    trust = json.loads(sso_teams.one("iam.Role", "-team-speech").inputs["assumeRolePolicy"])
+    members, group = trust["Statement"]
+    assert members == {
+        "Effect": "Allow",
+        "Principal": {"AWS": TEAMS[1]["members"]},
+        "Action": "sts:AssumeRole",
+    }
+    assert group["Condition"]["ArnLike"]["aws:PrincipalArn"].endswith("/*AWSReservedSSO_prod-speech_*")
+
+
+def test_teams_without_a_group_get_no_identity_center_resources(two_teams):
+    assert [r.type for r in two_teams.plan.resources if r.type.startswith("aws:ssoadmin/")] == []
+
+
+def test_group_team_stack_passes_the_policy_pack(sso_teams):
+    from policy.offline import evaluate, policy_resources
+
+    assert evaluate(policy_resources(sso_teams.plan), "prod") == []
+
+
+GROUP_TEAM = SSO_TEAMS[0]
+
+
 @pytest.mark.parametrize(
     ("teams", "wanted"),
     [
@@ -166,6 +309,38 @@ def test_two_team_stack_passes_the_policy_pack(two_teams):
         ([{**TEAMS[0], "gpuQuota": 4}], "team 'vision' gpuQuota = 4: below one node of p5.48xlarge (8 GPUs)"),
         ([{**TEAMS[0], "members": ["ana"]}], "'ana' is not an IAM principal ARN"),
         ([TEAMS[0], TEAMS[0]], "team names must be unique"),
+        (
+            [{**TEAMS[0], "members": []}],
+            "trainstack:teams[0][members] = []: List should have at least 1 item",
+        ),
+        (
+            [{"name": "vision", "gpuQuota": 16}],
+            "team 'vision' has neither members nor identityCenterGroup, so nobody could assume its role",
+        ),
+        (
+            [
+                {
+                    **GROUP_TEAM,
+                    "identityCenterGroup": {"instanceArn": "ssoins-1234567890abcdef", "groupId": GROUP},
+                }
+            ],
+            "trainstack:teams[0][identityCenterGroup][instanceArn] = 'ssoins-1234567890abcdef': not an IAM "
+            "Identity Center instance ARN; write arn:aws:sso:::instance/ssoins-",
+        ),
+        (
+            [{**GROUP_TEAM, "identityCenterGroup": {"instanceArn": INSTANCE, "groupId": "vision-engineers"}}],
+            "trainstack:teams[0][identityCenterGroup][groupId] = 'vision-engineers': not an identity store group "
+            "id; write its GUID",
+        ),
+        (
+            [{**GROUP_TEAM, "identityCenterGroup": {"instanceArn": INSTANCE}}],
+            "trainstack:teams[0][identityCenterGroup][groupId]: required",
+        ),
+        (
+            [{**GROUP_TEAM, "name": "a" + "b" * 27}],
+            "its permission set name 'prod-abbbbbbbbbbbbbbbbbbbbbbbbbbb' is 33 characters; IAM Identity Center "
+            "allows 32: shorten the team name",
+        ),
     ],
 )
 def test_bad_teams_are_refused_with_the_key_and_what_is_valid(teams, wanted):
