@@ -1,11 +1,11 @@
 """The one dispatch on a checkpoint directory's format (megatron's dist_checkpointing or DeepSpeed's): every path
 that reads a checkpoint it did not save itself (resume across engines, checkpoint.load, score, convert) asks here.
-Each format module gives ENGINE, is_checkpoint, saved_state and full_weights."""
+Each format module gives what `Format` declares (mypy checks the modules against it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 import torch
 
@@ -14,10 +14,24 @@ from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.store import CheckpointError, damage, latest_checkpoint
 from trainer.model import weights
 
-FORMATS: tuple[ModuleType, ...] = (megatron, deepspeed)
+
+class Format(Protocol):
+    """A checkpoint format, as a module of trainer/checkpoint/ gives it (megatron.py, deepspeed.py): the engine
+    that saves it, whether a directory holds one, what it saved besides tensors, and its full weights."""
+
+    ENGINE: str
+
+    def is_checkpoint(self, path: Path) -> bool: ...
+
+    def saved_state(self, path: Path) -> dict: ...
+
+    def full_weights(self, path: Path, record: ModelRecord | None) -> dict[str, torch.Tensor]: ...
 
 
-def format_of(path: Path) -> ModuleType | None:
+FORMATS: tuple[Format, ...] = (megatron, deepspeed)
+
+
+def format_of(path: Path) -> Format | None:
     """The module that reads this checkpoint directory; None when it is none of theirs."""
     return next((f for f in FORMATS if f.is_checkpoint(path)), None)
 
@@ -88,7 +102,7 @@ def resolve(path: str | Path) -> Path:
     return found
 
 
-def _format(path: Path) -> ModuleType:
+def _format(path: Path) -> Format:
     found = format_of(path)
     if found is None:
         raise CheckpointError(

@@ -315,10 +315,14 @@ def _load_model(model: list[torch.nn.Module], state: dict) -> None:
             )
 
 
-def full_weights(checkpoint: Path, record: ModelRecord) -> dict[str, torch.Tensor]:
+def full_weights(path: Path, record: ModelRecord | None) -> dict[str, torch.Tensor]:
     """Every full weight (trainer/model/weights.py's naming), in one process of a TP = PP = 1 layout: the model
     is rebuilt whole from its record to read the checkpoint."""
+    if record is None:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} records no model config (saved before checkpoints did)"
+        )
     cfg = weights.model_only_config(record.config, seq_length=record.seq_length)
     chunks = llama.build(cfg).chunks
-    load_weights(checkpoint, chunks)
+    load_weights(path, chunks)
     return weights.gather(chunks)
