@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import torch
 
+from trainer.checkpoint import digest
 from trainer.checkpoint.store import Progress, prune, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.engines.megatron import MegatronEngine
@@ -100,12 +101,14 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: in
     # rank's writer spends hashing its share while it writes.
     verify_seconds, problem = _timed(lambda: verify(saved))
     assert problem is None, problem
+    hash_seconds = _hashing_seconds(saved)
     load_seconds, _ = _timed(lambda: run.load(saved))
     plain = statistics.median(_timed(lambda: run.train_step(batches))[0] for _ in range(PLAIN_STEPS))
     return {
         "bytes": size,
         "save_seconds": save_seconds,
         "verify_seconds": verify_seconds,
+        "hash_seconds": hash_seconds,
         "load_seconds": load_seconds,
         "plain_step_seconds": plain,
         # In order: a run's first background save, ..., a steady-state one (the last).
@@ -115,6 +118,21 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: in
         ],
         "checkpoint": str(saved),
     }
+
+
+def _hashing_seconds(checkpoint: Path) -> float:
+    """What the writers spend hashing as they write: each rank's share of the checkpoint's bytes, already in
+    memory as a writer has them, through the same streaming digest (XXH3-128), the ranks at once."""
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    share = [path.read_bytes() for path in files[rank::world]]
+
+    def hash_share() -> None:
+        for data in share:
+            digest.streaming_hash().update(data)
+
+    seconds, _ = _timed(hash_share)
+    return seconds
 
 
 def time_load(run: MegatronEngine, checkpoint: Path) -> dict:

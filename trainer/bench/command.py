@@ -253,6 +253,14 @@ def add_checkpoint_results(
     )
     add_result(
         report,
+        "checkpoint hashing while writing (every byte, each rank its share)",
+        "s",
+        saved["hash_seconds"],
+        "synchronous save",
+        saved["save_seconds"],
+    )
+    add_result(
+        report,
         "checkpoint digest of every byte (verify before a load)",
         "s",
         saved["verify_seconds"],

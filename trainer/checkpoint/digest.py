@@ -26,6 +26,11 @@ SIDE_SUFFIX = ".xxh3"  # beside a file its writer hashed: {"bytes": N, "xxh3_128
 _CHUNK = 8 * 2**20
 
 
+def streaming_hash() -> xxhash.xxh3_128:
+    """The digest every checkpoint file gets, fed as its bytes go by (`update`)."""
+    return xxhash.xxh3_128()
+
+
 class HashingWriter(io.RawIOBase):
     """A binary file opened for writing that hashes every byte written, in order; a seek that moves away from the
     end (a writer patching bytes already written) makes the streamed digest void, and nothing is left beside it."""
@@ -34,7 +39,7 @@ class HashingWriter(io.RawIOBase):
         super().__init__()
         self.path = os.fspath(path)
         self._file: IO[bytes] = builtins.open(path, mode)  # noqa: SIM115 (closed by close())
-        self._hash = xxhash.xxh3_128()
+        self._hash = streaming_hash()
         self._bytes = 0
         self._valid = True
 
@@ -99,7 +104,7 @@ def install() -> None:
 
 def file_digest(path: Path) -> str:
     """A file's XXH3-128, read in chunks."""
-    digest = xxhash.xxh3_128()
+    digest = streaming_hash()
     with builtins.open(path, "rb") as stream:
         while chunk := stream.read(_CHUNK):
             digest.update(chunk)
