@@ -20,6 +20,7 @@ contract    what infra/, image/ and the trainer share
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
 plan        the planner: layouts, memory, step time, cost
 bench       `make bench` and `make bench-gpu`
+cost        prices from AWS (or a dated snapshot), energy and emissions estimates
 """
 
 import warnings

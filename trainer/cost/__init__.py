@@ -1,5 +1,7 @@
 """What a run costs, in dollars and in energy: prices from AWS (or a dated snapshot) and estimates of power and
 emissions. Imports no torch, so the planner and the ledger read it anywhere.
 
-    pricing     hourly_price(instance_type, region, option): On-Demand, Spot, Capacity Block, reservation
+    pricing     hourly_price(instance_type, region, option): On-Demand, Spot, Capacity Block, reservation;
+                the checked-in snapshot (prices.json) and AWS's per-GB data-transfer rates
+    energy      energy_kwh(instance_type, hours) and emissions_kg(kwh, region): estimates from published figures
 """
