@@ -19,6 +19,7 @@ from trainer.cost.pricing import (
     AwsClients,
     PriceUnavailable,
     capacity_block_hours,
+    clients_for,
     hourly_price,
     snapshot_price,
     transfer_rates,
@@ -203,6 +204,9 @@ def no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    clients_for.cache_clear()  # a Region's clients are found once per process
+    yield
+    clients_for.cache_clear()
     for name in (
         "AWS_CONTAINER_CREDENTIALS_FULL_URI",
         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",

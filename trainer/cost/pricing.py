@@ -8,6 +8,7 @@ item is the JSON document of botocore's GetProducts example. docs/cost.md says w
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ ON_DEMAND_FILTERS = {
     "tenancy": "Shared",
     "productFamily": "Compute Instance",
 }
+# A plan asks for four prices: an unreachable endpoint should cost seconds, not the jobs' ten adaptive retries.
+LOOKUP_CONFIG = {"retries": {"mode": "adaptive", "max_attempts": 3}, "connect_timeout": 5, "read_timeout": 15}
 # Spot prices for Linux instances in a VPC (EC2 API DescribeSpotPriceHistory, ProductDescription values).
 SPOT_PRODUCT = "Linux/UNIX"
 # A Capacity Block lasts 1-14 days in 1-day steps, then 7-day steps up to 182 days; up to 64 instances
@@ -73,7 +76,7 @@ def hourly_price(
     if option not in PURCHASE_OPTIONS:
         raise ValueError(f"purchase option {option!r}: give one of {', '.join(PURCHASE_OPTIONS)}")
     if clients is None:
-        clients = AwsClients.from_credentials(region)
+        clients = clients_for(region)
     if clients is None:
         return snapshot_price(instance_type, region, option, why="no AWS credentials")
     from botocore.exceptions import BotoCoreError, ClientError
@@ -96,17 +99,24 @@ class AwsClients:
 
     @classmethod
     def from_credentials(cls, region: str) -> AwsClients | None:
+        """Clients for `region` when boto3 finds credentials (environment, profile, instance role), else None."""
         import boto3
-
-        from trainer.jobs.aws import RETRIES
+        from botocore.config import Config
 
         session = boto3.session.Session()
         if session.get_credentials() is None:
             return None
+        config = Config(**LOOKUP_CONFIG)
         return cls(
-            session.client("pricing", region_name=PRICE_LIST_REGION, config=RETRIES),
-            session.client("ec2", region_name=region, config=RETRIES),
+            session.client("pricing", region_name=PRICE_LIST_REGION, config=config),
+            session.client("ec2", region_name=region, config=config),
         )
+
+
+@functools.cache
+def clients_for(region: str) -> AwsClients | None:
+    """Once per process and Region: finding no credentials can take boto3 seconds (it asks instance metadata)."""
+    return AwsClients.from_credentials(region)
 
 
 def live_price(instance_type: str, region: str, option: PurchaseOption, clients: AwsClients) -> Price:

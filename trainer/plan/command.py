@@ -22,9 +22,18 @@ from rich.table import Table
 
 from trainer.arguments import positive_float, positive_int
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
-from trainer.contract.catalog import INSTANCE_TYPES, InstanceType, instance_type
-from trainer.contract.stack import StackFileError, stack_cluster
+from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType, instance_type
+from trainer.contract.stack import StackFileError, read_stack_file, stack_cluster
+from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
 from trainer.model.flops import parameter_counts
+from trainer.plan.cost import (
+    OptionCost,
+    cheapest,
+    dataset_gigabytes,
+    energy_estimate,
+    purchase_options,
+    transfer_costs,
+)
 from trainer.plan.performance import Assumptions
 from trainer.plan.search import GIB, Candidate, Plan, search
 
@@ -89,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nodes", type=positive_int, help="nodes (with --stack: instead of the stack's node count)"
     )
     where.add_argument("--stack", help="take the instance type and node count from Pulumi.<stack>.yaml")
+    where.add_argument(
+        "--region", help=f"the AWS Region prices come from (default: the stack's, else {DEFAULT_REGION})"
+    )
     parser.add_argument(
         "--tokens",
         type=positive_float,
@@ -107,6 +119,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--top", type=positive_int, default=10, help="rows of the table (default %(default)s)"
     )
     parser.add_argument("--out", type=Path, help="write the chosen layout's whole config here (YAML)")
+    parser.add_argument(
+        "--deadline",
+        type=positive_float,
+        metavar="DAYS",
+        help="pick the cheapest purchase option (and with --compare, instance type) that finishes within DAYS",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="rank the catalog's EFA instance types by time to finish and dollars for the same config and nodes",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -117,6 +140,9 @@ def main(args: argparse.Namespace) -> int:
         if not 0 < args.matmul_efficiency <= 1:
             raise PlanError(f"--matmul-efficiency {args.matmul_efficiency}: give a fraction in (0, 1]")
         assumptions = Assumptions(matmul_efficiency=args.matmul_efficiency)
+        region = _region(args)
+        if args.compare and args.price_per_hour:
+            raise PlanError("--price-per-hour prices one instance type; --compare prices each type from AWS")
         plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
     except (ConfigError, PlanError) as error:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
@@ -138,12 +164,16 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     _print_chosen(console, chosen, plan)
+    costs = purchase_options(instance, nodes, tokens, chosen.step.tokens_per_s, region, args.price_per_hour)
+    met = _print_costs(console, plan, costs, tokens, region, args.deadline)
+    if args.compare:
+        met = _print_compare(console, args, nodes, tokens, region, assumptions)
     console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")
     console.print(" ".join(f"--set {line}" for line in chosen.overrides()))
     if args.out:
         write_config(chosen, args.out, args.config)
         console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
-    return 0
+    return 0 if met else 1
 
 
 def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
@@ -158,6 +188,133 @@ def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
     if args.instance is None or args.nodes is None:
         raise PlanError("say where it runs: --instance TYPE --nodes N, or --stack ENV")
     return instance_type(args.instance), args.nodes
+
+
+DEFAULT_REGION = "us-east-1"
+
+
+def _region(args: argparse.Namespace) -> str:
+    if args.stack:
+        if args.region:
+            raise PlanError("give --stack or --region, not both (the stack names its Region: aws:region)")
+        return str(read_stack_file(args.stack).get("aws:region", DEFAULT_REGION))
+    return args.region or DEFAULT_REGION
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _print_costs(
+    console: Console, plan: Plan, costs: list[OptionCost], tokens: float, region: str, deadline: float | None
+) -> bool:
+    """Dollars per purchase option, transfer and energy; False when a deadline is given and no option meets it."""
+    hours = costs[0].hours
+    console.print(
+        f"\n[bold]cost[/] of {tokens:.3g} tokens on {plan.nodes} x {plan.instance.name} in {region}: "
+        f"{hours / 24:.1f} days ({hours:,.0f} hours, {hours * plan.nodes:,.0f} node-hours)"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("option", "$/node-hour", "billed hours", "dollars", "$/M tokens", "price"):
+        table.add_column(column, justify="left" if column in ("option", "price") else "right")
+    sources: list[str] = []
+    for c in costs:
+        rate = "-" if c.price is None else f"{c.price.usd_per_hour:,.2f}"
+        per_million = "-" if c.usd_per_million_tokens is None else f"{c.usd_per_million_tokens:,.2f}"
+        if c.price is not None and c.price.source not in sources:
+            sources.append(c.price.source)
+        where = f"[{sources.index(c.price.source) + 1}] as of {c.price.as_of}" if c.price else ""
+        note = f"{where}; {c.problem}" if c.problem and where else c.problem or where
+        table.add_row(c.option, rate, f"{c.billed_hours:,.0f}", _usd(c.dollars), per_million, escape(note))
+    console.print(table)
+    for number, source in enumerate(sources, 1):
+        console.print(f"  [{number}] {escape(source)}")
+    best = cheapest(costs, deadline * 24 if deadline else None)
+    met = True
+    if best is None and not any(c.dollars is not None for c in costs):
+        met = not deadline
+        console.print("[bold red]no purchase option has a price here[/] (the reasons above)")
+    elif deadline and best is None:
+        met = False
+        console.print(
+            f"[bold red]no purchase option finishes within {deadline:g} days[/]: the run takes {hours / 24:.1f} days"
+        )
+    elif best is not None:
+        within = f" within {deadline:g} days" if deadline else ""
+        console.print(f"cheapest{within}: {best.option}, ${_usd(best.dollars)}")
+    gigabytes = dataset_gigabytes(tokens, plan.padded_vocab_size)
+    transfers, source = transfer_costs(gigabytes)
+    console.print(f"data transfer of the {gigabytes:,.0f} GB dataset ({source}):")
+    for t in transfers:
+        where = "this stack" if t.applies else "if"
+        console.print(f"  - {where}: {t.path}: ${t.usd_per_gb:g}/GB = ${t.dollars:,.0f}")
+    energy = energy_estimate(plan.instance, plan.nodes, hours, region)
+    emissions = (
+        "no grid intensity for this Region"
+        if energy.kg_co2e is None
+        else f"{energy.kg_co2e / 1000:,.1f} t CO2e"
+    )
+    console.print(
+        f"energy (estimate: nodes at maximum power, PUE {PUE}): {energy.kwh:,.0f} kWh; emissions (estimate, "
+        f"{region} grid intensity of {GRID_INTENSITY_DATE}): {emissions}  (docs/cost.md)"
+    )
+    return met
+
+
+def _print_compare(
+    console: Console,
+    args: argparse.Namespace,
+    nodes: int,
+    tokens: float,
+    region: str,
+    assumptions: Assumptions,
+) -> bool:
+    """Each EFA instance type's best layout for the same config and nodes, ranked by time to finish, then dollars."""
+    rows: list[tuple[str, float, list[OptionCost]]] = []
+    unfit: list[str] = []
+    for name in EFA_INSTANCE_TYPES:
+        chosen = plan_for(args.config, args.overrides, instance_type(name), nodes, assumptions).chosen
+        if chosen is None:
+            unfit.append(name)
+            continue
+        costs = purchase_options(
+            instance_type(name), nodes, tokens, chosen.step.tokens_per_s, region, args.price_per_hour
+        )
+        rows.append((chosen.describe(), costs[0].hours, costs))
+    rows.sort(key=lambda row: (row[1], (cheapest(row[2]) or row[2][0]).dollars or float("inf")))
+    console.print(f"\n[bold]compare[/]: {tokens:.3g} tokens on {nodes} nodes in {region}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    options = [c.option for c in rows[0][2]] if rows else []
+    for column in ("#", "instance", "days", *(f"{o} $" for o in options), "cheapest", "$/M tokens"):
+        table.add_column(column, justify="left" if column in ("instance", "cheapest") else "right")
+    for rank, (_, hours, costs) in enumerate(rows, 1):
+        best = cheapest(costs)
+        table.add_row(
+            str(rank),
+            costs[0].instance_type,
+            f"{hours / 24:.1f}",
+            *(_usd(c.dollars) for c in costs),
+            best.option if best else "-",
+            "-"
+            if best is None or best.usd_per_million_tokens is None
+            else f"{best.usd_per_million_tokens:,.2f}",
+        )
+    for name in unfit:
+        table.add_row("-", name, "no layout fits", *("-" for _ in options), "-", "-")
+    console.print(table)
+    everything = [c for _, _, costs in rows for c in costs]
+    if args.deadline:
+        best = cheapest(everything, args.deadline * 24)
+        if best is None:
+            console.print(
+                f"[bold red]no instance type and purchase option finishes within {args.deadline:g} days[/]"
+            )
+            return False
+        console.print(
+            f"cheapest within {args.deadline:g} days: {best.instance_type} {best.option}, ${_usd(best.dollars)} "
+            f"({best.hours / 24:.1f} days)"
+        )
+    return True
 
 
 def _print_plan(console: Console, plan: Plan, tokens: float, price: float | None, top: int) -> None:
