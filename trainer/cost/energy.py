@@ -25,8 +25,11 @@ class NodePower:
 
 # AWS publishes no server power; NVIDIA's DGX with the same eight GPUs is the nearest published whole-node figure.
 _DGX_A100 = NodePower(6.5, "NVIDIA DGX A100 datasheet: system power usage 6.5 kW max")
-_DGX_H100 = NodePower(10.2, "NVIDIA DGX H100/H200 user guide, power specifications: 10.2 kW max")
-_DGX_B200 = NodePower(14.3, "NVIDIA DGX B200 datasheet: system power usage ~14.3 kW max")
+_DGX_H100 = NodePower(10.2, "NVIDIA DGX H100/H200 User Guide, power specifications: 10.2 kW max")
+_DGX_B200 = NodePower(
+    14.3,
+    "NVIDIA DGX B200 User Guide (dgx/dgxb200-user-guide/introduction-to-dgxb200.html), power: 14.3 kW max",
+)
 NODE_POWER: dict[str, NodePower] = {
     "p4d.24xlarge": _DGX_A100,
     "p4de.24xlarge": _DGX_A100,

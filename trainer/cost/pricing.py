@@ -20,7 +20,8 @@ PurchaseOption = Literal["on-demand", "spot", "capacity-block", "reservation"]
 PURCHASE_OPTIONS: tuple[PurchaseOption, ...] = ("on-demand", "spot", "capacity-block", "reservation")
 
 SNAPSHOT = Path(__file__).with_name("prices.json")
-# The Price List API answers in us-east-1 (also eu-central-1, ap-south-1) for every Region's prices.
+# The Price List Query API has two endpoints, us-east-1 and ap-south-1, each with every Region's prices (SDK
+# reference for the pricing client, "Service Endpoint").
 PRICE_LIST_REGION = "us-east-1"
 # The filters that select one Linux, shared-tenancy On-Demand instance price (karpenter-provider-aws v1.14.0,
 # pkg/providers/pricing/pricing.go fetchOnDemandPricing, plus the instance type).
@@ -121,7 +122,7 @@ def clients_for(region: str) -> AwsClients | None:
 
 def live_price(instance_type: str, region: str, option: PurchaseOption, clients: AwsClients) -> Price:
     now = datetime.now(UTC)
-    # EC2 User Guide, "Capacity Reservation pricing and billing": billed at the equivalent On-Demand rate.
+    # EC2 User Guide AWSEC2/latest/UserGuide/capacity-reservations-pricing-billing.html: the On-Demand rate.
     if option in ("on-demand", "reservation"):
         usd, published = on_demand_from_price_list(clients.pricing, instance_type, region)
         source = (

@@ -59,7 +59,7 @@ class OptionCost:
 
 
 def _not_allowed(option: str, nodes: int) -> str | None:
-    # AWS Batch user guide, multi-node parallel jobs: not supported on Spot compute environments.
+    # AWS Batch user guide batch/latest/userguide/mnp-ce.html: MNP jobs aren't supported on Spot environments.
     if option == "spot" and nodes > 1:
         return "Batch multi-node parallel jobs do not run on Spot"
     if option == "capacity-block" and nodes > CAPACITY_BLOCK_MAX_INSTANCES:
