@@ -467,6 +467,18 @@ ROWS: dict[str, Row] = {
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --tokens -5",
         ("argument --tokens: -5: must be above 0",),
     ),
+    "plan-stack-and-region": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --stack prod --region us-east-1",
+        ("give --stack or --region, not both (the stack names its Region: aws:region)",),
+    ),
+    "plan-compare-with-given-price": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --compare --price-per-hour 9",
+        ("--price-per-hour prices one instance type; --compare prices each type from AWS",),
+    ),
+    "plan-negative-deadline": Row(
+        "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --deadline -1",
+        ("argument --deadline: -1: must be above 0",),
+    ),
     "prepare-no-inputs": Row(
         "prepare --output {tmp}/p", ("no inputs: give INPUT files or directories, or --stdlib",)
     ),
