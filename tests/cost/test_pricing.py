@@ -258,3 +258,24 @@ def test_the_snapshot_names_only_catalog_instance_types_with_positive_prices():
 )
 def test_a_capacity_block_bills_whole_days_up_to_14_then_whole_weeks(hours, billed):
     assert capacity_block_hours(hours) == billed
+
+
+def test_credentials_give_live_clients_for_the_price_list_and_the_stacks_region(no_credentials, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    clients = AwsClients.from_credentials("us-west-2")
+    assert clients is not None
+    assert clients.pricing.meta.region_name == "us-east-1" and clients.ec2.meta.region_name == "us-west-2"
+
+
+def test_without_credentials_there_are_no_clients(no_credentials):
+    assert AwsClients.from_credentials("us-west-2") is None
+
+
+def test_an_unreachable_endpoint_falls_back_to_the_snapshot_and_says_why(no_credentials, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    price = hourly_price("p5.48xlarge", "us-east-1", "on-demand")
+    assert not price.live and price.usd_per_hour == 55.04
+    assert "live lookup failed: Could not connect to the endpoint URL" in price.source
