@@ -197,6 +197,19 @@ class Monitoring(pulumi.ComponentResource):
                     "StringEquals": {"aws:SourceAccount": account},
                 },
             },
+            # Cost Management User Guide, "Creating an Amazon SNS topic for budget notifications": this account's
+            # budgets (infra/budget.py) only.
+            {
+                "Sid": "AccountBudgetsPublish",
+                "Effect": "Allow",
+                "Principal": {"Service": "budgets.amazonaws.com"},
+                "Action": "sns:Publish",
+                "Resource": topic,
+                "Condition": {
+                    "StringEquals": {"aws:SourceAccount": account},
+                    "ArnLike": {"aws:SourceArn": pulumi.Output.concat("arn:aws:budgets::", account, ":*")},
+                },
+            },
             {
                 "Sid": "FailedJobRulePublishes",
                 "Effect": "Allow",
