@@ -342,6 +342,21 @@ def dashboard_body(
                 0,
                 24,
             ),
+            # The cost row: each run's ledger (trainer/cost/ledger.py), every attempt counted.
+            _widget(
+                "Cost per run ($, $ per million tokens)",
+                searches(run, "Maximum", registry.COST, registry.COST_PER_MILLION_TOKENS),
+                region,
+                12,
+                24,
+            ),
+            _widget(
+                "Goodput per run (productive share of paid time)",
+                searches(run, "Average", registry.GOODPUT),
+                region,
+                0,
+                30,
+            ),
             _widget("FSx throughput (bytes/s)", fsx_throughput, region, 0, 18, period=FSX_PERIOD_S),
             _widget(
                 "FSx free capacity (bytes)",

@@ -63,3 +63,12 @@ def test_a_budget_limit_must_be_positive(variant):
 
 def test_tag_filter_joins_key_and_value_as_budgets_expects():
     assert tag_filter("business-unit", "human_resources") == "user:business-unit$human_resources"
+
+
+def test_dashboard_has_a_cost_row_from_the_runs_ledgers():
+    body = json.loads(planned("prod").one("cloudwatch.Dashboard").inputs["dashboardBody"])
+    [cost] = [w for w in body["widgets"] if w["properties"]["title"].startswith("Cost per run")]
+    [goodput] = [w for w in body["widgets"] if w["properties"]["title"].startswith("Goodput per run")]
+    text = json.dumps([cost, goodput])
+    for name in ("CostDollars", "CostPerMillionTokens", "Goodput"):
+        assert f'MetricName=\\"{name}\\"' in text
