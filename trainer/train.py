@@ -184,6 +184,9 @@ def train(
             "(make train FRESH=1, or --fresh, starts over)"
         )
         exporters.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
+        if meter is not None:  # this start-up was paid for too
+            meter.charge("startup")
+            meter.save()
         return
     logger = _metrics_logger(engine, progress, console) if torch.distributed.get_rank() == 0 else None
     _charge(meter, "startup")
@@ -218,7 +221,9 @@ def train(
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
             # A skipped step bought nothing: lost work, like a step run again after a restart.
-            _charge(meter, "restart" if result.skipped else "productive", step=step)
+            _charge(meter, "restart" if result.skipped else "productive")
+            if meter is not None:
+                meter.step_done(step, trained=not result.skipped)
             stragglers = health.step_done(step, step_time)  # health: the same list on every rank
             skips.record(step, result.skipped, newest_checkpoint=checkpointer.newest)
             progress.skipped_steps = skips.total
@@ -283,11 +288,9 @@ def _meter(cfg: TrainConfig, progress: Progress, checkpointer: Checkpointer) -> 
     )
 
 
-def _charge(meter: Meter | None, category: str, *, step: int | None = None) -> None:
+def _charge(meter: Meter | None, category: str) -> None:
     if meter is not None:
         meter.charge(category)
-        if step is not None:
-            meter.step_done(step)
 
 
 def _cap_reached(cfg: TrainConfig, meter: Meter | None) -> str | None:

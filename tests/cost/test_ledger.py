@@ -217,3 +217,15 @@ def test_the_cap_stops_a_cpu_run_at_its_step_with_a_checkpoint_and_a_resume_coun
     final = read_ledger(run.run_dir / LEDGER_FILE)
     assert final is not None and final.attempts == 3 and final.dollars >= cap
     assert math.isclose(sum(final.shares.values()), 1.0)
+
+
+def test_a_skipped_step_is_paid_for_but_trains_no_tokens(tmp_path):
+    meter = Meter(Ledger(), ON_DEMAND, BudgetConfig(), tmp_path, tokens_per_step=TOKENS_PER_STEP)
+    meter.ledger.start_attempt(0.0, ON_DEMAND, retry=False)
+    meter.charge("productive", now=10.0)
+    meter.step_done(1)
+    meter.charge("restart", now=20.0)  # the loop charges a skipped step as lost work
+    meter.step_done(2, trained=False)
+    assert (meter.ledger.step, meter.ledger.tokens, meter.ledger.goodput) == (2, TOKENS_PER_STEP, 0.5)
+    meter.save()
+    assert read_ledger(tmp_path / LEDGER_FILE) == meter.ledger  # the live file round-trips

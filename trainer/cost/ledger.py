@@ -94,6 +94,7 @@ class Ledger:
         return seconds
 
     def step_done(self, step: int, tokens_per_step: int) -> None:
+        """Step `step` ended; it trained `tokens_per_step` tokens (0: skipped, no update)."""
         self.step = step
         self.tokens += tokens_per_step
 
@@ -273,8 +274,8 @@ class Meter:
     def charge(self, category: str, now: float | None = None) -> None:
         self.ledger.charge(category, time.time() if now is None else now, self.rate)
 
-    def step_done(self, step: int) -> None:
-        self.ledger.step_done(step, self.tokens_per_step)
+    def step_done(self, step: int, *, trained: bool = True) -> None:
+        self.ledger.step_done(step, self.tokens_per_step if trained else 0)
 
     def cap_reached(self) -> str | None:
         return cap_reached(self.budget, self.ledger)
