@@ -127,6 +127,19 @@ def test_on_batch_the_nodes_and_price_come_from_the_job():
     assert rate == Rate("on-demand", 4, 50.0, "budget.price_per_hour")
 
 
+def test_an_unknown_purchase_option_on_batch_is_refused_before_the_run():
+    environ = {
+        "AWS_BATCH_JOB_ID": "j",
+        "TRAINSTACK_PURCHASE_OPTION": "savings",
+        "TRAINSTACK_INSTANCE_TYPE": "x",
+    }
+    assert budget_problems(BudgetConfig(), environ=environ) == [
+        "TRAINSTACK_PURCHASE_OPTION = 'savings': use one of on-demand, spot, capacity-block, reservation"
+    ]
+    with pytest.raises(ValueError, match="TRAINSTACK_PURCHASE_OPTION = 'savings'"):
+        local_rate(BudgetConfig(price_per_hour=1), environ=environ)
+
+
 def test_charging_an_unknown_category_is_refused():
     ledger = Ledger()
     ledger.start_attempt(0.0, ON_DEMAND, retry=False)

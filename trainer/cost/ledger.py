@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.schema import BudgetConfig
+from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
 
 # Paid wall time, by what it bought; the order is the report's.
 CATEGORIES = ("productive", "queue_wait", "startup", "checkpoint_stall", "restart", "evaluation")
@@ -183,18 +184,20 @@ def local_rate(budget: BudgetConfig, environ: dict[str, str] | None = None) -> R
     nodes = int(environ.get("AWS_BATCH_JOB_NUM_NODES", "1"))
     # Batch multi-node jobs cannot run on Spot (Batch User Guide, "Multi-node parallel jobs").
     option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
+    options = {o: o for o in PURCHASE_OPTIONS}
+    if option not in options:
+        raise ValueError(f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}")
     if budget.price_per_hour is not None:
         return Rate(option, nodes, budget.price_per_hour, "budget.price_per_hour")
     # The seam to the price list (trainer/cost/pricing.py): live from AWS, else its dated snapshot.
-    from trainer.cost.pricing import hourly_price
-
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION", "")
-    price_list = hourly_price(environ["TRAINSTACK_INSTANCE_TYPE"], region, option)  # type: ignore[arg-type]
+    price_list = hourly_price(environ["TRAINSTACK_INSTANCE_TYPE"], region, options[option])
     return Rate(option, nodes, price_list.usd_per_hour, price_list.source)
 
 
 def budget_problems(budget: BudgetConfig, environ: dict[str, str] | None = None) -> list[str]:
-    """A dollar cap needs a price: on the machine at hand budget.price_per_hour is the only one."""
+    """A dollar cap needs a price: on the machine at hand budget.price_per_hour is the only one; on Batch the
+    purchase option the ledger prices must be one the price list knows."""
     environ = dict(os.environ if environ is None else environ)
     if budget.max_dollars is not None and budget.price_per_hour is None and "AWS_BATCH_JOB_ID" not in environ:
         return [
@@ -202,6 +205,9 @@ def budget_problems(budget: BudgetConfig, environ: dict[str, str] | None = None)
             "budget.price_per_hour (US dollars per node-hour, e.g. --set budget.price_per_hour=2.5), or use "
             "budget.max_hours for a cap in paid hours"
         ]
+    option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
+    if "AWS_BATCH_JOB_ID" in environ and option not in PURCHASE_OPTIONS:
+        return [f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}"]
     return []
 
 
