@@ -11,6 +11,7 @@
     cluster         the GPU cluster on AWS Batch: EFA security group, placement, launch template, queues, jobs
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
+    budget          the stack's AWS Budgets budget on its cost-allocation tag, notifying the alarm topic
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms
     teams           teams on a shared stack: a role each, one tag-based policy, fair share
     preview         the offline preview: the real program under mocks, printed

@@ -11,6 +11,7 @@ import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
 from infra.audit import Audit, AuditArgs  # noqa: E402
+from infra.budget import Budget, BudgetArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
@@ -41,6 +42,7 @@ cluster = Cluster(
 )
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
+budget = Budget("budget", BudgetArgs(cfg, monitoring), opts)  # the month's tagged cost, to the alarm topic
 
 outputs = {  # the names trainer/contract/outputs.py lists
     "region": cfg.region,

@@ -209,6 +209,8 @@ class StackConfig(BaseModel):
     min_tokens_per_second: float | None = Field(default=None, gt=0)
     throughput_alarm_minutes: int = Field(default=30, ge=1, le=MAX_ALARM_MINUTES)
     fsx_free_capacity_alarm_percent: int = Field(default=10, ge=1, le=50)
+    # Cost (infra/budget.py, docs/cost.md): the AWS Budgets monthly limit on the stack's tagged cost; none: no budget.
+    monthly_budget_usd: float | None = Field(default=None, gt=0)
     # Governance (infra/audit.py, infra/teams.py, docs/security.md).
     organization_trail: str | None = None
     audit_retention_days: int = Field(default=365, ge=1, le=36500)

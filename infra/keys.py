@@ -62,7 +62,8 @@ SERVICE_LINKED_ROLES = (
 
 # Services that publish to the topic; with an encrypted topic each needs kms:GenerateDataKey* and kms:Decrypt on
 # its key (SNS Developer Guide, "Enable compatibility between event sources from AWS services and encrypted topics").
-TOPIC_PUBLISHERS = ("cloudwatch.amazonaws.com", "events.amazonaws.com")
+# Budgets too (Cost Management User Guide, "Creating an Amazon SNS topic for budget notifications"; infra/budget.py).
+TOPIC_PUBLISHERS = ("cloudwatch.amazonaws.com", "events.amazonaws.com", "budgets.amazonaws.com")
 
 
 def topic_key_statement() -> dict[str, Any]:

@@ -197,6 +197,19 @@ class Monitoring(pulumi.ComponentResource):
                     "StringEquals": {"aws:SourceAccount": account},
                 },
             },
+            # Cost Management User Guide, "Creating an Amazon SNS topic for budget notifications": this account's
+            # budgets (infra/budget.py) only.
+            {
+                "Sid": "AccountBudgetsPublish",
+                "Effect": "Allow",
+                "Principal": {"Service": "budgets.amazonaws.com"},
+                "Action": "sns:Publish",
+                "Resource": topic,
+                "Condition": {
+                    "StringEquals": {"aws:SourceAccount": account},
+                    "ArnLike": {"aws:SourceArn": pulumi.Output.concat("arn:aws:budgets::", account, ":*")},
+                },
+            },
             {
                 "Sid": "FailedJobRulePublishes",
                 "Effect": "Allow",
@@ -328,6 +341,21 @@ def dashboard_body(
                 region,
                 0,
                 24,
+            ),
+            # The cost row: each run's ledger (trainer/cost/ledger.py), every attempt counted.
+            _widget(
+                "Cost per run ($, $ per million tokens)",
+                searches(run, "Maximum", registry.COST, registry.COST_PER_MILLION_TOKENS),
+                region,
+                12,
+                24,
+            ),
+            _widget(
+                "Goodput per run (productive share of paid time)",
+                searches(run, "Average", registry.GOODPUT),
+                region,
+                0,
+                30,
             ),
             _widget("FSx throughput (bytes/s)", fsx_throughput, region, 0, 18, period=FSX_PERIOD_S),
             _widget(

@@ -12,6 +12,7 @@
     monitoring        alerting that reaches someone, messages under the stack's key
     protection        data-holding resources protected in prod
     audit             the audit trail recorded everywhere, signed, encrypted, locked and watched
+    cost              every resource that costs money carries the stack's cost-allocation tags
     residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
     compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source

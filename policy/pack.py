@@ -9,6 +9,7 @@ from pulumi_policy import EnforcementLevel, Policy
 from policy import (
     audit,
     aws_rules,
+    cost,
     encryption,
     iam,
     launch_templates,
@@ -57,4 +58,5 @@ POLICIES: list[Policy] = [
     residency.data_residency,
     audit.audit_trail_recorded,
     audit.cis_metric_filters,
+    cost.cost_allocation_tags,
 ]

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainer.contract import metrics as registry
 from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
+from trainer.cost.ledger import Ledger
 from trainer.engines.step import StepResult
 from trainer.monitoring import exporters
 
@@ -111,8 +112,10 @@ class MetricsLogger:
         val_loss: float | None = None,
         peak_memory: float = 0.0,
         stragglers: list[dict] | None = None,
+        cost: Ledger | None = None,
     ) -> None:
-        """Record a step: `result` is the step's (None for step 0, before any training: only val_loss)."""
+        """Record a step: `result` is the step's (None for step 0, before any training: only val_loss); `cost`
+        the run's ledger (rank 0's: dollars, node-hours, goodput; trainer/cost/ledger.py)."""
         tokens_per_s = tflops = mfu = None
         if step_time_s:
             tokens_per_s = self.tokens_per_step / step_time_s
@@ -130,9 +133,11 @@ class MetricsLogger:
             "skipped_steps": skipped_steps,
         }
         # A skipped step's loss or norm may be inf or nan, which JSON has no words for: null.
-        record: dict[str, float | list[dict] | None] = {
+        record: dict[str, float | list[dict] | dict | None] = {
             key: _json_number(value) for key, value in values.items()
         }
+        if cost is not None:
+            record.update(cost.metrics())
         if val_loss is not None:
             record["val_loss"] = val_loss
         if stragglers:  # at the end of a straggler window that found one (trainer/health/)
@@ -149,6 +154,15 @@ class MetricsLogger:
                 ):
                     self.tensorboard.add_scalar(key, value, step)
         self._export(step, record, skipped_steps, result.loss if result else None)
+        if cost is not None:
+            exporters.record(
+                {
+                    registry.COST: cost.dollars if cost.priced else None,
+                    registry.COST_PER_MILLION_TOKENS: cost.dollars_per_million_tokens,
+                    registry.PAID_NODE_TIME: sum(cost.node_hours.values()) * 3600,
+                    registry.GOODPUT: cost.goodput,
+                }
+            )
         if result is not None:
             mfu_text = f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a"
             status = (

@@ -34,6 +34,7 @@ from trainer.config import (
     layout_problems,
     load_config,
 )
+from trainer.cost.ledger import LEDGER_FILE, Meter, budget_problems
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import fast_path, parallel
 from trainer.engines import Engine
@@ -105,6 +106,7 @@ def main(args: argparse.Namespace) -> int:
             + (accelerator_problems(cfg, *fast_path.accelerator()) if device == "cuda" else [])
             + data_problems(cfg)
             + engines.problems(cfg, world_size)
+            + budget_problems(cfg.budget)
         )
         if not problems:
             cfg = with_resolved_model(cfg)  # the tokenizer's vocabulary, resolved once: the run's one cfg
@@ -173,25 +175,37 @@ def train(
     engine = engines.build(cfg, dims)
     checkpointer = Checkpointer(engine, console)
     progress = checkpointer.load()
+    # The cost ledger (rank 0's): every second of this attempt charged to what it bought; stored with each save.
+    meter = _meter(cfg, progress, checkpointer) if torch.distributed.get_rank() == 0 else None
+    checkpointer.ledger = meter.ledger if meter is not None else None
     if progress.step >= s.train_iters:
         console.print(
             f"already trained to step {progress.step} of {s.train_iters}; nothing to do "
             "(make train FRESH=1, or --fresh, starts over)"
         )
         exporters.stop(completed=True)  # a clean end: the alert rules must not wait for a first step
+        if meter is not None:  # this start-up was paid for too
+            meter.charge("startup")
+            meter.save()
         return
     logger = _metrics_logger(engine, progress, console) if torch.distributed.get_rank() == 0 else None
+    _charge(meter, "startup")
     if progress.step == 0:
         val_loss: float | None = engine.evaluate()  # the untrained model: where the loss starts
+        _charge(meter, "evaluation")
         if logger is not None:
-            logger.log(0, val_loss=val_loss)
+            logger.log(0, val_loss=val_loss, cost=meter.ledger if meter is not None else None)
     batches = engine.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
     try:
+        if reason := _cap_reached(cfg, meter):  # spent already (a resumed run): train nothing
+            console.print(f"step {progress.step}: {reason} before this run's first step; {_CAP_HINT}")
+            return
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
                 checkpointer.stop(progress)
+                _charge(meter, "checkpoint_stall")
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
@@ -206,6 +220,10 @@ def train(
             progress.step += 1
             progress.consumed_samples += s.global_batch_size
             step, last = progress.step, progress.step == s.train_iters
+            # A skipped step bought nothing: lost work, like a step run again after a restart.
+            _charge(meter, "restart" if result.skipped else "productive")
+            if meter is not None:
+                meter.step_done(step, trained=not result.skipped)
             stragglers = health.step_done(step, step_time)  # health: the same list on every rank
             skips.record(step, result.skipped, newest_checkpoint=checkpointer.newest)
             progress.skipped_steps = skips.total
@@ -215,7 +233,10 @@ def train(
                     f"{skips.in_a_row} in a row (the run stops at {skips.limit}), {skips.total} in all"
                 )
             val_loss = engine.evaluate() if step % s.eval_interval == 0 or last else None
-            if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers:
+            if val_loss is not None:
+                _charge(meter, "evaluation")
+            capped = _cap_reached(cfg, meter)  # what this step's line records is what the cap saw
+            if step % cfg.logging.log_interval == 0 or val_loss is not None or stragglers or capped:
                 memory = _max_over_ranks(peak_memory_gib())
                 if logger is not None:  # rank 0's
                     logger.log(
@@ -226,13 +247,61 @@ def train(
                         val_loss=val_loss,
                         peak_memory=memory,
                         stragglers=stragglers,
+                        cost=meter.ledger if meter is not None else None,
                     )
+                if meter is not None:
+                    meter.save()
+            _charge(meter, "productive")  # the step's bookkeeping and logging
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
+            _charge(meter, "checkpoint_stall")
+            if capped and not last:
+                checkpointer.stop(progress)  # saves this step unless its save is already a synchronous one
+                _charge(meter, "checkpoint_stall")
+                console.print(f"step {step}: {capped}; saved and stopped. {_CAP_HINT}")
+                return
     finally:
         health.close()
         exporters.stop(completed=sys.exc_info()[0] is None)
         if logger is not None:
             logger.close()
+        if meter is not None:  # the money is spent whatever the ending: keep the record, then report it
+            meter.charge("productive" if sys.exc_info()[0] is None else "restart")
+            meter.save()
+            console.print(meter.report())
+
+
+_CAP_HINT = "to go on, resume with a higher budget.max_dollars / budget.max_hours (it counts what was spent)"
+
+
+def _meter(cfg: TrainConfig, progress: Progress, checkpointer: Checkpointer) -> Meter:
+    """Rank 0's cost meter for this attempt, from this process's start (psutil: the OS's record of it)."""
+    import psutil
+
+    return Meter.start(
+        cfg.budget,
+        cfg.run_dir,
+        stored=checkpointer.stored_ledger,
+        step=progress.step,
+        tokens_per_step=cfg.schedule.global_batch_size * cfg.data.seq_length,
+        started_at=psutil.Process().create_time(),
+        retry=not local.first_attempt(),
+    )
+
+
+def _charge(meter: Meter | None, category: str) -> None:
+    if meter is not None:
+        meter.charge(category)
+
+
+def _cap_reached(cfg: TrainConfig, meter: Meter | None) -> str | None:
+    """Rank 0's ledger against budget.max_dollars / max_hours, agreed by every rank (a collective when a cap is
+    set): the reason to stop, or None (on ranks other than 0 a generic one: rank 0 tells)."""
+    if cfg.budget.max_dollars is None and cfg.budget.max_hours is None:
+        return None
+    reason = meter.cap_reached() if meter is not None else None
+    if _max_over_ranks(1.0 if reason else 0.0) == 0:
+        return None
+    return reason or "the budget cap was reached"
 
 
 def _max_over_ranks(value: float) -> float:
@@ -245,6 +314,7 @@ def _remove_run_outputs(cfg: TrainConfig) -> None:
     shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
     (cfg.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    (cfg.run_dir / LEDGER_FILE).unlink(missing_ok=True)
     health_report.remove(cfg.run_dir)
 
 

@@ -49,7 +49,11 @@ def test_key_policy_lets_alarms_and_eventbridge_encrypt_for_the_topic():
     stack = planned("prod")
     policy = json.loads(stack.one("kms.Key").inputs["policy"])
     [statement] = [s for s in policy["Statement"] if s["Sid"] == "AlarmsAndEventsPublishToEncryptedTopic"]
-    assert set(statement["Principal"]["Service"]) == {"cloudwatch.amazonaws.com", "events.amazonaws.com"}
+    assert set(statement["Principal"]["Service"]) == {
+        "cloudwatch.amazonaws.com",
+        "events.amazonaws.com",
+        "budgets.amazonaws.com",  # the stack budget's notifications (tests/infra/test_budget.py)
+    }
     assert set(statement["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey*"}
     assert "Condition" not in statement  # EventBridge's KMS calls carry no aws:SourceArn
 

@@ -52,6 +52,30 @@ def test_status_names_a_straggler_from_the_runs_health_report(stack):
     ) in detail.stdout
 
 
+def test_status_shows_what_the_run_has_spent_from_its_ledger(stack):
+    from trainer.cost.ledger import Ledger, Rate
+
+    job_id = submitted_job(stack)
+    assert "cost:     no ledger yet (s3://trainstack-test-checkpoints/watch-me/ledger.json)" in (
+        stack.make("status", f"JOB={job_id}").stdout
+    )
+    rate = Rate("on-demand", nodes=2, usd_per_node_hour=30.0, source="budget.price_per_hour")
+    ledger = Ledger()  # what rank 0 writes into /fsx/checkpoints/watch-me, one hour: 45 min productive
+    ledger.start_attempt(0.0, rate, retry=False)
+    ledger.charge("startup", 900.0, rate)
+    ledger.charge("productive", 3600.0, rate)
+    ledger.step_done(100, 4096)
+    stack.client("s3").put_object(
+        Bucket="trainstack-test-checkpoints", Key="watch-me/ledger.json", Body=json.dumps(ledger.to_dict())
+    )
+    detail = stack.make("status", f"JOB={job_id}")
+    assert detail.returncode == 0, detail.stderr
+    assert (
+        "cost:     $60.00 for 1.000 h of paid time over 1 attempt(s), 4,096 tokens trained to step 100, "
+        "goodput 75.0%"
+    ) in detail.stdout
+
+
 def test_logs_print_the_main_node_stream(stack):
     job_id = submitted_job(stack)
     (job,) = stack.client("batch").describe_jobs(jobs=[job_id])["jobs"]

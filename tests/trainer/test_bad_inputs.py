@@ -190,6 +190,13 @@ ROWS: dict[str, Row] = {
     "train-config-file-missing": Row(
         "train --config {tmp}/none.yaml", ("config file '{tmp}/none.yaml' not found",)
     ),
+    "train-dollar-cap-without-price": Row(
+        f"{TRAIN} --set budget.max_dollars=5",
+        (
+            "budget.max_dollars = 5 needs a price: a local run has no price list, so set budget.price_per_hour",
+            "or use budget.max_hours",
+        ),
+    ),
     "train-unknown-key-in-set": Row(
         f"{TRAIN} --set schedule.train_iter=5",
         ("unknown key 'schedule.train_iter'; did you mean 'schedule.train_iters'?",),

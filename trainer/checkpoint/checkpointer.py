@@ -12,6 +12,7 @@ ranks agree on a write's failure and on publishing; rank 0 alone renames, points
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,9 +22,10 @@ from rich.console import Console
 
 from trainer.checkpoint import formats
 from trainer.checkpoint.start import Start, starting_checkpoint
-from trainer.checkpoint.store import CheckpointError, Progress, latest_checkpoint, prune, verify
+from trainer.checkpoint.store import MANIFEST, CheckpointError, Progress, latest_checkpoint, prune, verify
 from trainer.checkpoint.writer import Write, Writer
 from trainer.contract import metrics as registry
+from trainer.cost.ledger import MANIFEST_KEY, Ledger
 from trainer.monitoring import exporters
 
 if TYPE_CHECKING:
@@ -47,6 +49,9 @@ class Checkpointer:
         # The step of the newest save started or loaded, and its optimizer format (None: nothing to choose).
         self.saved_step: int | None = None
         self.saved_format: str | None = None
+        # The run's cost ledger (rank 0's), stored in each save's manifest; and the one the resumed save stored.
+        self.ledger: Ledger | None = None
+        self.stored_ledger: Ledger | None = None
 
     def load(self) -> Progress:
         """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
@@ -59,6 +64,8 @@ class Checkpointer:
             return Progress()
         with exporters.timed(registry.CHECKPOINT_LOAD):
             progress = self.engine.load(start.path, weights_only=start.weights_only)
+        if start.resumed:  # this run's own checkpoint: what was spent up to it
+            self.stored_ledger = _stored_ledger(start.path)
         source = formats.read_record(start.path)
         if source is not None and source.hf_config:  # carried along, so that an export writes it back
             self.engine.model_record = replace(self.engine.model_record, hf_config=source.hf_config)
@@ -140,6 +147,8 @@ class Checkpointer:
             write = self.engine.save(progress, writer=self.writer if background else None)
         if val_loss is not None:
             write.metrics["val_loss"] = val_loss
+        if self.ledger is not None:
+            write.metrics[MANIFEST_KEY] = self.ledger.to_dict()
         self.saved_step, self.saved_format = progress.step, write.optimizer_format
         if write.queue is not None:
             self.in_flight = write
@@ -153,3 +162,12 @@ class Checkpointer:
     def _prune(self) -> None:
         if torch.distributed.get_rank() == 0:
             prune(self.directory, self.cfg.keep_last, self.cfg.keep_best)
+
+
+def _stored_ledger(checkpoint: Path) -> Ledger | None:
+    """The cost ledger a checkpoint's manifest stored (None: saved before the ledger, or unreadable)."""
+    try:
+        values = json.loads((checkpoint / MANIFEST).read_text()).get(MANIFEST_KEY)
+        return Ledger.from_dict(values) if isinstance(values, dict) else None
+    except (OSError, ValueError, TypeError):
+        return None

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -65,7 +66,7 @@ def checkpoint_dirs(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and re.fullmatch(r"iter_\d{7}", p.name))
 
 
-def write_manifest(checkpoint: Path, step: int, metrics: dict[str, float] | None = None) -> None:
+def write_manifest(checkpoint: Path, step: int, metrics: dict[str, Any] | None = None) -> None:
     """Seal a written checkpoint: every file's size and digest (streamed by its writer, else read now), then the
     writers' side files go."""
     every = [p for p in checkpoint.rglob("*") if p.is_file() and p.name != MANIFEST]
@@ -191,7 +192,7 @@ def stage(directory: Path, step: int) -> Path:
     return staging
 
 
-def publish(staging: Path, step: int, metrics: dict[str, float] | None = None) -> Path:
+def publish(staging: Path, step: int, metrics: dict[str, Any] | None = None) -> Path:
     """Once every rank has written `staging` (and agreed so): rank 0 seals it (its manifest, with `metrics`),
     renames it and points `latest` at it; every rank learns whether that worked."""
     final = staging.with_suffix("")
@@ -205,7 +206,7 @@ def publish(staging: Path, step: int, metrics: dict[str, float] | None = None) -
     return final
 
 
-def _publish(staging: Path, final: Path, step: int, metrics: dict[str, float] | None) -> None:
+def _publish(staging: Path, final: Path, step: int, metrics: dict[str, Any] | None) -> None:
     """Seal the staging directory with its manifest, rename it into place, point `latest` at it."""
     directory = final.parent
     write_manifest(staging, step, metrics)

@@ -17,6 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
@@ -42,8 +43,9 @@ class Write:
     )
     queue: AsyncCallsQueue | None = None  # the background write; None: written already
     failure: BaseException | None = None
-    # What the manifest records besides its files (validation loss at this step, for keep-best retention).
-    metrics: dict[str, float] = field(default_factory=dict)
+    # What the manifest records besides its files (validation loss at this step, for keep-best retention; the
+    # run's cost ledger, so that a resume counts what was spent).
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     def done(self) -> bool:
         """Whether every rank's write has finished (a collective while one is in flight: call it on every rank

@@ -13,6 +13,7 @@ from trainer.config.checks import accelerator_problems, consistency_problems, da
 from trainer.config.layout import ParallelDims
 from trainer.config.load import AUTO, LAYOUT_KEYS, auto_keys, load_config
 from trainer.config.schema import (
+    BudgetConfig,
     CheckpointConfig,
     ConfigError,
     DataConfig,
@@ -31,6 +32,7 @@ from trainer.config.schema import (
 __all__ = [
     "AUTO",
     "LAYOUT_KEYS",
+    "BudgetConfig",
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",

@@ -298,6 +298,16 @@ class HealthConfig(_Section):
     hang_step_multiple: PositiveFloat = 20
 
 
+class BudgetConfig(_Section):
+    """The run's hard cap (trainer/cost/ledger.py): at a step boundary where the ledger reaches either cap the run
+    saves and exits 0. A resumed run counts what was already spent (the ledger is stored with the checkpoints)."""
+
+    max_dollars: PositiveFloat | None = None  # US dollars over every attempt; None: no dollar cap
+    max_hours: PositiveFloat | None = None  # paid wall-clock hours over every attempt; None: no time cap
+    # US dollars per node-hour; overrides the price list. On a local run it is the only price.
+    price_per_hour: PositiveFloat | None = None
+
+
 class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
@@ -321,6 +331,7 @@ class TrainConfig(_Section):
     # metrics endpoints and CloudWatch lines: docs/monitoring.md
     monitoring: MonitoringConfig = MonitoringConfig()
     health: HealthConfig = HealthConfig()
+    budget: BudgetConfig = BudgetConfig()  # cost cap and price: docs/cost.md
 
     _precision_choice: PrecisionChoice | None = PrivateAttr(None)  # set when `precision: auto` chose
 

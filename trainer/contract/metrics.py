@@ -178,6 +178,41 @@ CHECKPOINT_LOAD = Metric(
     cloudwatch_unit="Seconds",
 )
 
+# --- the run's cost, from its ledger (trainer/cost/ledger.py; rank 0, over every attempt) -------------------------
+COST = Metric(
+    "cost_dollars",
+    "gauge",
+    "US dollars paid so far for the run's nodes, every attempt (node-hours x price per node-hour)",
+    RUN_LABELS,
+    unit="dollars",
+    cloudwatch="CostDollars",
+)
+COST_PER_MILLION_TOKENS = Metric(
+    "cost_per_million_tokens_dollars",
+    "gauge",
+    "US dollars paid so far per million tokens the kept steps trained",
+    RUN_LABELS,
+    unit="dollars",
+    cloudwatch="CostPerMillionTokens",
+)
+PAID_NODE_TIME = Metric(
+    "paid_node_seconds",
+    "gauge",
+    "Node-seconds paid so far, every attempt and purchase option",
+    RUN_LABELS,
+    unit="seconds",
+    cloudwatch="PaidNodeSeconds",
+    cloudwatch_unit="Seconds",
+)
+GOODPUT = Metric(
+    "goodput_ratio",
+    "gauge",
+    "Share of paid time spent in productive steps (0-1); the rest is queue, start-up, stalls, restarts, evaluation",
+    RUN_LABELS,
+    unit="ratio",
+    cloudwatch="Goodput",
+)
+
 # --- each rank's step, timed on that rank --------------------------------------------------------------------------
 STEP_TIME = Metric(
     "step_duration_seconds",

@@ -11,6 +11,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from trainer.cost.ledger import LEDGER_FILE, Ledger, cost_report
 from trainer.health.report import HEALTH_FILE, summary
 from trainer.jobs.aws import batch_job_url, client, log_stream_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
@@ -83,6 +84,7 @@ def print_status(outputs: StackOutputs, job_id: str | None) -> None:
         print(f"            {log_stream_url(outputs.region, outputs['log_group'], stream)}")
     print(f"  console:  {batch_job_url(outputs.region, job['jobId'])}")
     print(f"  health:   {health_line(outputs, job)}")
+    print(f"  cost:     {cost_line(outputs, job)}")
 
 
 def health_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
@@ -97,6 +99,20 @@ def health_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
             return f"no health report yet (s3://{outputs['checkpoints_bucket']}/{key})"
         raise
     return summary(json.loads(body.read()))
+
+
+def cost_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
+    """The run's ledger as rank 0 last wrote it into its run directory (exported like health.json): dollars,
+    node-hours, goodput (trainer/cost/ledger.py)."""
+    key = f"{job['jobName']}/{LEDGER_FILE}"
+    try:
+        body = client("s3", outputs.region).get_object(Bucket=outputs["checkpoints_bucket"], Key=key)["Body"]
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return f"no ledger yet (s3://{outputs['checkpoints_bucket']}/{key})"
+        raise
+    ledger = Ledger.from_dict(json.loads(body.read()))
+    return cost_report(ledger).splitlines()[0].removeprefix("cost: ") + f", goodput {ledger.goodput:.1%}"
 
 
 def print_logs(outputs: StackOutputs, job_id: str | None, follow: bool, poll_s: float = 5.0) -> None:

@@ -14,6 +14,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +126,8 @@ def plan(
             "TRAINSTACK_RUN": run,
             "TRAINSTACK_CONFIG": relative_config,
             "TRAINSTACK_IMAGE_TAG": tag,
+            # The ledger's start of the queue wait (trainer/cost/ledger.py): the job's first paid second at most.
+            "TRAINSTACK_SUBMITTED_AT": f"{time.time():.3f}",
         },
         planned_layout=planned_layout,
     )
