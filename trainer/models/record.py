@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trainer.contract.container import IMAGE_DIGEST_ENV, IMAGE_TAG_ENV
 from trainer.data.manifest import DatasetFiles, read_manifest, sampled_sha256
 from trainer.data.tokenizer import file_sha256
 
@@ -35,9 +36,6 @@ MANIFEST = "manifest.json"  # the checkpoint store's seal (trainer/checkpoint/st
 LATEST = (
     "latest"  # the store's pointer to a directory's newest checkpoint (trainer/checkpoint/store.py LATEST)
 )
-# Where a job learns its image: set by `submit` (trainer/jobs/submit.py) in every node's environment.
-IMAGE_TAG_ENV = "TRAINSTACK_IMAGE_TAG"
-IMAGE_DIGEST_ENV = "TRAINSTACK_IMAGE_DIGEST"
 ROOT = Path(__file__).resolve().parents[2]
 
 
