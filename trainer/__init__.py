@@ -12,6 +12,7 @@ distributed process groups, optimizer, the fast path, megatron-core's CPU bridge
 data        prepare, tokenizers, indexed datasets, samples and micro-batch streams
 evaluation  measuring a trained model (score)
 interop     Hugging Face and DeepSpeed checkpoints in and out
+models      model versions: each checkpoint's lineage record, evaluations, tags (`models`)
 launch      torchrun, each backend's rendezvous, the supervisor
 preflight   the checks every node passes before training
 health      straggler windows and the hang watchdog

@@ -19,6 +19,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.evaluation.score",
         "mean loss per token and perplexity of a checkpoint (evaluation only)",
     ),
+    "models": (
+        "trainer.models.command",
+        "model versions (lineage, metrics, evaluations) and their tags: list, show, promote",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",

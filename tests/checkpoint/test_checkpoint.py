@@ -1,5 +1,6 @@
 """Checkpoints: resume continues exactly, layouts reshard, old ones are pruned, a half-written one is ignored."""
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from trainer.checkpoint.store import (
     write_manifest,
 )
 from trainer.config import load_config
+from trainer.models.record import RECORD, read_record
 
 
 @pytest.mark.slow
@@ -115,8 +117,11 @@ def test_every_byte_of_the_runs_checkpoints_was_hashed_by_its_writer_and_matches
         assert {name for name in files} == {
             str(p.relative_to(checkpoint))
             for p in checkpoint.rglob("*")
-            if p.is_file() and p.name != MANIFEST
+            if p.is_file() and p.name not in (MANIFEST, RECORD)
         }
+        # The model version record, written after the seal, names the manifest (so every byte) by its hash.
+        sealed = hashlib.sha256((checkpoint / MANIFEST).read_bytes()).hexdigest()
+        assert read_record(checkpoint).manifest_sha256 == sealed
         for name, record in files.items():
             assert record[digest.ALGORITHM] == digest.file_digest(checkpoint / name), name
 

@@ -454,6 +454,14 @@ ROWS: dict[str, Row] = {
         "convert --to-hf {checkpoints} --out {tmp}/hf --max-shard-size lots",
         ("'lots' is not a size; give e.g. 5GB",),
     ),
+    "convert-unknown-dtype": Row(
+        "convert --to-hf {checkpoints} --out {tmp}/hf --dtype fp8",
+        ("argument --dtype: invalid choice: 'fp8'", "'bf16', 'fp16', 'fp32'"),
+    ),
+    "models-unknown-version": Row(
+        "models show nope --dir {checkpoints}",
+        ("no model version or tag 'nope' in {checkpoints}; versions (newest): tiny-s",),
+    ),
     "plan-nowhere-to-run": Row(
         "plan --config trainer/configs/llama3-8b.yaml",
         ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),

@@ -2,9 +2,10 @@
 
 The checkpointer owns everything between the loop and an engine's checkpoint format: which checkpoint a run starts
 from (rank 0 picks, every rank loads the same), the save interval, background saves (trainer/checkpoint/writer.py)
-and publishing them at a step boundary once every rank's write is done, the stop save, and retention (the newest
-`keep_last`, the `keep_best` by validation loss, never the newest intact one). The engine only writes and reads
-its format (Engine.save, Engine.load).
+and publishing them at a step boundary once every rank's write is done, the stop save, each published
+checkpoint's model version record (trainer/models/record.py, rank 0), and retention (the newest `keep_last`, the
+`keep_best` by validation loss, never the newest intact one). The engine only writes and reads its format
+(Engine.save, Engine.load).
 
 Every method is a collective: every rank calls it at the same point of the loop with the same arguments (the
 ranks agree on a write's failure and on publishing; rank 0 alone renames, points `latest` and prunes).
@@ -26,6 +27,7 @@ from trainer.checkpoint.store import MANIFEST, CheckpointError, Progress, latest
 from trainer.checkpoint.writer import Write, Writer
 from trainer.contract import metrics as registry
 from trainer.cost.ledger import MANIFEST_KEY, Ledger
+from trainer.models.record import Lineage, RecordError, write_record
 from trainer.monitoring import exporters
 
 if TYPE_CHECKING:
@@ -52,6 +54,9 @@ class Checkpointer:
         # The run's cost ledger (rank 0's), stored in each save's manifest; and the one the resumed save stored.
         self.ledger: Ledger | None = None
         self.stored_ledger: Ledger | None = None
+        self.lineage: Lineage | None = (
+            None  # what the run's model version records share, at the first publish
+        )
 
     def load(self) -> Progress:
         """Load the run's newest intact checkpoint, else checkpoint.load, if either; where training stands. Rank 0
@@ -131,6 +136,7 @@ class Checkpointer:
         self.in_flight = None
         published = write.finish()
         self.console.print(f"saved {published}")
+        self._register(published, write)
         self._prune()
         return published
 
@@ -156,8 +162,21 @@ class Checkpointer:
                 f"step {progress.step}: saving in the background (published when every rank has written)"
             )
             return
-        self.console.print(f"step {progress.step}: saved {write.finish()}")
+        published = write.finish()
+        self.console.print(f"step {progress.step}: saved {published}")
+        self._register(published, write)
         self._prune()
+
+    def _register(self, published: Path, write: Write) -> None:
+        """Rank 0 writes the published checkpoint's model version record beside it (trainer/models/record.py);
+        a record that cannot be written costs the lineage, not the run: a warning."""
+        if torch.distributed.get_rank() != 0:
+            return
+        try:
+            self.lineage = self.lineage or Lineage(self.engine.cfg.model_dump(mode="json"))
+            write_record(published, self.lineage.record(published, write.step, write.metrics))
+        except (RecordError, OSError) as error:
+            self.console.print(f"[yellow]warning:[/] {published} has no model version record: {error}")
 
     def _prune(self) -> None:
         if torch.distributed.get_rank() == 0:

@@ -3,6 +3,7 @@
     prepare    `python -m trainer prepare`: documents to a tokenized, indexed dataset with its manifest
     sources    where documents come from: files, directories, JSONL, the Python standard library
     tokenizer  byte-level BPE training, Hugging Face tokenizer.json reading
+    chat_template  the built-in chat template of the project's BPE tokenizer (prepare and exports share it)
     indexed    the .bin/.idx files, written with numpy alone
     manifest   PREFIX.manifest.json: what a dataset was made from and what it holds
     datasets   GPT samples through megatron-core's GPTDataset and blended builder; the data checks

@@ -3,7 +3,10 @@ weights (trainer/model/weights.py).
 
     convert --from-hf DIR --out CKPT [--tp N --pp M]   config.json + safetensors -> CKPT/iter_0000000 (weights
                                                         only), CKPT/latest, CKPT/train.yaml, CKPT/tokenizer.json
-    convert --to-hf CKPT --out DIR [--dtype D]          a trainer checkpoint (any, from any layout) -> DIR
+    convert --to-hf CKPT --out DIR [--dtype D]          a trainer checkpoint (any, from any layout) -> DIR, ready
+                                                        to serve (trainer/interop/export.py: tokenizer with its
+                                                        chat template, generation_config.json, model card);
+                                                        D: bf16, fp16 (refused if a weight overflows it), fp32
     convert --from-deepspeed CKPT --out CKPT2 [--tp N --pp M]   an `engine: deepspeed` checkpoint (any ZeRO stage
                                                         and DP size) -> CKPT2/iter_0000000 (weights only), latest
     convert --to-deepspeed CKPT --out CKPT2             a trainer checkpoint (any layout) -> CKPT2/iter_0000000
@@ -21,6 +24,7 @@ writes into OUT.tmp and renames it to OUT when complete.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -38,10 +42,11 @@ from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.store import Progress
 from trainer.config import ConfigError, ModelConfig, layout_problems
 from trainer.distributed import parallel
-from trainer.interop import hf
-from trainer.interop.hf import DTYPE_NAMES, HuggingFaceCheckpoint, parse_size
+from trainer.interop import export, hf
+from trainer.interop.hf import DTYPE_ALIASES, DTYPE_NAMES, HuggingFaceCheckpoint, HuggingFaceError, parse_size
 from trainer.launch import local
 from trainer.model import llama, weights
+from trainer.models.record import RECORD, ModelVersion, read_evaluations, read_record
 
 TRAIN_CONFIG = "train.yaml"
 TOKENIZER = "tokenizer.json"
@@ -76,8 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=sorted(DTYPE_NAMES.values()),
-        help="--to-hf: tensor dtype (default: the source's for converted models, else float32, lossless)",
+        choices=[*DTYPE_ALIASES, *DTYPE_NAMES.values()],
+        help="--to-hf: tensor dtype (default: the source's for converted models, else fp32, lossless); fp16 is "
+        "refused when a weight exceeds its range",
     )
     parser.add_argument(
         "--max-shard-size", default="5GB", help="--to-hf: safetensors shard size (default 5GB)"
@@ -106,7 +112,11 @@ def main(args: argparse.Namespace) -> int:
                 raise ConvertError(
                     f"--tp/--pp apply to --from-hf and --from-deepspeed; {flag} reads any checkpoint in one process"
                 )
-            _checkpoint_to_export(args.to_hf or args.to_deepspeed, flag, deepspeed=False)
+            found, _ = _checkpoint_to_export(args.to_hf or args.to_deepspeed, flag, deepspeed=False)
+            if args.to_hf:  # its record and tokenizer read before any process starts
+                tokenizer = _tokenizer_of(found, _version_of(found))
+                if tokenizer is not None:
+                    export.special_tokens(tokenizer)
             parse_size(args.max_shard_size)
             nproc = 1
     # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
@@ -122,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
     elif args.to_deepspeed:
         _to_deepspeed(args.to_deepspeed, args.out)
     else:
-        _to_hf(args.to_hf, args.out, args.dtype, parse_size(args.max_shard_size))
+        return _to_hf(args.to_hf, args.out, args.dtype, parse_size(args.max_shard_size))
     return 0
 
 
@@ -263,20 +273,77 @@ def finetune_recipe(source: HuggingFaceCheckpoint, out: Path, tp: int, pp: int, 
     return header + yaml.safe_dump(recipe, sort_keys=False)
 
 
-def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int) -> None:
+def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int) -> int:
     found, record = _checkpoint_to_export(source, "--to-hf", deepspeed=False)
-    dtype_name = dtype_name or (record.hf_config or {}).get("dtype", "float32")
+    dtype_name = DTYPE_ALIASES.get(dtype_name or "", dtype_name) or (record.hf_config or {}).get(
+        "dtype", "float32"
+    )
     dtype = {name: dtype for dtype, name in DTYPE_NAMES.items()}[dtype_name]
+    version = _version_of(found)
+    tokenizer = _tokenizer_of(found, version)
     parallel.initialize(weights.model_only_config(record.config, seq_length=record.seq_length))
     try:
         full_weights = formats.full_weights(found, record)
         staging = _staging(out)
         hf_config = hf.to_hf_config(record.config, record.hf_config, dtype, record.seq_length)
-        hf.write(staging, record.config, full_weights, hf_config, dtype, max_shard_bytes)
+        try:
+            hf.write(staging, record.config, full_weights, hf_config, dtype, max_shard_bytes)
+        except HuggingFaceError as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            print(f"convert: {error}", file=sys.stderr)
+            return 2
+        _add_inference_files(staging, found, dtype_name, record.seq_length, version, tokenizer, hf_config)
         os.replace(staging, out)
         print(f"convert: {found} -> {out} ({dtype_name})", file=sys.stderr)
     finally:
         parallel.shutdown()
+    return 0
+
+
+def _version_of(checkpoint: Path) -> ModelVersion | None:
+    """The checkpoint's model version record (trainer/models/record.py); None for one no run published."""
+    return read_record(checkpoint) if (checkpoint / RECORD).is_file() else None
+
+
+def _tokenizer_of(checkpoint: Path, version: ModelVersion | None) -> Path | None:
+    """The model's tokenizer: its record's data.tokenizer_path, else the one `convert --from-hf` put beside it."""
+    for candidate in (Path(version.tokenizer_path) if version else None, checkpoint.parent / TOKENIZER):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def _add_inference_files(
+    staging: Path,
+    checkpoint: Path,
+    dtype_name: str,
+    max_length: int,
+    version: ModelVersion | None,
+    tokenizer: Path | None,
+    hf_config: dict,
+) -> None:
+    """The tokenizer with its chat template, generation_config.json and the model card (trainer/interop/export.py)."""
+    if tokenizer is None:
+        print(
+            f"convert: warning: no tokenizer found for {checkpoint} (its record's data.tokenizer_path, or "
+            f"{checkpoint.parent / TOKENIZER}): the export has no tokenizer files",
+            file=sys.stderr,
+        )
+    else:
+        tokens = export.write_tokenizer(staging, tokenizer, max_length)
+        if hf_config.get("eos_token_id") is None:  # a model the trainer trained: its tokenizer decides
+            hf_config.update(eos_token_id=tokens.eos_id, bos_token_id=tokens.bos_id)
+            (staging / hf.CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+        generation = {**export.generation_config(tokens), "max_length": max_length}
+        (staging / export.GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+    evaluations = read_evaluations(checkpoint) if version else []
+    has_template = (staging / export.TOKENIZER_CONFIG).is_file() and "chat_template" in json.loads(
+        (staging / export.TOKENIZER_CONFIG).read_text()
+    )
+    card = export.model_card(
+        version.run if version else checkpoint.parent.name, dtype_name, version, evaluations, has_template
+    )
+    (staging / export.MODEL_CARD).write_text(card)
 
 
 def _to_deepspeed(source: Path, out: Path) -> None:

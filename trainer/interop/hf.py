@@ -46,6 +46,8 @@ _MUST_EQUAL = {
 }
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# The short names people serve with (`--dtype bf16`), for the names config.json's `dtype` holds.
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Old transformers versions stored the rotary frequencies; they are recomputed from rope_theta.
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
@@ -382,10 +384,18 @@ def write(
             f"missing {_few(sorted(set(rules) - set(full_weights)))}"
         )
     tensors = {}
+    overflows = []
     for name, rule in rules.items():
         parts = rule.split(full_weights[name])
         for hf_name, part in zip(rule.hf_names, parts, strict=True):
+            if (largest := _overflow(part, dtype)) is not None:
+                overflows.append(f"{hf_name} (max |w| = {largest:.6g})")
             tensors[hf_name] = part.to(device="cpu", dtype=dtype).contiguous()
+    if overflows:
+        raise HuggingFaceError(
+            f"--dtype {DTYPE_NAMES[dtype]}: {_few(overflows)} exceed its largest finite value "
+            f"{torch.finfo(dtype).max:g} and would become inf; nothing was written. Export in bfloat16 or float32"
+        )
     shards = list(_shards(tensors, max_shard_bytes))
     if len(shards) == 1:
         save_file(shards[0], directory / SINGLE_FILE, metadata={"format": "pt"})
@@ -399,6 +409,12 @@ def write(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     (directory / CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+
+
+def _overflow(tensor: torch.Tensor, dtype: torch.dtype) -> float | None:
+    """The largest magnitude in `tensor` when `dtype` cannot hold it (beyond its finite range, or not finite)."""
+    largest = float(tensor.detach().abs().max().float()) if tensor.numel() else 0.0
+    return largest if not largest <= torch.finfo(dtype).max else None
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -22,7 +22,13 @@ from botocore.exceptions import ClientError
 
 from trainer.config import ConfigError, TrainConfig, auto_keys, layout_problems, load_config
 from trainer.contract.catalog import instance_type
-from trainer.contract.container import CHECKPOINTS_DIR, DATASETS_DIR, DEFAULT_CONFIG
+from trainer.contract.container import (
+    CHECKPOINTS_DIR,
+    DATASETS_DIR,
+    DEFAULT_CONFIG,
+    IMAGE_DIGEST_ENV,
+    IMAGE_TAG_ENV,
+)
 from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.residency import residency_problems
@@ -125,7 +131,7 @@ def plan(
         environment={
             "TRAINSTACK_RUN": run,
             "TRAINSTACK_CONFIG": relative_config,
-            "TRAINSTACK_IMAGE_TAG": tag,
+            IMAGE_TAG_ENV: tag,
             # The ledger's start of the queue wait (trainer/cost/ledger.py): the job's first paid second at most.
             "TRAINSTACK_SUBMITTED_AT": f"{time.time():.3f}",
         },
@@ -285,9 +291,18 @@ def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
     }
 
 
+def image_digest(outputs: StackOutputs, tag: str) -> str | None:
+    """The pushed image's digest (ECR DescribeImages, imageDetails[].imageDigest), for the model version records."""
+    ecr = client("ecr", outputs.region)
+    details = ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
+    return next((d.get("imageDigest") for d in details["imageDetails"]), None)
+
+
 def submit(submission: Submission, outputs: StackOutputs) -> str:
     job_definition = job_definition_for(submission.image, outputs)
-    environment = [{"name": k, "value": v} for k, v in submission.environment.items()]
+    digest = image_digest(outputs, submission.image.rsplit(":", 1)[1])
+    named = {**submission.environment, **({IMAGE_DIGEST_ENV: digest} if digest else {})}
+    environment = [{"name": k, "value": v} for k, v in named.items()]
     team = team_submit_arguments(submission.team)
     response = client("batch", outputs.region).submit_job(
         jobName=submission.run,

@@ -1,0 +1,147 @@
+"""The registry: versions found under a local directory and in a KMS-encrypted, versioned checkpoints bucket
+(moto), tags that move only by appending events, and a history that keeps every promotion."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests.support.training import sealed_checkpoint
+from trainer.models.record import RECORD, Lineage, RecordError, write_record
+from trainer.models.registry import TAGS, LocalStore, Registry, RegistryError, S3Store, TagEvent
+
+from .test_record import config, prepared
+
+REGION = "us-east-1"
+BUCKET = "trainstack-test-checkpoints"
+
+
+@pytest.fixture(scope="module")
+def lineage(tmp_path_factory) -> Lineage:
+    prefix = prepared(tmp_path_factory.mktemp("data"), "some text to train on. " * 50)
+    return Lineage(config(prefix, prefix + ".tokenizer.json"), environ={})
+
+
+@pytest.fixture
+def runs(tmp_path, lineage) -> Path:
+    """runs/tiny/checkpoints with two published, recorded checkpoints (steps 5 and 10)."""
+    for step, loss in ((5, 3.0), (10, 2.0)):
+        checkpoint = sealed_checkpoint(tmp_path / "runs" / "tiny" / "checkpoints" / f"iter_{step:07d}", loss)
+        write_record(checkpoint, lineage.record(checkpoint, step, {"val_loss": loss}))
+    return tmp_path / "runs"
+
+
+def versions(registry: Registry) -> list[str]:
+    return [found.record.version for found in registry.versions]
+
+
+def test_local_versions_are_found_under_the_directory(runs):
+    registry = Registry(LocalStore(runs))
+    assert [v.split("-")[:2] for v in versions(registry)] == [["tiny", "s5"], ["tiny", "s10"]]
+    assert registry.versions[1].location == str(runs / "tiny" / "checkpoints" / "iter_0000010")
+    assert registry.tags() == {}
+
+
+def test_promote_moves_a_tag_by_appending_events_and_keeps_its_history(runs):
+    registry = Registry(LocalStore(runs))
+    first, second = versions(registry)
+    registry.promote(first, "production")
+    registry.promote(second, "staging")
+    registry.promote("staging", "production")  # a tag's version promoted to another tag
+    again = Registry(LocalStore(runs))  # read back from the files
+    assert again.tags() == {"production": second, "staging": second}
+    assert again.find("production").record.version == second
+    assert [(e.version, e.previous) for e in again.history("production")] == [(first, None), (second, first)]
+    assert len(list((runs / TAGS / "production").glob("*.json"))) == 2
+    assert again.tags_of(second) == ["production", "staging"]
+
+
+def test_an_unknown_version_or_a_bad_tag_is_refused_with_what_would_be_valid(runs):
+    registry = Registry(LocalStore(runs))
+    first = versions(registry)[0]
+    with pytest.raises(
+        RegistryError, match=r"no model version or tag 'nope' .* versions \(newest\): tiny-s5-"
+    ):
+        registry.find("nope")
+    with pytest.raises(RegistryError, match=r"--tag 'Prod!': use lowercase letters.*e\.g\. production"):
+        registry.promote(first, "Prod!")
+    with pytest.raises(RegistryError, match="a tag needs a name of its own"):
+        registry.promote(first, first)
+    with pytest.raises(RegistryError, match=r"--dir .*: no such directory"):
+        LocalStore(runs / "missing")
+
+
+def test_a_tag_event_is_never_replaced(runs):
+    store = LocalStore(runs)
+    event = TagEvent(
+        tag="production", version="v", at="2026-12-04T22:00:00.000001+00:00", by="me", previous=None
+    )
+    store.append_tag_event(event)
+    with pytest.raises(RecordError, match="written once, never replaced"):
+        store.append_tag_event(event)
+    assert [e.version for e in store.tag_events()] == ["v"]
+
+
+@pytest.fixture
+def bucket():
+    """The stack's checkpoints bucket as infra/ makes it: versioned, SSE-KMS with the stack key by default."""
+    with mock_aws():
+        kms = boto3.client("kms", region_name=REGION)
+        key = kms.create_key(Description="trainstack-test")["KeyMetadata"]["Arn"]
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        s3.put_bucket_encryption(
+            Bucket=BUCKET,
+            ServerSideEncryptionConfiguration={
+                "Rules": [
+                    {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}}
+                ]
+            },
+        )
+        yield s3, key
+
+
+def exported(s3, runs: Path) -> None:
+    """What FSx's auto-export puts in the bucket for /fsx/checkpoints/<run>/...: the same relative keys."""
+    for path in sorted(p for p in runs.rglob("*") if p.is_file()):
+        s3.put_object(Bucket=BUCKET, Key=str(path.relative_to(runs)), Body=path.read_bytes())
+
+
+def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_and_never_over(bucket, runs):
+    s3, key = bucket
+    exported(s3, runs)
+    store = S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key)
+    registry = Registry(store)
+    first, second = versions(registry)
+    assert registry.versions[0].location == f"s3://{BUCKET}/tiny/checkpoints/iter_0000005"
+    event, where = registry.promote(first, "production")
+    registry.promote(second, "production")
+    assert event.by.startswith("arn:aws:")
+    written = s3.get_object(Bucket=BUCKET, Key=where.removeprefix(f"s3://{BUCKET}/"))
+    assert (written["ServerSideEncryption"], written["SSEKMSKeyId"]) == ("aws:kms", key)
+    assert json.loads(written["Body"].read())["version"] == first
+    again = Registry(S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key))
+    assert again.find("production").record.version == second
+    assert [e.version for e in again.history("production")] == [first, second]
+    with pytest.raises(RegistryError, match="tag events are never replaced"):
+        store.append_tag_event(event)
+    keys = [v["Key"] for v in s3.list_object_versions(Bucket=BUCKET, Prefix=TAGS)["Versions"]]
+    assert len(keys) == len(set(keys)) == 2  # no key written twice
+
+
+def test_s3_evaluations_beside_a_record_are_read(bucket, runs):
+    s3, key = bucket
+    checkpoint = runs / "tiny" / "checkpoints" / "iter_0000010"
+    from trainer.models.record import add_evaluation
+
+    add_evaluation(checkpoint, "heldout", {"perplexity": 7.5})
+    exported(s3, runs)
+    registry = Registry(S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key))
+    found = registry.versions[1]
+    assert [e["results"] for e in found.evaluations] == [{"perplexity": 7.5}]
+    assert (checkpoint / RECORD).is_file() and registry.versions[0].evaluations == []
