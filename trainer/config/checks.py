@@ -36,7 +36,29 @@ def consistency_problems(cfg: TrainConfig) -> list[str]:
             f"fp8.format = {cfg.fp8.format!r} needs precision: bf16 (got {cfg.precision!r}): FP8 GEMMs run inside "
             "bf16 training, whose weights and gradients stay bf16/fp32"
         )
-    return problems + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+    return (
+        problems
+        + _chat_problems(cfg)
+        + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+    )
+
+
+def _chat_problems(cfg: TrainConfig) -> list[str]:
+    """Packed chat samples go to megatron-core's thd attention one sequence per micro-batch, as in
+    Megatron-Bridge (src/megatron/bridge/training/utils/packed_seq_utils.py squeezes the batch dimension)."""
+    if cfg.data.format != "chat":
+        return []
+    wanted = {
+        "engine": (cfg.engine, "megatron"),
+        "schedule.micro_batch_size": (cfg.schedule.micro_batch_size, 1),
+        "parallel.context_parallel_size": (cfg.parallel.context_parallel_size, 1),
+    }
+    return [
+        f"data.format = 'chat' needs {key} = {valid!r} (got {value!r}): a packed sample is one micro-batch of "
+        "one sequence through megatron-core's packed (thd) attention; raise data.seq_length to pack more"
+        for key, (value, valid) in wanted.items()
+        if value != valid
+    ]
 
 
 def _megatron_problems(cfg: TrainConfig) -> list[str]:

@@ -35,6 +35,7 @@ from rich.progress import (
 from tokenizers import Tokenizer
 
 from trainer.data import DataError
+from trainer.data.chat import chat_arguments, chat_format, chat_main
 from trainer.data.indexed import IndexedDatasetWriter, token_dtype
 from trainer.data.manifest import (
     DatasetFiles,
@@ -118,10 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="encoding processes (default: the cores this process may use)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if PREFIX already holds a dataset")
+    chat_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False)
+    if chat_format(args):
+        return chat_main(args, console)
     try:
         result = prepare_dataset(
             args.inputs,
