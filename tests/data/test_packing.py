@@ -4,12 +4,15 @@ nothing, and fine-tuning on packed chat samples lowers the assistant tokens' los
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
 from tests.model import attention_worker
 from tests.model.conftest import model_parallel  # noqa: F401  (the one-process megatron world these tests use)
+from trainer.data import DataError
 from trainer.data.packing import first_fit, packed_sample
 from trainer.engines import megatron as megatron_engine
 from trainer.model import llama, loss
@@ -142,3 +145,36 @@ def test_fine_tuning_on_packed_samples_lowers_the_assistant_tokens_loss(model_pa
         optimizer.step()
     after = mean_loss()
     assert after < 0.7 * before, f"assistant loss {before:.3f} -> {after:.3f}"
+
+
+def test_the_loader_packs_a_prepared_chat_dataset_into_whole_conversations(tmp_path, model_parallel):  # noqa: F811
+    from tests.data.conftest import write_jsonl
+    from tests.data.test_chat import CHAT, bpe
+    from trainer.data.chat import prepare_chat
+    from trainer.data.packing import build_packed_datasets
+    from trainer.data.sampler import sample_batches
+
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer = bpe(tokenizer_path, ["<|endoftext|>"])
+    records = [{"messages": CHAT[1 : 3 + 2 * (i % 2)]} for i in range(20)]
+    data = write_jsonl(tmp_path / "chat.jsonl", records)
+    manifest = prepare_chat([data], str(tmp_path / "c"), tokenizer=str(tokenizer_path)).manifest
+    seq_length = 2 * manifest.longest
+
+    train, valid = build_packed_datasets(str(tmp_path / "c"), "90,10,0", seq_length, 1234, (6, 2), 0)
+
+    assert (len(train), len(valid)) == (6, 2)
+    batch = next(sample_batches(train, 0, 2, 1, 0, 1))
+    bounds = batch["cu_seqlens"][0][batch["cu_seqlens"][0] >= 0].tolist()
+    assert batch["tokens"].shape == (1, seq_length) and bounds[0] == 0 and bounds[-1] == seq_length
+    eod = tokenizer.token_to_id("<|endoftext|>")
+    for start, end in itertools.pairwise(bounds[:-1]):  # each conversation (the last segment is padding)
+        text = tokenizer.decode(batch["tokens"][0, start:end].tolist(), skip_special_tokens=False)
+        assert text.startswith("<|user|>\n") and batch["position_ids"][0, start] == 0
+        # its last labels: the end of its last answer, then the template's newline
+        assert (
+            batch["labels"][0, end - 2] == eod
+            and tokenizer.decode([int(batch["labels"][0, end - 1])]) == "\n"
+        )
+    with pytest.raises(DataError, match="leaves the valid split"):
+        build_packed_datasets(str(tmp_path / "c"), "100,0,0", seq_length, 1234, (6, 2), 0)

@@ -284,6 +284,15 @@ def data_problems(cfg: TrainConfig) -> list[str]:
             check_every_split_has_documents(cfg.data.prefixes, cfg.data.split)
         except DataError as error:
             problems.append(f"data.split = {cfg.data.split!r}: {error}")
+    if (
+        not problems and cfg.data.format == "chat"
+    ):  # its loss mask, and conversations that fit a packed sample
+        from trainer.data.chat import check_chat_dataset
+
+        try:
+            check_chat_dataset(cfg.data.prefixes[0], cfg.data.seq_length)
+        except DataError as error:
+            problems.append(f"data.prefixes[0] = {cfg.data.prefixes[0]!r}: {error}")
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
         problems.append(
             f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "

@@ -142,7 +142,8 @@ def build_packed_datasets(
     manifest = check_chat_dataset(prefix, seq_length)
     count = manifest.conversations
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    ranges = [(round(low * count), round(high * count)) for low, high in matrix[:2]]
+    # A split of weight 0 has no range (None): the same as an empty one here.
+    ranges = [(round(b[0] * count), round(b[1] * count)) if b else (0, 0) for b in matrix[:2]]
     for name, (first, last) in zip(("train", "valid"), ranges, strict=True):
         if first == last:
             raise DataError(
