@@ -36,6 +36,7 @@ from trainer.data.manifest import (
     Manifest,
     Request,
     TokenizerRecord,
+    read_manifest,
     sampled_sha256,
     write_manifest,
 )
@@ -392,6 +393,10 @@ def prepare_chat(
     existing = read_chat_manifest(output)
     if not force and existing is not None:
         if existing.request == request:
+            token_manifest = read_manifest(files)
+            if token_manifest is None:
+                raise DataError(f"{files.manifest} is missing; re-run with --force")
+            token_manifest.check_files(files)
             check_chat_dataset(output, existing.longest)
             return ChatResult(output, existing, True, time.perf_counter() - started)
         raise DataError(

@@ -5,7 +5,7 @@ One document per text file or JSONL line: the special tokens the tokenizer's pos
 (megatron's indexed dataset format, trainer/data/indexed.py), PREFIX.tokenizer.json (the tokenizer used: the one
 given, or a byte-level BPE trained on the inputs) and PREFIX.manifest.json (what it was made from; written last,
 it marks a complete dataset, and re-running with the same inputs finds it and does nothing). Neither torch nor
-megatron-core is imported.
+megatron-core is imported. Chat data (`--format chat`) goes through trainer/data/chat.py instead.
 """
 
 from __future__ import annotations
