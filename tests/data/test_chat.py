@@ -225,3 +225,13 @@ def test_prepare_detects_chat_jsonl_and_reports_bad_lines_with_status_2(plain_bp
         == 2
     )
     assert "role 'robot'" in capsys.readouterr().err
+
+
+def test_a_named_chat_template_must_exist_and_hold_a_template(plain_bpe, tmp_path):
+    path, _ = plain_bpe
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    with pytest.raises(DataError, match=r"--chat-template '.*none\.json' does not exist"):
+        prepare_chat([data], str(tmp_path / "c"), tokenizer=path, chat_template=str(tmp_path / "none.json"))
+    (tmp_path / "config.json").write_text('{"bos_token": "<s>"}')
+    with pytest.raises(DataError, match="has no 'chat_template' string"):
+        prepare_chat([data], str(tmp_path / "c"), tokenizer=path, chat_template=str(tmp_path / "config.json"))
