@@ -65,6 +65,23 @@ else
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
 endif
 
+# make finetune: supervised fine-tuning of `make train`'s model on the built-in chat set (docs/finetune.md). Each
+# stage is skipped or resumed when its output exists: prepare prints `cached`, train resumes from its newest
+# checkpoint in runs/sft-local (FRESH=1 starts over).
+FINETUNE_CONFIG := trainer/configs/sft-local.yaml
+
+.PHONY: finetune
+finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set (prepare -> train)
+	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
+	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask
+	$(PY) -m trainer prepare --format chat --stdlib-chat --tokenizer data/stdlib.tokenizer.json --seq-length 512 \
+	  --output data/stdlib-chat
+	# stage 2: fine-tune (checkpoint.load: runs/local/checkpoints, finetune: true), resuming where it stopped
+	$(PY) -m trainer train --config "$(or $(CONFIG),$(FINETUNE_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
+	# stage 3 (evaluate): python -m trainer evaluate --checkpoint runs/sft-local/checkpoints --suite FILE.yaml
+	# stage 4 (register): python -m trainer models ... (version record of runs/sft-local/checkpoints)
+	# stage 5 (export):   python -m trainer convert --to-hf ... --dtype bf16
+
 .PHONY: bench
 bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json
 	$(PY) -m trainer prepare --stdlib --output data/stdlib

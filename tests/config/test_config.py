@@ -191,3 +191,24 @@ def test_config_module_imports_neither_torch_nor_megatron():
         subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True).stdout.strip()
         == "False"
     )
+
+
+def test_the_sft_recipes_pack_one_chat_dataset_one_sample_per_micro_batch():
+    for name in ("sft-local.yaml", "llama3-8b-sft.yaml"):
+        cfg = load_config(CONFIGS / name, device="cpu")
+        assert cfg.data.format == "chat" and cfg.schedule.micro_batch_size == 1 and cfg.checkpoint.finetune
+    assert layout_problems(load_config(CONFIGS / "sft-local.yaml"), 4, "cpu") == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("schedule.micro_batch_size=2", "data.format = 'chat' needs schedule.micro_batch_size = 1 (got 2)"),
+        ("engine=deepspeed", "data.format = 'chat' needs engine = 'megatron' (got 'deepspeed')"),
+        ("data.prefixes=[a,b]", "data.format = 'chat' packs one chat dataset; data.prefixes has 2"),
+    ],
+)
+def test_chat_data_refuses_what_packed_samples_cannot_run(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(CONFIGS / "sft-local.yaml", [override, "schedule.global_batch_size=4"])
+    assert message in str(error.value)

@@ -53,6 +53,15 @@ def damaged(name: str, *, manifest: bool = True, **edits: Callable[[Path], None]
     return setup
 
 
+def chat_lines(*lines: str) -> Callable[[Paths], None]:
+    """A setup that writes {tmp}/chat.jsonl with these lines."""
+
+    def setup(paths: Paths) -> None:
+        Path(paths["tmp"], "chat.jsonl").write_text("".join(line + "\n" for line in lines))
+
+    return setup
+
+
 def empty(path: Path) -> None:
     path.write_bytes(b"")
 
@@ -510,6 +519,32 @@ ROWS: dict[str, Row] = {
     "prepare-output-holds-another-dataset": Row(
         "prepare {config} --output {corpus}",
         ("'{corpus}' holds a dataset prepared from other inputs", "pass --force to replace it"),
+    ),
+    "prepare-chat-malformed-message": Row(
+        "prepare --format chat {tmp}/chat.jsonl --tokenizer {corpus}.tokenizer.json --output {tmp}/c",
+        ("{tmp}/chat.jsonl:1: messages[0] must be an object with 'role' and 'content', got ['role']",),
+        setup=chat_lines('{"messages": [{"role": "user"}]}'),
+    ),
+    "prepare-chat-unknown-role": Row(
+        "prepare {tmp}/chat.jsonl --tokenizer {corpus}.tokenizer.json --output {tmp}/c",
+        (
+            "{tmp}/chat.jsonl:1: messages[0] has role 'robot', which the chat template does not know",
+            "valid: system, user, assistant",
+        ),
+        setup=chat_lines('{"messages": [{"role": "robot", "content": "beep"}]}'),
+    ),
+    "prepare-chat-longer-than-the-sequence": Row(
+        "prepare {tmp}/chat.jsonl --tokenizer {corpus}.tokenizer.json --seq-length 4 --output {tmp}/c",
+        (
+            "{tmp}/chat.jsonl:1: the conversation is",
+            "longer than --seq-length 4",
+            "pass --truncate to cut it",
+        ),
+        setup=chat_lines('{"prompt": "What does len do?", "completion": "Return the number of items."}'),
+    ),
+    "train-chat-micro-batch-above-one": Row(
+        f"{TRAIN} --set data.format=chat --set schedule.micro_batch_size=2",
+        ("data.format = 'chat' needs schedule.micro_batch_size = 1 (got 2)",),
     ),
 }
 

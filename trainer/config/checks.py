@@ -36,7 +36,29 @@ def consistency_problems(cfg: TrainConfig) -> list[str]:
             f"fp8.format = {cfg.fp8.format!r} needs precision: bf16 (got {cfg.precision!r}): FP8 GEMMs run inside "
             "bf16 training, whose weights and gradients stay bf16/fp32"
         )
-    return problems + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+    return (
+        problems
+        + _chat_problems(cfg)
+        + (_deepspeed_problems(cfg) if cfg.engine == "deepspeed" else _megatron_problems(cfg))
+    )
+
+
+def _chat_problems(cfg: TrainConfig) -> list[str]:
+    """Packed chat samples go to megatron-core's thd attention one sequence per micro-batch, as in
+    Megatron-Bridge (src/megatron/bridge/training/utils/packed_seq_utils.py squeezes the batch dimension)."""
+    if cfg.data.format != "chat":
+        return []
+    wanted = {
+        "engine": (cfg.engine, "megatron"),
+        "schedule.micro_batch_size": (cfg.schedule.micro_batch_size, 1),
+        "parallel.context_parallel_size": (cfg.parallel.context_parallel_size, 1),
+    }
+    return [
+        f"data.format = 'chat' needs {key} = {valid!r} (got {value!r}): a packed sample is one micro-batch of "
+        "one sequence through megatron-core's packed (thd) attention; raise data.seq_length to pack more"
+        for key, (value, valid) in wanted.items()
+        if value != valid
+    ]
 
 
 def _megatron_problems(cfg: TrainConfig) -> list[str]:
@@ -262,6 +284,15 @@ def data_problems(cfg: TrainConfig) -> list[str]:
             check_every_split_has_documents(cfg.data.prefixes, cfg.data.split)
         except DataError as error:
             problems.append(f"data.split = {cfg.data.split!r}: {error}")
+    if (
+        not problems and cfg.data.format == "chat"
+    ):  # its loss mask, and conversations that fit a packed sample
+        from trainer.data.chat import check_chat_dataset
+
+        try:
+            check_chat_dataset(cfg.data.prefixes[0], cfg.data.seq_length)
+        except DataError as error:
+            problems.append(f"data.prefixes[0] = {cfg.data.prefixes[0]!r}: {error}")
     if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
         problems.append(
             f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "

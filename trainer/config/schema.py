@@ -183,9 +183,16 @@ class DataConfig(_Section):
     seq_length: PositiveInt
     tokenizer_path: str
     cache_dir: str | None = None  # None: beside the run
+    # chat: fine-tuning samples packed from `prepare --format chat` conversations (trainer/data/packing.py)
+    format: Literal["text", "chat"] = "text"
 
     def problems(self) -> list[str]:
         problems = []
+        if self.format == "chat" and (len(self.prefixes) > 1 or self.weights is not None):
+            problems.append(
+                f"data.format = 'chat' packs one chat dataset; data.prefixes has {len(self.prefixes)} "
+                "(prepare the conversations together into one, and give no data.weights)"
+            )
         if self.weights is not None and len(self.weights) != len(self.prefixes):
             problems.append(
                 f"data.weights = {self.weights} has {len(self.weights)} entries but data.prefixes has "

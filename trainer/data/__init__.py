@@ -9,6 +9,9 @@
     datasets   GPT samples through megatron-core's GPTDataset and blended builder; the data checks
     sampler    micro-batches for one data-parallel rank from a position in the sample stream
     loader     a run's train and validation samples and each rank's micro-batch streams
+    chat       `prepare --format chat`: conversations through a chat template into tokens and a loss mask
+    packing    fine-tuning samples: conversations packed into full sequences, no attention or position across them
+    stdlib_chat the built-in chat set: questions on the standard library's functions, made from its sources
 
 This package stays import-light (no torch, no megatron-core) so `prepare --help` and its cache check are instant;
 the modules that need megatron-core import it where they use it.

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     """Train and validation samples: megatron-core GPTDatasets over the prepared blend, in the seed's order."""
     s = cfg.schedule
+    if cfg.data.format == "chat":
+        return _packed_chat(cfg)
     train_data, valid_data, _ = build_gpt_datasets(
         prefixes=cfg.data.prefixes,
         weights=cfg.data.weights,
@@ -35,6 +37,24 @@ def train_and_valid(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     )
     assert valid_data is not None  # data.split's validation weight is above 0 (DataConfig checks it)
     return train_data, valid_data
+
+
+def _packed_chat(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """Packed fine-tuning samples of the chat dataset (trainer/data/packing.py), padded with the tokenizer's EOD."""
+    from trainer.data.datasets import check_tokenizer_matches_dataset
+    from trainer.data.packing import build_packed_datasets
+
+    s, prefix = cfg.schedule, cfg.data.prefixes[0]
+    tokenizer = load_tokenizer(cfg.data.tokenizer_path)
+    check_tokenizer_matches_dataset(prefix, tokenizer)
+    return build_packed_datasets(
+        prefix,
+        cfg.data.split,
+        cfg.data.seq_length,
+        cfg.seed,
+        (s.train_iters * s.global_batch_size, s.eval_iters * s.global_batch_size),
+        tokenizer.eod,
+    )
 
 
 def micro_batch_streams(

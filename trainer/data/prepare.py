@@ -5,7 +5,7 @@ One document per text file or JSONL line: the special tokens the tokenizer's pos
 (megatron's indexed dataset format, trainer/data/indexed.py), PREFIX.tokenizer.json (the tokenizer used: the one
 given, or a byte-level BPE trained on the inputs) and PREFIX.manifest.json (what it was made from; written last,
 it marks a complete dataset, and re-running with the same inputs finds it and does nothing). Neither torch nor
-megatron-core is imported.
+megatron-core is imported. Chat data (`--format chat`) goes through trainer/data/chat.py instead.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from rich.progress import (
 from tokenizers import Tokenizer
 
 from trainer.data import DataError
+from trainer.data.chat import chat_arguments, chat_format, chat_main
 from trainer.data.indexed import IndexedDatasetWriter, token_dtype
 from trainer.data.manifest import (
     DatasetFiles,
@@ -118,10 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="encoding processes (default: the cores this process may use)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if PREFIX already holds a dataset")
+    chat_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False)
+    if chat_format(args):
+        return chat_main(args, console)
     try:
         result = prepare_dataset(
             args.inputs,

@@ -59,5 +59,7 @@ def sample_batches(
 
 
 def _collate(samples: list[dict[str, torch.Tensor]], pin_memory: bool) -> dict[str, torch.Tensor]:
-    batch = {field: torch.stack([sample[field] for sample in samples]) for field in FIELDS}
+    # Packed chat samples (trainer/data/packing.py) also carry their conversations' bounds.
+    fields = (*FIELDS, "cu_seqlens") if "cu_seqlens" in samples[0] else FIELDS
+    batch = {field: torch.stack([sample[field] for sample in samples]) for field in fields}
     return {field: tensor.pin_memory() for field, tensor in batch.items()} if pin_memory else batch

@@ -30,6 +30,7 @@ from trainer.checkpoint.store import Progress
 from trainer.checkpoint.writer import Write, Writer
 from trainer.config import ParallelDims, TrainConfig
 from trainer.contract import metrics as registry
+from trainer.data import packing
 from trainer.data.loader import micro_batch_streams, train_and_valid
 from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
@@ -194,7 +195,11 @@ def build_model_and_optimizer(
 def _forward_step(batches, chunk):
     with exporters.timed(registry.DATA_WAIT_TIME):
         batch = next(batches)
-    per_token_loss = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # Packed chat samples: each conversation attends to itself alone (trainer/data/packing.py).
+    packed = packing.packed_seq_params(batch["cu_seqlens"]) if "cu_seqlens" in batch else None
+    per_token_loss = chunk(
+        batch["tokens"], batch["position_ids"], None, labels=batch["labels"], packed_seq_params=packed
+    )
     return per_token_loss, functools.partial(_loss_sum, batch["loss_mask"])
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
 
 import torch
@@ -130,10 +131,10 @@ class SDPAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
     ) -> torch.Tensor:
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError(
-                "SDPA core attention takes no packed sequences or attention bias (TransformerEngine's does)"
-            )
+        if attention_bias is not None:
+            raise ValueError("SDPA core attention takes no attention bias (TransformerEngine's does)")
+        if packed_seq_params is not None:
+            return self._per_segment(query, key, value, packed_seq_params)
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         # [s, b, heads, head_dim] -> [b, heads, s, head_dim]: SDPA's layout (a view; the last dim stays contiguous)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
@@ -154,3 +155,25 @@ class SDPAttention(MegatronModule):
         # [b, heads, sq, head_dim] -> [sq, b, heads x head_dim]
         sq, b = context.size(2), context.size(0)
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+    def _per_segment(self, query, key, value, packed_seq_params) -> torch.Tensor:
+        """Packed sequences (megatron-core's thd format: [tokens, heads, head_dim], segments bounded by cu_seqlens,
+        as transformer/attention.py passes them): causal attention within each segment alone, [tokens, 1, heads x
+        head_dim] out, which Attention reshapes as it does TransformerEngine's thd output."""
+        if packed_seq_params.qkv_format != "thd":
+            raise ValueError(
+                f"SDPA core attention packs only the thd format, not {packed_seq_params.qkv_format!r}"
+            )
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        return torch.cat(
+            [
+                self.forward(
+                    query[start:end].unsqueeze(1),
+                    key[start:end].unsqueeze(1),
+                    value[start:end].unsqueeze(1),
+                    None,
+                    AttnMaskType.causal,
+                )
+                for start, end in itertools.pairwise(bounds)
+            ]
+        )
