@@ -13,6 +13,8 @@
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms
     teams           teams on a shared stack: a role each, one tag-based policy, fair share
+    k8s_versions    what an EKS stack runs in its cluster, pinned once: Kubernetes minor, Helm charts, add-ons
+    k8s_validate    offline validation of generated Kubernetes objects (built-in schemas, pinned CRDs, strict)
     preview         the offline preview: the real program under mocks, printed
     mocks           the Pulumi mocks the offline preview and the tests run the program under
 
