@@ -94,6 +94,9 @@ class EksAddon:
 # vpc-cni >= 1.18.5 for efa-only interfaces (EKS user guide ml/node-efa.adoc); the Pod Identity agent is what the FSx
 # CSI add-on authenticates through (docs.aws.amazon.com/eks/latest/userguide/fsx-csi-create.html); node monitoring
 # feeds node auto repair (EKS user guide nodes/node-health.adoc).
+# The metrics route on EKS (docs/eks.md#metrics): the CloudWatch agent and Fluent Bit of this AWS-managed add-on,
+# the same one awsome-distributed-training installs (1.architectures/4.amazon-eks/eks-g5-node-autorepair.yaml).
+OBSERVABILITY = EksAddon("amazon-cloudwatch-observability", fixed=None)
 EKS_ADDONS: tuple[EksAddon, ...] = (
     EksAddon("vpc-cni", fixed="1.18.5"),
     EksAddon("coredns", fixed=None),
@@ -101,6 +104,7 @@ EKS_ADDONS: tuple[EksAddon, ...] = (
     EksAddon("eks-pod-identity-agent", fixed=None),
     EksAddon("aws-fsx-csi-driver", fixed=None),
     EksAddon("eks-node-monitoring-agent", fixed=None),
+    OBSERVABILITY,
 )
 
 

@@ -41,8 +41,8 @@ def error_for(**changes) -> str:
     return str(raised.value)
 
 
-def test_checked_in_stacks_are_the_three_environments():
-    assert STACKS == ["dev", "prod", "staging"]
+def test_checked_in_stacks_are_the_three_environments_and_the_eks_one():
+    assert STACKS == ["dev", "eks-dev", "prod", "staging"]
 
 
 @pytest.mark.parametrize("name", STACKS)
