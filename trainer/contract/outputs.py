@@ -68,9 +68,10 @@ def orchestrator(outputs: dict[str, object]) -> str:
 
 
 def required_outputs(outputs: dict[str, object]) -> tuple[str, ...]:
-    """The outputs a stack of this orchestrator must export: the shared ones, then its orchestrator's own."""
-    shared = tuple(name for name in STACK_OUTPUTS if name not in BATCH_OUTPUTS)
-    return (*shared, *(EKS_OUTPUTS if orchestrator(outputs) == "eks" else BATCH_OUTPUTS))
+    """The outputs a stack of this orchestrator must export, in declaration order (Batch: STACK_OUTPUTS)."""
+    if orchestrator(outputs) == "batch":
+        return STACK_OUTPUTS
+    return (*(name for name in STACK_OUTPUTS if name not in BATCH_OUTPUTS), *EKS_OUTPUTS)
 
 
 def missing_outputs(outputs: dict[str, object]) -> list[str]:
