@@ -191,7 +191,9 @@ ROWS = {
     "stack-eks-one-zone": Row(
         "eks-dev",
         {"trainstack:availabilityZones": ["us-east-1a"]},
-        ("trainstack:availabilityZones = ['us-east-1a']: an EKS cluster needs subnets in at least two zones",),
+        (
+            "trainstack:availabilityZones = ['us-east-1a']: an EKS cluster needs subnets in at least two zones",
+        ),
     ),
     "stack-eks-endpoint-open-to-internet": Row(
         "eks-dev",
