@@ -32,6 +32,10 @@ from policy.resources import of_type, referenced
 from trainer.contract.catalog import INSTANCE_TYPES
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+# What a managed node group's launch template may not set (EKS user guide, "Customize managed nodes with launch
+# templates": "Amazon EKS must control the instance lifecycle"; IAM instance profile and SubnetId are prohibited).
+PROHIBITED_IN_NODE_TEMPLATES = ("instanceInitiatedShutdownBehavior", "iamInstanceProfile")
 ADDON = "aws:eks/addon:Addon"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 CLUSTER_QUEUE_PREFIX = "kubernetes:kueue.x-k8s.io/"
@@ -147,6 +151,28 @@ def validate_efa_agree(args: StackValidationArgs, report_violation: ReportViolat
                     report_violation(f"JobSet '{jobset.name}': {problem}", jobset.urn)
 
 
+def validate_node_templates(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for group in of_type(args.resources, [NODE_GROUP]):
+        for template in referenced(group, "launchTemplate", [aws_types.LAUNCH_TEMPLATE]):
+            for key in PROHIBITED_IN_NODE_TEMPLATES:
+                if key in template.props:
+                    report_violation(
+                        f"Launch template '{template.name}' of node group '{group.name}' sets {key}: EKS refuses it in a "
+                        "managed node group's template (EKS user guide, \"Customize managed nodes with launch "
+                        'templates"); remove it (infra/eks.py builds the node template without it).',
+                        template.urn,
+                    )
+            interfaces = template.props.get("networkInterfaces") or []
+            grouped = [i for i in interfaces if i.get("securityGroups")]
+            if grouped and not referenced(template, "networkInterfaces", [EKS_CLUSTER]):
+                report_violation(
+                    f"Launch template '{template.name}' of node group '{group.name}' puts security groups on its "
+                    "interfaces but not the cluster security group: EKS then does not add it and the nodes cannot "
+                    "reach the control plane (same guide); add cluster.vpc_config.cluster_security_group_id.",
+                    template.urn,
+                )
+
+
 def validate_jobset_grace(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
     if not args.resource_type.startswith(JOBSET_PREFIX):
         return
@@ -186,6 +212,15 @@ efa_agree = StackValidationPolicy(
         "whole nodes of them (kubernetes-sigs/kueue issue 2796), and a JobSet's pod asks for one node's devices."
     ),
     validate=validate_efa_agree,
+)
+
+node_templates = StackValidationPolicy(
+    name="eks-node-template-as-eks-requires",
+    description=(
+        "A managed node group's launch template sets no shutdown behaviour or instance profile, and interfaces that "
+        'name security groups include the cluster\'s (EKS user guide, "Customize managed nodes with launch templates").'
+    ),
+    validate=validate_node_templates,
 )
 
 jobset_grace = ResourceValidationPolicy(

@@ -60,6 +60,7 @@ POLICIES: list[Policy] = [
     audit.cis_metric_filters,
     # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
     eks.efa_agree,
+    eks.node_templates,
     eks.jobset_grace,
     eks.fixed_versions,
 ]

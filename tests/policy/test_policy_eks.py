@@ -21,12 +21,13 @@ QUEUE_TYPE = "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
 
 
 def camel(interfaces: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    names = {
-        "network_card_index": "networkCardIndex",
-        "device_index": "deviceIndex",
-        "interface_type": "interfaceType",
-    }
-    return [{names.get(k, k): v for k, v in i.items()} for i in interfaces]
+    """Interfaces as the engine hands them over: camelCase keys."""
+
+    def key(name: str) -> str:
+        head, *rest = name.split("_")
+        return head + "".join(part.title() for part in rest)
+
+    return [{key(k): v for k, v in i.items()} for i in interfaces]
 
 
 def queue_props(gpus: int, efa: int) -> dict[str, Any]:
@@ -92,6 +93,44 @@ def test_a_jobset_asking_for_fewer_devices_than_a_node_has_fails(resource, viola
     assert name == "train" and "vpc.amazonaws.com/efa = 16, but one node has 32" in message
 
 
+def node_group_on(resource, template_props: dict[str, Any], fed_by_cluster: bool):
+    control_plane = resource(eks.EKS_CLUSTER, {"name": "c"}, name="cluster")
+    template = resource(
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        template_props,
+        name="gpu-template",
+        fed_by={"networkInterfaces": [control_plane] if fed_by_cluster else []},
+    )
+    group = resource(
+        eks.NODE_GROUP,
+        {"instanceTypes": ["p5.48xlarge"]},
+        name="gpu-nodes",
+        fed_by={"launchTemplate": [template]},
+    )
+    return [control_plane, template, group]
+
+
+def test_a_node_template_with_a_shutdown_behaviour_fails(resource, violations):
+    interfaces = camel(eks_network_interfaces(P5, ["sg-cluster", "sg-efa"]))
+    bad = node_group_on(
+        resource, {"networkInterfaces": interfaces, "instanceInitiatedShutdownBehavior": "terminate"}, True
+    )
+    ((name, message),) = violations(eks.node_templates, *bad)
+    assert name == "gpu-template" and "sets instanceInitiatedShutdownBehavior" in message
+    assert (
+        violations(eks.node_templates, *node_group_on(resource, {"networkInterfaces": interfaces}, True))
+        == []
+    )
+
+
+def test_a_node_template_without_the_cluster_group_fails(resource, violations):
+    interfaces = camel(eks_network_interfaces(P5, ["sg-efa"]))
+    ((_, message),) = violations(
+        eks.node_templates, *node_group_on(resource, {"networkInterfaces": interfaces}, False)
+    )
+    assert "but not the cluster security group" in message
+
+
 def test_termination_grace_at_or_under_the_stop_grace_fails(resource, violations):
     for grace in (None, 120):  # None: Kubernetes' default of 30 s
         ((_, message),) = violations(
@@ -130,5 +169,5 @@ def test_the_eks_stack_passes_and_the_rule_sees_its_node_group_and_queue(planned
     groups = [r for r in resources if r.resource_type == eks.NODE_GROUP]
     assert [g for g in groups if referenced(g, "launchTemplate", ["aws:ec2/launchTemplate:LaunchTemplate"])]
     assert [r for r in resources if r.resource_type == QUEUE_TYPE]
-    for policy in (eks.efa_agree, eks.jobset_grace, eks.fixed_versions):
+    for policy in (eks.efa_agree, eks.node_templates, eks.jobset_grace, eks.fixed_versions):
         assert violations(policy, *resources) == []
