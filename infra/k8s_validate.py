@@ -64,7 +64,7 @@ def _validate_builtin(obj: dict[str, Any], where: str) -> None:
     except kubernetes_validate.SchemaNotFoundError as e:
         raise K8sValidationError(
             f"{where}: no schema at Kubernetes {KUBERNETES_MINOR} in kubernetes-validate and no pinned CRD in "
-            f"{crds_dir()} (CRDs there: {', '.join(sorted(f'{k} ({a})' for a, k in _crd_schemas(str(crds_dir()))))})"
+            f"{crds_dir()} (kinds there: {', '.join(sorted({k for _, k in _crd_schemas(str(crds_dir()))}))})"
             f"; {e.message}"
         ) from None
     except kubernetes_validate.ValidationError as e:
