@@ -50,6 +50,11 @@ KEY_SETTINGS = (
     "fromPort",
     "toPort",
     "cidrIpv4",
+    # EKS stacks: the cluster's minor, the node groups' capacity, the charts' pins.
+    "amiType",
+    "capacityType",
+    "chart",
+    "version",
 )
 
 

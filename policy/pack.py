@@ -10,6 +10,7 @@ from policy import (
     audit,
     aws_rules,
     cost,
+    eks,
     encryption,
     iam,
     launch_templates,
@@ -59,4 +60,9 @@ POLICIES: list[Policy] = [
     audit.audit_trail_recorded,
     audit.cis_metric_filters,
     cost.cost_allocation_tags,
+    # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
+    eks.efa_agree,
+    eks.node_templates,
+    eks.jobset_grace,
+    eks.fixed_versions,
 ]

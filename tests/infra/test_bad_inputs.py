@@ -188,6 +188,18 @@ ROWS = {
         {"trainstack:nodeCont": 2},
         ("trainstack:nodeCont: unknown key; did you mean trainstack:nodeCount?",),
     ),
+    "stack-eks-one-zone": Row(
+        "eks-dev",
+        {"trainstack:availabilityZones": ["us-east-1a"]},
+        (
+            "trainstack:availabilityZones = ['us-east-1a']: an EKS cluster needs subnets in at least two zones",
+        ),
+    ),
+    "stack-eks-endpoint-open-to-internet": Row(
+        "eks-dev",
+        {"trainstack:eksPublicAccessCidrs": ["0.0.0.0/0"]},
+        ("trainstack:eksPublicAccessCidrs = '0.0.0.0/0': opens the API endpoint to the internet",),
+    ),
 }
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# Every stack exports these (snake_case, the names `pulumi stack output --json` prints).
+# Every stack exports these (snake_case, the names `pulumi stack output --json` prints), except that an EKS stack
+# exports EKS_OUTPUTS in place of BATCH_OUTPUTS (below); `orchestrator` says which.
 STACK_OUTPUTS: tuple[str, ...] = (
     "region",
     "job_queue",
@@ -36,6 +37,44 @@ GOVERNANCE_OUTPUTS: tuple[str, ...] = ("audit_trail", "audit_bucket", "allowed_r
 TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
 
 
+# Which orchestrator runs the stack's jobs (`trainstack:orchestrator`); every stack exports it. A stack from before
+# the switch has no such output and is a Batch stack.
+ORCHESTRATOR_OUTPUT = "orchestrator"
+ORCHESTRATORS: tuple[str, ...] = ("batch", "eks")
+# Only AWS Batch stacks export these: the queue and the multi-node job definition.
+BATCH_OUTPUTS: tuple[str, ...] = ("job_queue", "job_definition")
+# Only EKS stacks export these (infra/eks.py, docs/eks.md): how to reach the API server (the CA as base64 PEM, as
+# DescribeCluster returns it), where jobs go (namespace, Kueue LocalQueue, the FSx claim) and the EFA devices a pod
+# asks for per node.
+EKS_OUTPUTS: tuple[str, ...] = (
+    "eks_cluster_name",
+    "eks_cluster_endpoint",
+    "eks_cluster_ca",
+    "k8s_namespace",
+    "kueue_local_queue",
+    "fsx_claim",
+    "efa_devices_per_node",
+)
+
+
+def orchestrator(outputs: dict[str, object]) -> str:
+    """The stack's orchestrator from its outputs: `batch` when the stack predates the output."""
+    value = str(outputs.get(ORCHESTRATOR_OUTPUT, "batch"))
+    if value not in ORCHESTRATORS:
+        raise ValueError(
+            f"stack output {ORCHESTRATOR_OUTPUT} = {value!r}: expected one of {', '.join(ORCHESTRATORS)}"
+        )
+    return value
+
+
+def required_outputs(outputs: dict[str, object]) -> tuple[str, ...]:
+    """The outputs a stack of this orchestrator must export, in declaration order (Batch: STACK_OUTPUTS)."""
+    if orchestrator(outputs) == "batch":
+        return STACK_OUTPUTS
+    return (*(name for name in STACK_OUTPUTS if name not in BATCH_OUTPUTS), *EKS_OUTPUTS)
+
+
 def missing_outputs(outputs: dict[str, object]) -> list[str]:
-    """The required output names absent from a `pulumi stack output --json` document, in declaration order."""
-    return [name for name in STACK_OUTPUTS if name not in outputs]
+    """The required output names absent from a `pulumi stack output --json` document, in declaration order; which
+    are required depends on the stack's `orchestrator` output (Batch when absent)."""
+    return [name for name in required_outputs(outputs) if name not in outputs]
