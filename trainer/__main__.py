@@ -10,6 +10,7 @@ import sys
 # verb -> (module, one-line help). Each module defines add_arguments(parser) and main(args) -> int.
 VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.data.prepare", "tokenize text/JSONL into a Megatron indexed dataset (.bin/.idx)"),
+    "merge": ("trainer.data.merge", "merge prepared shards into one indexed dataset, as one prepare would write"),
     "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
     "convert": (
         "trainer.interop.convert",
