@@ -10,6 +10,7 @@
     iam             policy-document helpers and the action lists the components use
     cluster         the GPU cluster on AWS Batch: EFA security group, placement, launch template, queues, jobs
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
+    data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms
     teams           teams on a shared stack: a role each, one tag-based policy, fair share

@@ -14,6 +14,7 @@ from infra.audit import Audit, AuditArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
+from infra.data_prep import DataPrep, DataPrepArgs  # noqa: E402
 from infra.identity import Identity, IdentityArgs  # noqa: E402
 from infra.keys import Keys, KeysArgs  # noqa: E402
 from infra.lustre import Lustre, LustreArgs  # noqa: E402
@@ -39,6 +40,9 @@ teams = Teams("teams", TeamsArgs(cfg, account_id, keys, lake), opts)  # none: si
 cluster = Cluster(
     "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts
 )
+data_prep = DataPrep(
+    "data-prep", DataPrepArgs(cfg, account_id, network, keys, lake, identity, registry, cluster), opts
+)
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
 
@@ -56,6 +60,7 @@ outputs = {  # the names trainer/contract/outputs.py lists
     "gpus_per_node": cfg.instance.gpus,
     **cluster.outputs,  # job_queue, job_definition, log_group (+ the spot queue and definition)
     **monitoring.outputs,  # alarm_topic_arn, dashboard_name
+    **data_prep.outputs,  # data_job_queue, data_job_definition
     **audit.outputs,  # audit_trail (+ audit_bucket when the stack has its own trail)
     **teams.outputs,  # teams, team_role_arns (only with trainstack:teams)
     "allowed_regions": cfg.data_regions,
