@@ -57,10 +57,14 @@ def test_each_kind_of_bad_record_is_counted_left_out_and_named(tmp_path):
         "too_long": 1,
         "duplicate": 1,
     }
+    # The bad records are named; the empty one (line 5) and the repeat (line 7) are only counted.
     assert [entry.split(": ")[0] for entry in report.first_rejected] == [
-        f"{path}:{line}" for line in (2, 3, 4, 5, 7, 8, 9)
+        f"{path}:{line}" for line in (2, 3, 4, 8, 9)
     ]
-    assert "not UTF-8 text" in report.first_rejected[0] and "exact repeat" in report.first_rejected[4]
+    assert (
+        "not UTF-8 text" in report.first_rejected[0] and "more than --max-chars" in report.first_rejected[3]
+    )
+    assert (report.rejected_total, report.reject_rate) == (5, 0.5)
     dataset = IndexedDataset(str(tmp_path / "d"))
     tokenizer = read_tokenizer(str(tmp_path / "d.tokenizer.json"))
     assert [tokenizer.decode(dataset[i].tolist()[:-1]) for i in range(len(dataset))] == kept
@@ -69,14 +73,14 @@ def test_each_kind_of_bad_record_is_counted_left_out_and_named(tmp_path):
 
 def test_a_corpus_over_the_reject_rate_is_refused_naming_its_first_records(tmp_path):
     path, _ = mixed_corpus(tmp_path)
-    limits = ValidationLimits(min_chars=3, max_chars=4000, max_reject_rate=0.5)
+    limits = ValidationLimits(min_chars=3, max_chars=4000, max_reject_rate=0.4)
 
     with pytest.raises(DataError) as refused:
         prepare_dataset([str(path)], str(tmp_path / "out" / "d"), vocab_size=TINY_VOCAB, limits=limits)
 
     message = str(refused.value)
-    assert "7 of 10 records rejected" in message and "70.0% of the corpus" in message
-    assert "--max-reject-rate 0.5" in message
+    assert "5 of 10 records rejected (1 invalid_utf8, 2 malformed, 1 too_short, 1 too_long)" in message
+    assert "50.0% of the corpus" in message and "--max-reject-rate 0.4" in message
     assert f"{path}:2: not UTF-8 text" in message and f"{path}:3: not valid JSON" in message
     assert not (tmp_path / "out").exists()
 
@@ -95,13 +99,25 @@ def test_a_corpus_under_the_reject_rate_is_prepared(tmp_path):
     assert result.manifest.documents == len(set(texts)) == 40
 
 
+def test_empty_documents_and_repeats_are_left_out_but_never_refuse_a_corpus(tmp_path):
+    texts = documents(5, seed=6)
+    write_text_corpus(tmp_path / "corpus", ["", *texts, texts[0], texts[1], ""])  # 4 of 9 left out
+
+    result = prepare_dataset([str(tmp_path / "corpus")], str(tmp_path / "d"), vocab_size=TINY_VOCAB)
+
+    report = result.manifest.validation
+    assert report is not None
+    assert (report.rejected["empty"], report.rejected["duplicate"], report.rejected_total) == (2, 2, 0)
+    assert result.manifest.documents == 5 and report.first_rejected == []
+
+
 def test_repeats_are_found_across_pieces_and_workers_alike(tmp_path, monkeypatch):
     monkeypatch.setattr("trainer.data.sources.PIECE_BYTES", 256)  # many pieces and batches
     monkeypatch.setattr("trainer.data.prepare.BATCH_BYTES", 512)
     texts = documents(30, seed=4)
     records = texts + texts[3:9]  # six repeats, each in a later batch than its first
     write_lines(tmp_path / "c.jsonl", [json.dumps({"text": text}).encode() for text in records])
-    options = {"vocab_size": TINY_VOCAB, "limits": ValidationLimits(max_reject_rate=0.2)}
+    options = {"vocab_size": TINY_VOCAB}
 
     one = prepare_dataset([str(tmp_path / "c.jsonl")], str(tmp_path / "one"), workers=1, **options)
     prepare_dataset([str(tmp_path / "c.jsonl")], str(tmp_path / "two"), workers=2, **options)

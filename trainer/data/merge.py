@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-reject-rate",
         type=float,
-        help="refuse when more than this share of all the shards' records was rejected, repeats across shards "
-        "included (default: the shards' own --max-reject-rate)",
+        help="refuse when more than this share of all the shards' records was rejected (default: the shards' "
+        "own --max-reject-rate)",
     )
 
 
@@ -243,13 +243,7 @@ def _merged_report(shards: Sequence[Shard], keep: Sequence[np.ndarray]) -> Valid
     rejected = {reason: sum(report.rejected[reason] for report in reports) for reason in REJECTIONS}
     repeats = sum(int((~mask).sum()) for mask in keep)
     rejected["duplicate"] += repeats
-    examples = [example for report in reports for example in report.first_rejected]
-    examples += [
-        f"{shard.files.prefix} document {index}: an exact repeat of a document in an earlier shard"
-        for shard, mask in zip(shards, keep, strict=True)
-        for index in np.flatnonzero(~mask)[:EXAMPLES]
-    ]
-    examples = examples[:EXAMPLES]
+    examples = [example for report in reports for example in report.first_rejected][:EXAMPLES]
     return ValidationReport(
         records=sum(report.records for report in reports),
         kept=sum(int(mask.sum()) for mask in keep),

@@ -1,10 +1,12 @@
 """What `prepare` checks as it reads: each record is kept or rejected for one reason, counted into the manifest.
 
-A record is a text file or a non-blank JSONL line. Rejected, in this order: not UTF-8, not a JSON object with a
+A record is a text file or a non-blank JSONL line. Left out, in this order: not UTF-8, not a JSON object with a
 string under the text key ("malformed"), empty, shorter than `min_chars` or longer than `max_chars` (length
 outliers), and an exact repeat of a document kept earlier (compared by a 16-byte BLAKE2b digest of its UTF-8
-text). Rejected records are left out of the dataset; a corpus whose rejected share exceeds `max_reject_rate` is
-refused with its first offending records named (file:line). The digests of the kept documents are written beside
+text). Every reason is counted; the bad ones (`BAD`: not UTF-8, malformed, length outliers) are "rejected", and a
+corpus whose rejected share exceeds `max_reject_rate` is refused with its first rejected records named
+(file:line). Empty files and repeats are normal in real corpora (an empty `__init__.py`, a page crawled twice):
+they are left out and counted, never a reason to refuse. The digests of the kept documents are written beside
 the dataset (PREFIX.digests), so `merge` drops a shard's document that an earlier shard already holds, exactly as
 one `prepare` of the whole corpus would.
 """
@@ -31,13 +33,14 @@ REJECTIONS: tuple[Rejection, ...] = (
     "too_long",
     "duplicate",
 )
+# The reasons that make a record bad, rather than merely left out: they count against --max-reject-rate.
+BAD: tuple[Rejection, ...] = ("invalid_utf8", "malformed", "too_short", "too_long")
 DIGEST_BYTES = 16
 # How many offending records a refusal and the manifest name.
 EXAMPLES = 10
 # A 10-million-character document is a dump or a concatenation, not one document; --max-chars changes it.
 DEFAULT_MAX_CHARS = 10_000_000
-# The Python standard library corpus rejects 0.7 % (3 empty files, 2 exact repeats); a few bad lines in a large
-# crawl are normal, a tenth of a corpus is a broken export or a wrong --text-key.
+# A few bad lines in a large crawl are normal; a tenth of a corpus is a broken export or a wrong --text-key.
 DEFAULT_MAX_REJECT_RATE = 0.01
 
 
@@ -65,23 +68,25 @@ def check_limits(min_chars: int, max_chars: int, max_reject_rate: float) -> Vali
 
 
 class ValidationReport(_Strict):
-    """The manifest's account of what was read: records, kept documents, rejections by reason, the first ones."""
+    """The manifest's account of what was read: records, kept documents, records left out by reason, and the first
+    rejected (bad) ones."""
 
     records: int = 0
     kept: int = 0
     rejected: dict[Rejection, int] = Field(default_factory=lambda: dict.fromkeys(REJECTIONS, 0))
-    first_rejected: list[str] = []  # "file:line: reason", in input order
+    first_rejected: list[str] = []  # "file:line: reason" of the first bad records, in input order
 
     @property
     def rejected_total(self) -> int:
-        return sum(self.rejected.values())
+        """The bad records (BAD): what --max-reject-rate limits."""
+        return sum(self.rejected[reason] for reason in BAD)
 
     @property
     def reject_rate(self) -> float:
         return self.rejected_total / self.records if self.records else 0.0
 
     def summary(self) -> str:
-        reasons = ", ".join(f"{count:,} {reason}" for reason, count in self.rejected.items() if count)
+        reasons = ", ".join(f"{self.rejected[reason]:,} {reason}" for reason in BAD if self.rejected[reason])
         return f"{self.rejected_total:,} of {self.records:,} records rejected ({reasons or 'none'})"
 
 
@@ -202,7 +207,7 @@ class Validation:
                 continue
             dropped.add(ordinal)
             self._counts[rejection] += 1
-            if len(self._examples) < EXAMPLES:
+            if rejection in BAD and len(self._examples) < EXAMPLES:
                 self._examples.append(f"{self._where(batch[verdict.piece], verdict.line)}: {problem}")
         return frozenset(dropped)
 
@@ -229,7 +234,7 @@ class Validation:
 
 
 def check_reject_rate(report: ValidationReport, limits: ValidationLimits, files: int | None = None) -> None:
-    if report.kept == 0 and report.records == report.rejected["empty"]:
+    if report.kept == 0 and report.rejected_total == 0:
         where = f"{files} file(s), " if files is not None else ""
         raise DataError(f"the inputs hold no text: {where}{report.records} document(s), all empty")
     if report.kept == 0 or report.reject_rate > limits.max_reject_rate:
