@@ -12,6 +12,7 @@
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
     eks             the GPU cluster on EKS instead (orchestrator: eks): control plane, access, node groups, add-ons
     cluster_software  what an EKS stack installs in its cluster: device plugins, JobSet, Kueue, FSx volume, queues
+    data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
     budget          the stack's AWS Budgets budget on its cost-allocation tag, notifying the alarm topic
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms

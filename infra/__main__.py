@@ -17,6 +17,7 @@ from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.cluster_software import ClusterSoftware, ClusterSoftwareArgs  # noqa: E402
 from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
+from infra.data_prep import DataPrep, DataPrepArgs  # noqa: E402
 from infra.eks import Eks, EksArgs  # noqa: E402
 from infra.identity import Identity, IdentityArgs  # noqa: E402
 from infra.keys import Keys, KeysArgs  # noqa: E402
@@ -51,6 +52,20 @@ else:
         "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts
     )
     orchestration = cluster.outputs
+data_prep = DataPrep(
+    "data-prep",
+    DataPrepArgs(
+        cfg,
+        account_id,
+        network,
+        keys,
+        lake,
+        identity,
+        registry,
+        cluster.log_groups["application"].name if isinstance(cluster, Eks) else cluster.log_group.name,
+    ),
+    opts,
+)
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
 budget = Budget("budget", BudgetArgs(cfg, monitoring), opts)  # the month's tagged cost, to the alarm topic
@@ -71,6 +86,7 @@ outputs = {  # the names trainer/contract/outputs.py lists
     # Batch: job_queue, job_definition, log_group (+ the spot queue and definition); EKS: eks_cluster_name, ...
     **orchestration,
     **monitoring.outputs,  # alarm_topic_arn, dashboard_name
+    **data_prep.outputs,  # data_job_queue, data_job_definition
     **audit.outputs,  # audit_trail (+ audit_bucket when the stack has its own trail)
     **teams.outputs,  # teams, team_role_arns (only with trainstack:teams)
     "allowed_regions": cfg.data_regions,

@@ -91,6 +91,9 @@ _IDENTITY_CENTER_INSTANCE_ARN = re.compile(r"^arn:aws:sso:::instance/(sso)?ins-[
 _IDENTITY_STORE_GROUP_ID = re.compile(
     r"^([0-9a-f]{10}-|)[A-Fa-f0-9]{8}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{4}-[A-Fa-f0-9]{12}$"
 )
+# S3 user guide, "General purpose bucket naming rules": 3-63 lowercase letters, digits, dots and hyphens, beginning
+# and ending with a letter or digit, no two adjacent dots.
+_BUCKET_NAME = re.compile(r"^(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # SSO Admin API shape PermissionSetName: 1-32 characters (same service model).
 MAX_PERMISSION_SET_NAME = 32
 
@@ -223,6 +226,22 @@ class StackConfig(BaseModel):
     # the CIDRs that may reach the public API endpoint (none: the endpoint is private, reachable from the VPC only).
     eks_admin_arns: list[str] = []
     eks_public_access_cidrs: list[str] = []
+    # Data preparation on CPU (infra/data_prep.py, docs/data.md): Spot or On-Demand, its size, the buckets it reads.
+    data_spot: bool = True
+    data_max_vcpus: int = Field(default=256, ge=1, le=10_000)
+    data_job_vcpus: int = Field(default=8, ge=1, le=96)
+    data_source_buckets: list[str] = []
+
+    @field_validator("data_source_buckets")
+    @classmethod
+    def _bucket_names(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if not _BUCKET_NAME.match(name)]
+        if bad:
+            raise _problem(
+                f"{bad[0]!r} is not an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens; a bucket "
+                f"name, not an s3:// URL)"
+            )
+        return names
 
     @field_validator("region")
     @classmethod

@@ -10,6 +10,10 @@ import sys
 # verb -> (module, one-line help). Each module defines add_arguments(parser) and main(args) -> int.
 VERBS: dict[str, tuple[str, str]] = {
     "prepare": ("trainer.data.prepare", "tokenize text/JSONL into a Megatron indexed dataset (.bin/.idx)"),
+    "merge": (
+        "trainer.data.merge",
+        "merge prepared shards into one indexed dataset, as one prepare would write",
+    ),
     "train": ("trainer.train", "train (launched by torchrun, one process per device)"),
     "convert": (
         "trainer.interop.convert",
@@ -41,6 +45,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "job": ("trainer.jobs.job", "status, logs or cancel of a stack's training jobs"),
     "push": ("trainer.jobs.push", "push the trainer image to a stack's ECR repository"),
     "upload": ("trainer.jobs.upload", "upload a prepared dataset to a stack's datasets bucket"),
+    "data": ("trainer.jobs.data", "prepare a corpus on a stack's CPU queue: array job of shards, then merge"),
     "audit": ("trainer.jobs.audit", "who submitted, cancelled and changed what on a stack, newest first"),
     "compliance": (
         "trainer.jobs.compliance",

@@ -15,6 +15,7 @@ from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
 from trainer.contract.outputs import (
     BATCH_OUTPUTS,
+    DATA_OUTPUTS,
     EKS_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
@@ -57,6 +58,8 @@ def test_every_efa_interface_has_the_efa_group_no_subnet_and_no_public_ip(batch_
     # The compute environment's subnets place the nodes; Batch ignores a template interface's subnet.
     cluster_subnet = batch_stack.one("ec2.Subnet", f"-private-{batch_stack.config.cluster_availability_zone}")
     for environment in batch_stack.all("batch.ComputeEnvironment"):
+        if environment.name.endswith("-data"):
+            continue  # CPU nodes without EFA, in every zone (tests/infra/test_data_prep.py)
         assert environment.inputs["computeResources"]["subnets"] == [cluster_subnet.id]
     for interface in batch_stack.launch_template.inputs["networkInterfaces"]:
         assert "subnetId" not in interface
@@ -544,6 +547,7 @@ def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
         *(EKS_OUTPUTS if eks else BATCH_OUTPUTS),
         *MONITORING_OUTPUTS,
         *GOVERNANCE_OUTPUTS,
+        *DATA_OUTPUTS,
         *(SPOT_OUTPUTS if stack.config.spot else ()),
     }
     assert set(stack.plan.outputs) == expected

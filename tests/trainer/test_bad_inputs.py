@@ -546,6 +546,19 @@ ROWS: dict[str, Row] = {
         f"{TRAIN} --set data.format=chat --set schedule.micro_batch_size=2",
         ("data.format = 'chat' needs schedule.micro_batch_size = 1 (got 2)",),
     ),
+    "prepare-over-reject-rate": Row(
+        "prepare {tmp}/half.jsonl --output {tmp}/p",
+        (
+            "1 of 2 records rejected (1 malformed)",
+            "above --max-reject-rate 0.01",
+            "{tmp}/half.jsonl:2: not valid JSON",
+        ),
+        setup=lambda paths: Path(paths["tmp"], "half.jsonl").write_text('{"text": "fine"}\n{"text": \n'),
+    ),
+    "merge-shard-not-prepared": Row(
+        "merge --output {tmp}/m {tmp}/none",
+        ("shard '{tmp}/none' has no none.manifest.json: prepare it first",),
+    ),
 }
 
 

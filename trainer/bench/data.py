@@ -50,7 +50,8 @@ def tokenizer_tokens_per_cpu_second(
 
 
 def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -> int:
-    """One process, one document at a time: read the file, encode it, append EOD, add it to the builder."""
+    """One process, one document at a time: read the file, encode it, append EOD, add it to the builder (each
+    distinct non-empty document once, as prepare keeps them)."""
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # slow import: only here
 
     tokenizer = Tokenizer.from_file(tokenizer_path)
@@ -61,10 +62,12 @@ def baseline_prepare(paths: Sequence[Path], tokenizer_path: str, prefix: Path) -
     dtype = DType.optimal_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
     tokens = 0
+    seen: set[str] = set()
     for path in paths:
         text = Path(path).read_bytes().decode("utf-8")
-        if not text:
+        if not text or text in seen:  # prepare leaves out empty documents and exact repeats
             continue
+        seen.add(text)
         ids = [*tokenizer.encode(text).ids, eod]  # with what the post-processor adds (a BOS), as prepare
         builder.add_document(np.array(ids, dtype=dtype), [len(ids)])
         tokens += len(ids)

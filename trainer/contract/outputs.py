@@ -26,6 +26,10 @@ STACK_OUTPUTS: tuple[str, ...] = (
 SPOT_OUTPUTS: tuple[str, ...] = ("spot_job_queue", "spot_job_definition")
 
 
+# Data preparation on CPU (infra/data_prep.py): the queue and job definition `make data STACK=<env>` submits to.
+DATA_OUTPUTS: tuple[str, ...] = ("data_job_queue", "data_job_definition")
+
+
 # Alerting and the dashboard (infra/monitoring.py); not required by the job tools.
 MONITORING_OUTPUTS: tuple[str, ...] = ("alarm_topic_arn", "dashboard_name")
 

@@ -1,6 +1,8 @@
 """Data for the trainer: text/JSONL -> tokenizer -> Megatron indexed dataset (.bin/.idx) -> GPT samples.
 
     prepare    `python -m trainer prepare`: documents to a tokenized, indexed dataset with its manifest
+    validate   what prepare checks as it reads: bad, empty, outlying and repeated records, the reject rate
+    merge      `python -m trainer merge`: shards prepared apart, one dataset, byte for byte as one prepare
     sources    where documents come from: files, directories, JSONL, the Python standard library
     tokenizer  byte-level BPE training, Hugging Face tokenizer.json reading
     chat_template  the built-in chat template of the project's BPE tokenizer (prepare and exports share it)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trainer.data import DataError
 from trainer.data.indexed import index_problem
 from trainer.data.tokenizer import file_sha256
+from trainer.data.validate import ValidationLimits, ValidationReport
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,13 @@ class DatasetFiles:
     def manifest(self) -> Path:
         return Path(self.prefix + ".manifest.json")
 
+    @property
+    def digests(self) -> Path:
+        """Each kept document's digest, in order (trainer/data/validate.py): how `merge` finds repeats."""
+        return Path(self.prefix + ".digests")
+
     def all(self) -> tuple[Path, ...]:
-        return (self.bin, self.idx, self.tokenizer, self.manifest)
+        return (self.bin, self.idx, self.tokenizer, self.digests, self.manifest)
 
 
 # The .bin is hashed in SAMPLE_BLOCKS blocks of SAMPLE_BLOCK_BYTES spread evenly from its first byte to its last
@@ -89,6 +95,7 @@ class Request(_Strict):
     text_key: str
     tokenizer_sha256: str | None  # the given tokenizer; None when prepare trains one
     vocab_size: int | None  # the vocabulary to train; None when a tokenizer is given
+    limits: ValidationLimits = ValidationLimits()  # which records are kept (trainer/data/validate.py)
 
     def differences(self, other: Request) -> list[str]:
         """Human-readable reasons why `other` (an earlier request) does not match this one."""
@@ -104,6 +111,8 @@ class Request(_Strict):
             reasons.append(f"--text-key {self.text_key!r} (was {other.text_key!r})")
         if (self.tokenizer_sha256, self.vocab_size) != (other.tokenizer_sha256, other.vocab_size):
             reasons.append("a different tokenizer or --vocab-size")
+        if self.limits != other.limits:
+            reasons.append("other --min-chars, --max-chars or --max-reject-rate")
         return reasons or ["the same input files in another order"]
 
 
@@ -127,6 +136,10 @@ class Manifest(_Strict):
     # Content hashes (None in manifests written before they were recorded: sizes alone are checked then).
     idx_sha256: str | None = None  # the whole index
     bin_sampled_sha256: str | None = None  # sampled_sha256 of the .bin
+    # What was read and left out (None in manifests written before prepare validated its records).
+    validation: ValidationReport | None = None
+    # A merged dataset (trainer/data/merge.py): each shard's index hash, in merge order.
+    merged_from: list[str] | None = None
 
     def check_files(self, files: DatasetFiles) -> None:
         """Raise unless the dataset's files are the ones this manifest describes (sizes, then the index's hash and

@@ -50,10 +50,7 @@ from trainer.data.manifest import (
 from trainer.data.sources import (
     DEFAULT_GLOBS,
     Piece,
-    PieceError,
-    count_lines,
     find_input_files,
-    read_documents,
     split_into_pieces,
     stdlib_sources,
 )
@@ -66,6 +63,17 @@ from trainer.data.tokenizer import (
     file_sha256,
     read_tokenizer,
     train_bpe,
+)
+from trainer.data.validate import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_REJECT_RATE,
+    Validation,
+    ValidationLimits,
+    Verdict,
+    check_limits,
+    read_records,
+    validate_pieces,
+    write_digests,
 )
 
 # FACTS.md: on the stdlib corpus a 2-core, 4-minute run learns most with a BPE of 2048-8192.
@@ -119,6 +127,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="encoding processes (default: the cores this process may use)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if PREFIX already holds a dataset")
+    parser.add_argument(
+        "--max-reject-rate",
+        type=float,
+        default=DEFAULT_MAX_REJECT_RATE,
+        help="refuse the corpus when more than this share of its records is rejected: not UTF-8, malformed or a "
+        f"length outlier; empty documents and exact repeats are left out and counted, never refused "
+        f"(default {DEFAULT_MAX_REJECT_RATE})",
+    )
+    parser.add_argument(
+        "--min-chars",
+        type=int,
+        default=1,
+        help="reject documents shorter than this (default 1: only empty ones)",
+    )
+    parser.add_argument(
+        "--max-chars",
+        type=int,
+        default=DEFAULT_MAX_CHARS,
+        help=f"reject documents longer than this many characters (default {DEFAULT_MAX_CHARS:,})",
+    )
     chat_arguments(parser)
 
 
@@ -138,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
             workers=args.workers,
             force=args.force,
             console=console,
+            limits=check_limits(args.min_chars, args.max_chars, args.max_reject_rate),
         )
     except DataError as error:
         console.print(f"[bold red]prepare:[/] {escape(str(error))}", soft_wrap=True)
@@ -195,6 +224,7 @@ def prepare_dataset(
     workers: int = 1,
     force: bool = False,
     console: Console | None = None,
+    limits: ValidationLimits | None = None,
 ) -> PrepareResult:
     """Everything `prepare` does; every check on the arguments runs before any file is read or written."""
     started = time.perf_counter()
@@ -222,17 +252,19 @@ def prepare_dataset(
         text_key=text_key,
         tokenizer_sha256=file_sha256(tokenizer) if tokenizer else None,
         vocab_size=None if tokenizer else (vocab_size or DEFAULT_VOCAB_SIZE),
+        limits=limits or ValidationLimits(),
     )
     if not force and (cached := _cached(files, request)) is not None:
         return PrepareResult(
             files, cached, cached=True, seconds=time.perf_counter() - started, timing=EncodeTiming(0, 0)
         )
 
-    batches = _batches(split_into_pieces(paths))
+    pieces = split_into_pieces(paths)
+    batches = _batches(pieces)
     temporary = {path: path.with_name(f"{path.name}.tmp-{os.getpid()}") for path in files.all()}
     try:
         with _batch_mapper(workers) as map_batches, _progress(console) as progress:
-            _scan(batches, text_key, map_batches, progress)
+            validation, drops = _scan(batches, pieces, text_key, request.limits, map_batches, progress)
             files.bin.parent.mkdir(parents=True, exist_ok=True)
             tokenizer_path = temporary[files.tokenizer]
             if tokenizer is not None:
@@ -242,13 +274,15 @@ def prepare_dataset(
                 task = progress.add_task(
                     f"training a byte-level BPE (vocab {request.vocab_size:,})", total=None, detail=""
                 )
-                train_bpe(_documents(batches, text_key), request.vocab_size).save(str(tokenizer_path))
+                train_bpe(_documents(batches, drops, text_key), request.vocab_size).save(str(tokenizer_path))
                 progress.update(task, total=1, completed=1)
             manifest, timing, template = _encode(
-                batches, text_key, request, tokenizer_path, temporary, files, map_batches, progress
+                batches, drops, text_key, request, tokenizer_path, temporary, files, map_batches, progress
             )
+            manifest = manifest.model_copy(update={"validation": validation.report})
+            write_digests(str(temporary[files.digests]), validation.digests)
         files.manifest.unlink(missing_ok=True)  # the old dataset stops counting as complete before it changes
-        for final in (files.tokenizer, files.bin, files.idx):
+        for final in (files.tokenizer, files.bin, files.idx, files.digests):
             temporary[final].replace(final)
         write_manifest(files, manifest)
     finally:
@@ -313,7 +347,7 @@ def _batch_bytes(batch: Batch) -> int:
     return sum(piece.end - piece.start for piece in batch)
 
 
-BatchMapper = Callable[[Callable, Sequence[Batch]], Iterator]
+BatchMapper = Callable[[Callable, Sequence], Iterator]
 
 
 @contextlib.contextmanager
@@ -348,53 +382,39 @@ def _progress(console: Console) -> Progress:
     )
 
 
-@dataclass(frozen=True)
-class BatchScan:
-    documents: int
-    empty: int
-    error_piece: Piece | None = None
-    error_line: int = 0
-    error: str = ""
+def validate_batch(batch: Batch, text_key: str, limits: ValidationLimits) -> list[Verdict]:
+    return validate_pieces(batch, text_key, limits)
 
 
-def scan_batch(batch: Batch, text_key: str) -> BatchScan:
-    documents = empty = 0
-    for piece in batch:
-        try:
-            for text in read_documents(piece, text_key):
-                documents += bool(text)
-                empty += not text
-        except PieceError as error:
-            return BatchScan(documents, empty, piece, error.line, error.message)
-    return BatchScan(documents, empty)
-
-
-def _scan(batches: Sequence[Batch], text_key: str, map_batches: BatchMapper, progress: Progress) -> None:
-    """Read every document once, so that a bad line fails with its file:line before anything is written."""
+def _scan(
+    batches: Sequence[Batch],
+    pieces: Sequence[Piece],
+    text_key: str,
+    limits: ValidationLimits,
+    map_batches: BatchMapper,
+    progress: Progress,
+) -> tuple[Validation, list[frozenset[int]]]:
+    """Read and check every record once (trainer/data/validate.py), before anything is written: the counts, the
+    kept documents' digests, and for each batch the records to leave out. Refuses a corpus over the reject rate."""
     task = progress.add_task("checking inputs", total=sum(map(_batch_bytes, batches)), detail="")
-    documents = empty = 0
-    for batch, scan in zip(
-        batches, map_batches(functools.partial(scan_batch, text_key=text_key), batches), strict=True
-    ):
-        if (bad := scan.error_piece) is not None:
-            pieces = [piece for each in batches for piece in each]
-            earlier = sum(
-                count_lines(piece) for piece in pieces[: pieces.index(bad)] if piece.path == bad.path
-            )
-            where = f"{bad.path}:{earlier + scan.error_line}" if scan.error_line else bad.path
-            raise DataError(f"{where}: {scan.error}")
-        documents += scan.documents
-        empty += scan.empty
-        progress.update(task, advance=_batch_bytes(batch), detail=f"{documents:,} documents")
-    if documents == 0:
-        files = len({piece.path for batch in batches for piece in batch})
-        raise DataError(f"the inputs hold no text: {files} file(s), {empty} document(s), all empty")
+    validation = Validation(limits, pieces)
+    drops = []
+    check = functools.partial(validate_batch, text_key=text_key, limits=limits)
+    for batch, verdicts in zip(batches, map_batches(check, batches), strict=True):
+        drops.append(validation.admit(batch, verdicts))
+        progress.update(task, advance=_batch_bytes(batch), detail=f"{len(validation.digests):,} documents")
+    validation.finish()
+    return validation, drops
 
 
-def _documents(batches: Iterable[Batch], text_key: str) -> Iterator[str]:
-    for batch in batches:
-        for piece in batch:
-            yield from filter(None, read_documents(piece, text_key))
+def _documents(batches: Iterable[Batch], drops: Iterable[frozenset[int]], text_key: str) -> Iterator[str]:
+    """The kept documents, in order: every record of the batches but the ones the validation left out."""
+    for batch, drop in zip(batches, drops, strict=True):
+        records = (record for piece in batch for record in read_records(piece, text_key))
+        for ordinal, record in enumerate(records):
+            if ordinal not in drop:
+                assert record.text is not None  # a record without text is always rejected
+                yield record.text
 
 
 @dataclass(frozen=True)
@@ -413,11 +433,12 @@ def _worker_tokenizer(path: str, sha256: str) -> tuple[Tokenizer, DocumentTempla
 
 
 def encode_batch(
-    batch: Batch, text_key: str, tokenizer_path: str, tokenizer_sha256: str, dtype: str
+    work: tuple[Batch, frozenset[int]], text_key: str, tokenizer_path: str, tokenizer_sha256: str, dtype: str
 ) -> EncodedBatch:
     started = time.process_time()
     tokenizer, template, ending = _worker_tokenizer(tokenizer_path, tokenizer_sha256)
-    ids = encode_documents(tokenizer, list(_documents([batch], text_key)))
+    batch, drop = work
+    ids = encode_documents(tokenizer, list(_documents([batch], [drop], text_key)))
     flat: list[int] = []
     for document in ids:
         flat += template.prefix
@@ -431,6 +452,7 @@ def encode_batch(
 
 def _encode(
     batches: Sequence[Batch],
+    drops: Sequence[frozenset[int]],
     text_key: str,
     request: Request,
     tokenizer_path: Path,
@@ -458,7 +480,8 @@ def _encode(
         tokenizer_sha256=sha256,
         dtype=dtype.__name__,
     )
-    for batch, encoded in zip(batches, map_batches(encode, batches), strict=True):
+    work = list(zip(batches, drops, strict=True))
+    for batch, encoded in zip(batches, map_batches(encode, work), strict=True):
         writer.add_documents(encoded.tokens, encoded.lengths)
         documents += encoded.lengths.size
         tokens += encoded.tokens.size

@@ -5,6 +5,7 @@ job      status, logs and cancel of a stack's training jobs
 smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket
+data     `make data STACK=<env>`: prepare shards as a Batch array job on the CPU queue, merge, publish a version
 audit      `make audit`: who submitted, cancelled and changed what, newest first
 residency  the run's buckets in the stack's allowed regions, checked before a submit
 teams      `make train TEAM=`: the team's share, tag and quota
