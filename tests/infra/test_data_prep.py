@@ -149,7 +149,10 @@ def test_the_job_definition_runs_one_cpu_process_with_the_data_role_and_the_stac
     assert "linuxParameters" not in container  # no EFA devices, no GPU
     logs = container["logConfiguration"]["options"]
     assert (logs["awslogs-group"], logs["awslogs-stream-prefix"]) == (
-        stack.one("cloudwatch.LogGroup", "-jobs").inputs["name"],
+        # The stack's job log group: Batch's, or on EKS the cluster's application group (Container Insights).
+        stack.one(
+            "cloudwatch.LogGroup", "-application" if stack.config.orchestrator == "eks" else "-jobs"
+        ).inputs["name"],
         "data",
     )
     assert definition.inputs["retryStrategy"]["evaluateOnExits"][0] == {

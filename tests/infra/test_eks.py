@@ -205,8 +205,11 @@ def test_outputs_are_the_eks_set_without_batchs(eks_stack):
     assert outputs["eks_cluster_endpoint"].startswith("https://")
 
 
-def test_no_batch_resources_on_an_eks_stack(eks_stack):
-    assert [r.type for r in eks_stack.plan.resources if r.type.startswith("aws:batch/")] == []
+def test_batch_on_an_eks_stack_is_the_cpu_data_queue_alone(eks_stack):
+    # Data preparation stays a Batch array job on every stack (infra/data_prep.py); training runs on EKS.
+    batch = [r for r in eks_stack.plan.resources if r.type.startswith("aws:batch/")]
+    assert sorted(r.type.split(":")[-1] for r in batch) == ["ComputeEnvironment", "JobDefinition", "JobQueue"]
+    assert all(r.name.endswith("-data") for r in batch), [r.name for r in batch]
 
 
 @pytest.mark.parametrize("name", ["p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge"])
