@@ -16,3 +16,6 @@ DEFAULT_CONFIG: str = _SETTINGS["TRAINSTACK_DEFAULT_CONFIG"]  # relative to the 
 DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]
 # After SIGTERM, how long the ranks get to save and exit before the supervisor kills them.
 STOP_GRACE_SECONDS: int = int(_SETTINGS["TRAINSTACK_STOP_GRACE_SECONDS"])
+# What the orchestrator waits after SIGTERM beyond that grace before SIGKILL (the ECS agent's stop timeout on Batch
+# nodes, a pod's terminationGracePeriodSeconds on EKS): time for the supervisor's kill and the container's exit.
+STOP_TIMEOUT_MARGIN_SECONDS = 60
