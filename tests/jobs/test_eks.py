@@ -11,7 +11,7 @@ import copy
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,6 +26,7 @@ from trainer.jobs.eks import K8S_AWS_ID_HEADER, TOKEN_PREFIX, eks_token
 
 from .conftest import DATASET, IMAGE_TAG, REGION, TOKENIZER, Stack
 from .jobset_schema import jobset_errors
+from .test_smoke import PASSED_REPORT, export_tokens
 
 CLUSTER = "trainstack-eks-test"
 NAMESPACE = "trainstack"
@@ -53,6 +54,8 @@ class ApiServer:
     deletions: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
+    # What the controller and the pods do once a JobSet is created (a test sets it: a run that completes).
+    on_create: Callable[[dict], None] | None = None
 
     def authenticate(self, header: str) -> str | None:
         """The caller's ARN, as the authenticator learns it from STS, or None for a token it refuses."""
@@ -119,6 +122,8 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             jobset["metadata"]["creationTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             server.jobsets[name] = jobset
             self.reply(201, jobset)
+            if server.on_create:
+                server.on_create(jobset)
 
         def do_GET(self) -> None:
             if not self.caller_ok():
@@ -321,3 +326,28 @@ def test_cancel_of_an_ended_jobset_and_of_an_unknown_one(eks_stack, api_server, 
     assert status == 2 and "read JobSet nope in namespace trainstack" in err and "HTTP 404" in err
     status, _, err = trainer(eks_stack, capsys, "job cancel")
     assert status == 2 and "cancel needs the job: make cancel STACK=<env> JOB=<name>" in err
+
+
+def test_make_smoke_on_eks_prints_the_same_report_as_on_batch(eks_stack, api_server, capsys):
+    def preflight_passes(jobset: dict) -> None:
+        name = jobset["metadata"]["name"]
+        jobset["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+        api_server.pods = [pod(f"{name}-node-0-0-x", name, 0)]
+        api_server.logs[f"{name}-node-0-0-x"] = "\n".join(["torchrun noise", *PASSED_REPORT])
+
+    api_server.on_create = preflight_passes
+    export_tokens(eks_stack, "smoke-eks")
+    status, out, err = trainer(
+        eks_stack, capsys, "smoke", "--image", IMAGE_TAG, "--run", "smoke-eks", "--poll-s", "0.1",
+        "--export-timeout-s", "0",
+    )  # fmt: skip
+    assert status == 0, out + err
+    (received,) = api_server.received
+    assert jobset_errors(received) == []
+    job = received["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == 2
+    assert job["template"]["spec"]["containers"][0]["args"][:2] == ["--skip-preflight", "preflight"]
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("preflight")] == PASSED_REPORT
+    assert "torchrun noise" not in out
+    assert lines[-1] == "smoke: passed (job smoke-eks SUCCEEDED)"
