@@ -351,3 +351,16 @@ def test_make_smoke_on_eks_prints_the_same_report_as_on_batch(eks_stack, api_ser
     assert [line for line in lines if line.startswith("preflight")] == PASSED_REPORT
     assert "torchrun noise" not in out
     assert lines[-1] == "smoke: passed (job smoke-eks SUCCEEDED)"
+
+
+def test_logs_follow_streams_node_rank_zeros_pod_once_it_exists(eks_stack, api_server, capsys):
+    assert submit(eks_stack, capsys)[0] == 0
+    api_server.jobsets["llama-eks"]["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 4}]}
+    api_server.pods = [pod("llama-eks-node-0-0-abc", "llama-eks", 0)]
+    api_server.logs["llama-eks-node-0-0-abc"] = "".join(
+        f"step {i} loss {10 - i / 10:.1f}\n" for i in range(2000)
+    )
+    status, out, err = trainer(eks_stack, capsys, "job logs", "--follow")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2000 and lines[0] == "step 0 loss 10.0" and lines[-1] == "step 1999 loss -189.9"

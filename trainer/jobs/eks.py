@@ -170,8 +170,12 @@ class Cluster:
             _preload_content=False,
             what="follow logs",
         )
-        for line in response.stream():
-            yield from line.decode(errors="replace").splitlines()
+        pending = b""
+        for chunk in response.stream():  # chunks end anywhere, not at line ends
+            *lines, pending = (pending + chunk).split(b"\n")
+            yield from (line.decode(errors="replace") for line in lines)
+        if pending:
+            yield pending.decode(errors="replace")
 
     def _call(self, method: Any, *args: Any, what: str, **kwargs: Any) -> Any:
         try:
