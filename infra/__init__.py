@@ -10,9 +10,13 @@
     iam             policy-document helpers and the action lists the components use
     cluster         the GPU cluster on AWS Batch: EFA security group, placement, launch template, queues, jobs
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
+    eks             the GPU cluster on EKS instead (orchestrator: eks): control plane, access, node groups, add-ons
+    cluster_software  what an EKS stack installs in its cluster: device plugins, JobSet, Kueue, FSx volume, queues
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms
     teams           teams on a shared stack: a role each, one tag-based policy, fair share
+    k8s_versions    what an EKS stack runs in its cluster, pinned once: Kubernetes minor, Helm charts, add-ons
+    k8s_validate    offline validation of generated Kubernetes objects (built-in schemas, pinned CRDs, strict)
     preview         the offline preview: the real program under mocks, printed
     mocks           the Pulumi mocks the offline preview and the tests run the program under
 

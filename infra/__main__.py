@@ -2,6 +2,7 @@
 
 import sys
 from pathlib import Path
+from typing import Any
 
 # Pulumi runs this directory as a script; import the program as the package `infra` (it also uses `trainer`).
 ROOT = Path(__file__).resolve().parent.parent
@@ -12,8 +13,10 @@ import pulumi_aws as aws  # noqa: E402
 
 from infra.audit import Audit, AuditArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.cluster_software import ClusterSoftware, ClusterSoftwareArgs  # noqa: E402
 from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
+from infra.eks import Eks, EksArgs  # noqa: E402
 from infra.identity import Identity, IdentityArgs  # noqa: E402
 from infra.keys import Keys, KeysArgs  # noqa: E402
 from infra.lustre import Lustre, LustreArgs  # noqa: E402
@@ -36,9 +39,17 @@ registry = Registry("registry", RegistryArgs(cfg, keys), opts)
 identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, registry), opts)
 lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
 teams = Teams("teams", TeamsArgs(cfg, account_id, keys, lake), opts)  # none: single-tenant, as before
-cluster = Cluster(
-    "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts
-)
+cluster: Cluster | Eks
+orchestration: dict[str, Any]
+if cfg.orchestrator == "eks":  # JobSet + Kueue on EKS (docs/eks.md)
+    cluster = Eks("eks", EksArgs(cfg, account_id, network, keys, lustre), opts)
+    software = ClusterSoftware("cluster-software", ClusterSoftwareArgs(cfg, cluster, lustre), opts)
+    orchestration = {**cluster.outputs, **software.outputs}
+else:
+    cluster = Cluster(
+        "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts
+    )
+    orchestration = cluster.outputs
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
 
@@ -54,7 +65,9 @@ outputs = {  # the names trainer/contract/outputs.py lists
     "instance_type": cfg.instance_type,
     "node_count": cfg.node_count,
     "gpus_per_node": cfg.instance.gpus,
-    **cluster.outputs,  # job_queue, job_definition, log_group (+ the spot queue and definition)
+    "orchestrator": cfg.orchestrator,
+    # Batch: job_queue, job_definition, log_group (+ the spot queue and definition); EKS: eks_cluster_name, ...
+    **orchestration,
     **monitoring.outputs,  # alarm_topic_arn, dashboard_name
     **audit.outputs,  # audit_trail (+ audit_bucket when the stack has its own trail)
     **teams.outputs,  # teams, team_role_arns (only with trainstack:teams)

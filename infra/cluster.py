@@ -171,6 +171,78 @@ class _EnvironmentCapacity(TypedDict):
     placement_group: NotRequired[pulumi.Input[str] | None]
 
 
+def efa_security_group(
+    cfg: StackConfig, network: Network, file_system: Lustre, child: pulumi.ResourceOptions
+) -> aws.ec2.SecurityGroup:
+    """The GPU nodes' group (Batch and EKS alike): EFA needs all traffic from AND to its own group, 0.0.0.0/0 egress
+    does not cover EFA's SRD traffic; HTTPS out; Lustre both ways with the file system."""
+    prefix = cfg.name_prefix
+    group = aws.ec2.SecurityGroup(
+        f"{prefix}-efa",
+        vpc_id=network.vpc.id,
+        description="GPU nodes: EFA, NCCL bootstrap, FSx client",
+        opts=child,
+    )
+    own: _SecurityGroupSide = {"security_group_id": group.id, "opts": child}
+    aws.vpc.SecurityGroupIngressRule(
+        f"{prefix}-efa-from-self",
+        referenced_security_group_id=group.id,
+        ip_protocol="-1",
+        description="EFA and NCCL between nodes",
+        **own,
+    )
+    aws.vpc.SecurityGroupEgressRule(
+        f"{prefix}-efa-to-self",
+        referenced_security_group_id=group.id,
+        ip_protocol="-1",
+        description="EFA and NCCL between nodes",
+        **own,
+    )
+    aws.vpc.SecurityGroupEgressRule(
+        f"{prefix}-efa-https",
+        cidr_ipv4="0.0.0.0/0",
+        ip_protocol="tcp",
+        from_port=443,
+        to_port=443,
+        description="AWS APIs, ECR, S3, package repositories",
+        **own,
+    )
+    # Lustre both ways between clients and servers (FSx for Lustre user guide, "File system access control with
+    # Amazon VPC"): security group rules are per direction, and Pulumi removes the default allow-all egress.
+    fsx = file_system.security_group.id
+    for low, high in LUSTRE_PORTS:
+        lustre: _LustreRule = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "opts": child}
+        aws.vpc.SecurityGroupEgressRule(
+            f"{prefix}-efa-to-fsx-{low}",
+            security_group_id=group.id,
+            referenced_security_group_id=fsx,
+            description="Lustre client to FSx",
+            **lustre,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{prefix}-efa-from-fsx-{low}",
+            security_group_id=group.id,
+            referenced_security_group_id=fsx,
+            description="Lustre: FSx servers to their clients",
+            **lustre,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{prefix}-fsx-from-efa-{low}",
+            security_group_id=fsx,
+            referenced_security_group_id=group.id,
+            description="Lustre clients: the GPU nodes",
+            **lustre,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{prefix}-fsx-to-efa-{low}",
+            security_group_id=fsx,
+            referenced_security_group_id=group.id,
+            description="Lustre: FSx servers to their clients",
+            **lustre,
+        )
+    return group
+
+
 @dataclass
 class ClusterArgs:
     config: StackConfig
@@ -191,7 +263,7 @@ class Cluster(pulumi.ComponentResource):
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         prefix = cfg.name_prefix
 
-        self.security_group = self._efa_security_group(args, child)
+        self.security_group = efa_security_group(cfg, args.network, args.lustre, child)
         self.launch_template = self._launch_template(f"{prefix}-gpu", args, **self._reserved_capacity(cfg))
         self.compute_environment = self._environment(
             f"{prefix}-gpu",
@@ -242,74 +314,6 @@ class Cluster(pulumi.ComponentResource):
             outputs.update(self._spot(args, container))
         self.outputs = outputs
         self.register_outputs(outputs)
-
-    def _efa_security_group(self, args: ClusterArgs, child: pulumi.ResourceOptions) -> aws.ec2.SecurityGroup:
-        """EFA needs all traffic from AND to its own group; 0.0.0.0/0 egress does not cover EFA's SRD traffic."""
-        prefix = args.config.name_prefix
-        group = aws.ec2.SecurityGroup(
-            f"{prefix}-efa",
-            vpc_id=args.network.vpc.id,
-            description="GPU nodes: EFA, NCCL bootstrap, FSx client",
-            opts=child,
-        )
-        own: _SecurityGroupSide = {"security_group_id": group.id, "opts": child}
-        aws.vpc.SecurityGroupIngressRule(
-            f"{prefix}-efa-from-self",
-            referenced_security_group_id=group.id,
-            ip_protocol="-1",
-            description="EFA and NCCL between nodes",
-            **own,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{prefix}-efa-to-self",
-            referenced_security_group_id=group.id,
-            ip_protocol="-1",
-            description="EFA and NCCL between nodes",
-            **own,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{prefix}-efa-https",
-            cidr_ipv4="0.0.0.0/0",
-            ip_protocol="tcp",
-            from_port=443,
-            to_port=443,
-            description="AWS APIs, ECR, S3, package repositories",
-            **own,
-        )
-        # Lustre both ways between clients and servers (FSx for Lustre user guide, "File system access control with
-        # Amazon VPC"): security group rules are per direction, and Pulumi removes the default allow-all egress.
-        fsx = args.lustre.security_group.id
-        for low, high in LUSTRE_PORTS:
-            lustre: _LustreRule = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "opts": child}
-            aws.vpc.SecurityGroupEgressRule(
-                f"{prefix}-efa-to-fsx-{low}",
-                security_group_id=group.id,
-                referenced_security_group_id=fsx,
-                description="Lustre client to FSx",
-                **lustre,
-            )
-            aws.vpc.SecurityGroupIngressRule(
-                f"{prefix}-efa-from-fsx-{low}",
-                security_group_id=group.id,
-                referenced_security_group_id=fsx,
-                description="Lustre: FSx servers to their clients",
-                **lustre,
-            )
-            aws.vpc.SecurityGroupIngressRule(
-                f"{prefix}-fsx-from-efa-{low}",
-                security_group_id=fsx,
-                referenced_security_group_id=group.id,
-                description="Lustre clients: the GPU nodes",
-                **lustre,
-            )
-            aws.vpc.SecurityGroupEgressRule(
-                f"{prefix}-fsx-to-efa-{low}",
-                security_group_id=fsx,
-                referenced_security_group_id=group.id,
-                description="Lustre: FSx servers to their clients",
-                **lustre,
-            )
-        return group
 
     @staticmethod
     def _placement_group(cfg: StackConfig, child: pulumi.ResourceOptions) -> pulumi.Input[str] | None:

@@ -213,6 +213,12 @@ class StackConfig(BaseModel):
     teams: list[TeamConfig] = []
     allowed_regions: list[str] | None = None
     security_hub: bool = False
+    # Orchestration (docs/eks.md): AWS Batch, or an EKS cluster with JobSet and Kueue on the same nodes and data.
+    orchestrator: Literal["batch", "eks"] = "batch"
+    # EKS only: who administers the cluster (IAM role/user ARNs, each given an access entry with cluster-admin), and
+    # the CIDRs that may reach the public API endpoint (none: the endpoint is private, reachable from the VPC only).
+    eks_admin_arns: list[str] = []
+    eks_public_access_cidrs: list[str] = []
 
     @field_validator("region")
     @classmethod
@@ -344,6 +350,7 @@ class StackConfig(BaseModel):
             *self._fsx_problems(),
             *self._capacity_problems(),
             *self._governance_problems(),
+            *self._orchestrator_problems(),
         ]
         if problems:
             raise _problem("\n".join(problems))
@@ -481,6 +488,52 @@ class StackConfig(BaseModel):
         ]
         return problems
 
+    def _orchestrator_problems(self) -> list[str]:
+        """Keys that belong to one orchestrator, and what EKS needs that Batch does not."""
+        problems = []
+        if self.orchestrator == "batch":
+            problems += [
+                f"{_key(field)} = {getattr(self, field)!r}: only EKS stacks take it; set "
+                f"{_key('orchestrator')}: eks, or remove the key"
+                for field in ("eks_admin_arns", "eks_public_access_cidrs")
+                if getattr(self, field)
+            ]
+            return problems
+        # CreateCluster needs subnets in at least two Availability Zones (EKS user guide, "View Amazon EKS networking
+        # requirements for VPC and subnets").
+        if len(self.availability_zones) < 2:
+            problems.append(
+                f"{_key('availability_zones')} = {self.availability_zones!r}: an EKS cluster needs subnets in at "
+                "least two zones; list a second zone (the GPU nodes stay in the first)"
+            )
+        if self.spot:
+            problems.append(
+                f"{_key('spot')} = True: the single-node Spot queue is an AWS Batch queue; an EKS stack has none "
+                "(remove the key)"
+            )
+        if self.teams:
+            problems.append(
+                f"{_key('teams')}: team fair share is an AWS Batch scheduling policy; on {_key('orchestrator')}: eks "
+                "give each team a Kueue LocalQueue instead (not built yet); remove the key"
+            )
+        problems += [
+            f"{_key('eks_admin_arns')} = {arn!r}: not an IAM role or user ARN; write arn:aws:iam::123456789012:role/name"
+            for arn in self.eks_admin_arns
+            if not re.fullmatch(r"arn:aws:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn)
+        ]
+        for cidr in self.eks_public_access_cidrs:
+            try:
+                network = ipaddress.IPv4Network(cidr, strict=True)
+            except ValueError as e:
+                problems.append(f"{_key('eks_public_access_cidrs')} = {cidr!r}: not an IPv4 CIDR block ({e})")
+                continue
+            if network.prefixlen == 0:
+                problems.append(
+                    f"{_key('eks_public_access_cidrs')} = {cidr!r}: opens the API endpoint to the internet; name "
+                    "the office or VPN ranges, or leave the list empty for a private endpoint"
+                )
+        return problems
+
     # --- derived settings: what the components read -------------------------------------------------------------
 
     @property
@@ -530,6 +583,11 @@ class StackConfig(BaseModel):
     def name_prefix(self) -> str:
         """Prefix of every resource name; the instance role finds Batch's ECS clusters by it."""
         return f"{NAMESPACE}-{self.stack}"
+
+    @property
+    def eks_cluster_name(self) -> str:
+        """The EKS cluster's name (EKS stacks): the stack's prefix, so IAM and logs can be scoped to it."""
+        return self.name_prefix
 
     @property
     def log_group_prefix(self) -> str:

@@ -53,6 +53,9 @@ ADMIN_ACTIONS = [
 ]
 # Services that encrypt the stack's data with the key on a caller's behalf.
 VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")
+# EKS stacks: the control plane encrypts Secrets with the key through EKS (EKS user guide, "Encrypt Kubernetes secrets
+# with KMS on existing clusters"); whether its calls carry kms:ViaService eks.* only a real account shows.
+EKS_VIA_SERVICES = ("eks",)
 SERVICE_LINKED_ROLES = (
     "aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling",
     "aws-service-role/batch.amazonaws.com/AWSServiceRoleForBatch",
@@ -163,7 +166,21 @@ class Keys(pulumi.ComponentResource):
         log_groups = pulumi.Output.concat(
             "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.log_group_prefix, "/*"
         )
-        via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in VIA_SERVICES]
+        services = (*VIA_SERVICES, *EKS_VIA_SERVICES) if cfg.orchestrator == "eks" else VIA_SERVICES
+        via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in services]
+        if cfg.orchestrator == "eks":  # Container Insights' groups, which the stack creates under the key
+            container_insights = pulumi.Output.concat(
+                "arn:aws:logs:",
+                cfg.region,
+                ":",
+                account,
+                ":log-group:/aws/containerinsights/",
+                cfg.eks_cluster_name,
+                "/*",
+            )
+            logs_scope: Any = [log_groups, container_insights]
+        else:
+            logs_scope = log_groups
         linked_roles = {
             "StringEquals": {"aws:PrincipalAccount": account},
             "ArnLike": {
@@ -195,7 +212,7 @@ class Keys(pulumi.ComponentResource):
                 "Principal": {"Service": f"logs.{cfg.region}.amazonaws.com"},
                 "Action": CRYPTO_ACTIONS,
                 "Resource": "*",
-                "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": log_groups}},
+                "Condition": {"ArnLike": {"kms:EncryptionContext:aws:logs:arn": logs_scope}},
             },
             {
                 "Sid": "ServiceLinkedRolesUseKey",

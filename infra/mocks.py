@@ -120,6 +120,18 @@ class StackMocks(pulumi.runtime.Mocks):
             state["latestVersion"] = 1
         elif typ == "aws:cloudtrail/trail:Trail":
             state["arn"] = f"arn:aws:cloudtrail:{region}:{account}:trail/{inputs.get('name', name)}"
+        elif typ == "aws:eks/cluster:Cluster":
+            cluster = inputs.get("name", name)
+            state["arn"] = f"arn:aws:eks:{region}:{account}:cluster/{cluster}"
+            state["endpoint"] = (
+                f"https://{_fake_id(cluster, 'eks')[4:].upper()}.gr7.{region}.eks.amazonaws.com"
+            )
+            # Base64 of a PEM header: what DescribeCluster's certificateAuthority.data looks like, not a real CA.
+            state["certificateAuthority"] = {"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}
+            state["vpcConfig"] = {
+                **inputs.get("vpcConfig", {}),
+                "clusterSecurityGroupId": _fake_id(f"{cluster}-cluster", "sg"),
+            }
         elif typ == "aws:batch/jobDefinition:JobDefinition":
             state["arn"] = f"arn:aws:batch:{region}:{account}:job-definition/{name}:1"
         return resource_id, state

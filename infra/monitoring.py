@@ -37,12 +37,15 @@ from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMEN
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
+    from infra.eks import Eks
     from infra.keys import Keys
     from infra.lustre import Lustre
 
 NAMESPACE = registry.CLOUDWATCH_NAMESPACE
 PERIOD_S = 60
 FSX_PERIOD_S = 300
+# Where Container Insights publishes cluster metrics (CloudWatch user guide, "Container Insights metrics").
+CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
 # FreeDataStorageCapacity: one point per disk per minute; their Sum over exactly one minute is the file system's
 # free bytes (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").
 FSX_CAPACITY_PERIOD_S = 60
@@ -62,7 +65,7 @@ class MonitoringArgs:
     account_id: pulumi.Input[str]
     keys: Keys
     lustre: Lustre
-    cluster: Cluster
+    cluster: Cluster | Eks
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -70,8 +73,10 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("trainstack:monitoring:Monitoring", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         prefix = cfg.name_prefix
-        queue = args.cluster.job_queue
-        queues = args.cluster.job_queues  # "gpu", and "spot" where the stack has one
+        # The trainer's JobQueue dimension: Batch queue names ("gpu", and "spot" where the stack has one), or on EKS
+        # the stack's Kueue LocalQueue.
+        queues = self._queue_names(args)
+        queue = queues["gpu"]
         file_system = args.lustre.file_system
 
         self.topic = aws.sns.Topic(f"{prefix}-alarms", kms_master_key_id=args.keys.key.arn, opts=child)
@@ -81,27 +86,40 @@ class Monitoring(pulumi.ComponentResource):
             )
             for index, email in enumerate(cfg.alarm_emails)
         ]
-        self.failed_jobs = aws.cloudwatch.EventRule(
-            f"{prefix}-job-failed",
-            description=f"trainstack {cfg.stack}: a job on one of the stack's queues failed",
-            event_pattern=pulumi.Output.all(*(q.arn for q in queues.values())).apply(failed_job_pattern),
-            opts=child,
-        )
-        aws.cloudwatch.EventTarget(
-            f"{prefix}-job-failed", rule=self.failed_jobs.name, arn=self.topic.arn, opts=child
-        )
-        aws.sns.TopicPolicy(
-            f"{prefix}-alarms",
-            arn=self.topic.arn,
-            policy=self._topic_policy(cfg, args.account_id, self.topic.arn, self.failed_jobs.arn),
-            opts=child,
-        )
         alarm: _AlarmActions = {
             "alarm_actions": [self.topic.arn],
             "ok_actions": [self.topic.arn],
             "opts": child,
         }
-        on_queue = {"JobQueue": queue.name}
+        self.failed_jobs: aws.cloudwatch.MetricAlarm | aws.cloudwatch.EventRule
+        if cfg.orchestrator == "eks":
+            self.failed_jobs = self._failed_pods_alarm(cfg, alarm)
+            aws.sns.TopicPolicy(
+                f"{prefix}-alarms",
+                arn=self.topic.arn,
+                policy=self._topic_policy(cfg, args.account_id, self.topic.arn, None),
+                opts=child,
+            )
+        else:
+            batch_queues = args.cluster.job_queues  # type: ignore[union-attr]
+            self.failed_jobs = aws.cloudwatch.EventRule(
+                f"{prefix}-job-failed",
+                description=f"trainstack {cfg.stack}: a job on one of the stack's queues failed",
+                event_pattern=pulumi.Output.all(*(q.arn for q in batch_queues.values())).apply(
+                    failed_job_pattern
+                ),
+                opts=child,
+            )
+            aws.cloudwatch.EventTarget(
+                f"{prefix}-job-failed", rule=self.failed_jobs.name, arn=self.topic.arn, opts=child
+            )
+            aws.sns.TopicPolicy(
+                f"{prefix}-alarms",
+                arn=self.topic.arn,
+                policy=self._topic_policy(cfg, args.account_id, self.topic.arn, self.failed_jobs.arn),
+                opts=child,
+            )
+        on_queue = {"JobQueue": queue}
         self.alarms = [
             aws.cloudwatch.MetricAlarm(
                 f"{prefix}-training-stalled" if key == "gpu" else f"{prefix}-{key}-training-stalled",
@@ -111,7 +129,7 @@ class Monitoring(pulumi.ComponentResource):
                 ),
                 namespace=NAMESPACE,
                 metric_name=registry.SECONDS_SINCE_LAST_STEP.cloudwatch,
-                dimensions={"JobQueue": job_queue.name},
+                dimensions={"JobQueue": job_queue},
                 statistic="Maximum",
                 period=PERIOD_S,
                 # Any one of the last three minutes: a heartbeat line that lands in the next minute does not flap.
@@ -170,7 +188,7 @@ class Monitoring(pulumi.ComponentResource):
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{prefix}-training",
             dashboard_name=f"{prefix}-training",
-            dashboard_body=pulumi.Output.all(file_system.id, *(q.name for q in queues.values())).apply(
+            dashboard_body=pulumi.Output.all(file_system.id, *queues.values()).apply(
                 lambda values: json.dumps(dashboard_body(cfg.region, values[1], values[0], values[1:]))
             ),
             opts=child,
@@ -179,13 +197,49 @@ class Monitoring(pulumi.ComponentResource):
         self.register_outputs(self.outputs)
 
     @staticmethod
+    def _queue_names(args: MonitoringArgs) -> dict[str, pulumi.Input[str]]:
+        if args.config.orchestrator == "eks":
+            from infra.cluster_software import local_queue_name
+
+            return {"gpu": local_queue_name(args.config)}
+        return {key: q.name for key, q in args.cluster.job_queues.items()}  # type: ignore[union-attr]
+
+    def _failed_pods_alarm(self, cfg: StackConfig, alarm: _AlarmActions) -> aws.cloudwatch.MetricAlarm:
+        """EKS: a failed JobSet leaves its pods Failed (restartPolicy Never; JobSet deletes them only to restart),
+        which Container Insights counts as `pod_status_failed` per cluster (aws/amazon-cloudwatch-agent
+        translator/translate/otel/exporter/awsemf/kubernetes.go, enhanced Container Insights). Two minutes in a
+        row, so that the pods of a JobSet restart (deleted within seconds) do not page; Batch pages on the
+        FAILED event instead."""
+        return aws.cloudwatch.MetricAlarm(
+            f"{cfg.name_prefix}-job-failed",
+            alarm_description=(
+                f"Pods failed on {cfg.stack}'s EKS cluster for 2 min: a JobSet failed (kubectl get jobsets -n "
+                "trainstack); runbook: docs/eks.md#runbook"
+            ),
+            namespace=CONTAINER_INSIGHTS_NAMESPACE,
+            metric_name="pod_status_failed",
+            dimensions={"ClusterName": cfg.eks_cluster_name},
+            statistic="Maximum",
+            period=PERIOD_S,
+            evaluation_periods=2,
+            datapoints_to_alarm=2,
+            threshold=0,
+            comparison_operator="GreaterThanThreshold",
+            treat_missing_data="notBreaching",
+            **alarm,
+        )
+
+    @staticmethod
     def _topic_policy(
-        cfg: StackConfig, account: pulumi.Input[str], topic: pulumi.Input[str], rule_arn: pulumi.Input[str]
+        cfg: StackConfig,
+        account: pulumi.Input[str],
+        topic: pulumi.Input[str],
+        rule_arn: pulumi.Input[str] | None,
     ) -> Any:
         alarms = pulumi.Output.concat(
             "arn:aws:cloudwatch:", cfg.region, ":", account, ":alarm:", cfg.name_prefix, "-*"
         )
-        return policy_document(
+        statements: list[dict[str, Any]] = [
             {
                 "Sid": "StackAlarmsPublish",
                 "Effect": "Allow",
@@ -197,15 +251,19 @@ class Monitoring(pulumi.ComponentResource):
                     "StringEquals": {"aws:SourceAccount": account},
                 },
             },
-            {
-                "Sid": "FailedJobRulePublishes",
-                "Effect": "Allow",
-                "Principal": {"Service": "events.amazonaws.com"},
-                "Action": "sns:Publish",
-                "Resource": topic,
-                "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
-            },
-        )
+        ]
+        if rule_arn is not None:
+            statements.append(
+                {
+                    "Sid": "FailedJobRulePublishes",
+                    "Effect": "Allow",
+                    "Principal": {"Service": "events.amazonaws.com"},
+                    "Action": "sns:Publish",
+                    "Resource": topic,
+                    "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
+                }
+            )
+        return policy_document(*statements)
 
 
 def failed_job_pattern(queue_arns: list[str]) -> str:

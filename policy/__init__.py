@@ -15,6 +15,7 @@
     residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
     compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
+    eks               EKS stacks: catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over
     offline           `make policy`: the policies over a stack's offline preview

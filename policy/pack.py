@@ -9,6 +9,7 @@ from pulumi_policy import EnforcementLevel, Policy
 from policy import (
     audit,
     aws_rules,
+    eks,
     encryption,
     iam,
     launch_templates,
@@ -57,4 +58,8 @@ POLICIES: list[Policy] = [
     residency.data_residency,
     audit.audit_trail_recorded,
     audit.cis_metric_filters,
+    # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
+    eks.efa_agree,
+    eks.jobset_grace,
+    eks.fixed_versions,
 ]

@@ -88,6 +88,22 @@ def stack(request) -> Planned:
     return planned(request.param)
 
 
+def _orchestrated_by(orchestrator: str) -> list[str]:
+    return [name for name in stack_names() if load_stack_config(name).orchestrator == orchestrator]
+
+
+@pytest.fixture(scope="session", params=_orchestrated_by("batch"))
+def batch_stack(request) -> Planned:
+    """Each checked-in stack whose jobs run on AWS Batch: what only the Batch path creates."""
+    return planned(request.param)
+
+
+@pytest.fixture(scope="session", params=_orchestrated_by("eks"))
+def eks_stack(request) -> Planned:
+    """Each checked-in stack whose jobs run on EKS (infra/eks.py, infra/cluster_software.py)."""
+    return planned(request.param)
+
+
 @pytest.fixture(scope="session")
 def prod() -> Planned:
     return planned("prod")

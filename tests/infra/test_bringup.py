@@ -28,11 +28,13 @@ from trainer.launch.torchrun import add_supervision_arguments
 # --- defect 3: security groups on the interfaces only; the job containers' default group ------------------------
 
 
-def test_compute_environments_name_no_security_groups_their_templates_carry_them(stack):
-    for environment in stack.all("batch.ComputeEnvironment"):
+def test_compute_environments_name_no_security_groups_their_templates_carry_them(batch_stack):
+    for environment in batch_stack.all("batch.ComputeEnvironment"):
         assert "securityGroupIds" not in environment.inputs["computeResources"], environment.name
-    for template in stack.all("ec2.LaunchTemplate"):
-        assert all(i["securityGroups"] == [stack.efa_group.id] for i in template.inputs["networkInterfaces"])
+    for template in batch_stack.all("ec2.LaunchTemplate"):
+        assert all(
+            i["securityGroups"] == [batch_stack.efa_group.id] for i in template.inputs["networkInterfaces"]
+        )
         assert "vpcSecurityGroupIds" not in template.inputs
 
 
@@ -104,21 +106,23 @@ def test_stack_default_stop_grace_is_the_trainers_own_default(monkeypatch):
     assert StackConfig.model_fields["stop_grace_seconds"].default == DEFAULT_STOP_GRACE_SECONDS
 
 
-def test_ecs_stop_timeout_on_every_node_outlasts_the_jobs_stop_grace(stack):
-    grace = {e["name"]: e["value"] for e in stack.node_container["environment"]}[
+def test_ecs_stop_timeout_on_every_node_outlasts_the_jobs_stop_grace(batch_stack):
+    grace = {e["name"]: e["value"] for e in batch_stack.node_container["environment"]}[
         "TRAINSTACK_STOP_GRACE_SECONDS"
     ]
-    assert int(grace) == stack.config.stop_grace_seconds
-    for template in stack.all("ec2.LaunchTemplate"):
+    assert int(grace) == batch_stack.config.stop_grace_seconds
+    for template in batch_stack.all("ec2.LaunchTemplate"):
         timeout = configured_stop_timeout(user_data_script(template.inputs["userData"]))
         assert (
             timeout == ecs_stop_timeout_seconds(int(grace)) and timeout > int(grace) > 30
         )  # ECS default 30 s
 
 
-def test_every_job_definition_has_a_timeout_and_a_retry_strategy(stack):
-    for definition in stack.all("batch.JobDefinition"):
-        assert definition.inputs["timeout"] == {"attemptDurationSeconds": stack.config.job_timeout_seconds}
+def test_every_job_definition_has_a_timeout_and_a_retry_strategy(batch_stack):
+    for definition in batch_stack.all("batch.JobDefinition"):
+        assert definition.inputs["timeout"] == {
+            "attemptDurationSeconds": batch_stack.config.job_timeout_seconds
+        }
         assert definition.inputs["retryStrategy"]["attempts"] >= 1
 
 
@@ -210,6 +214,6 @@ def test_failed_bootstrap_masks_the_ecs_agent_and_shuts_the_node_down(tmp_path, 
     ]
 
 
-def test_launch_templates_terminate_a_node_that_shuts_itself_down(stack):
-    for template in stack.all("ec2.LaunchTemplate"):
+def test_launch_templates_terminate_a_node_that_shuts_itself_down(batch_stack):
+    for template in batch_stack.all("ec2.LaunchTemplate"):
         assert template.inputs["instanceInitiatedShutdownBehavior"] == "terminate"

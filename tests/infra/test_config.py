@@ -41,8 +41,8 @@ def error_for(**changes) -> str:
     return str(raised.value)
 
 
-def test_checked_in_stacks_are_the_three_environments():
-    assert STACKS == ["dev", "prod", "staging"]
+def test_checked_in_stacks_are_the_three_environments_and_the_eks_one():
+    assert STACKS == ["dev", "eks-dev", "prod", "staging"]
 
 
 @pytest.mark.parametrize("name", STACKS)
@@ -332,3 +332,50 @@ def test_every_config_key_is_documented():
 def test_cross_key_problems_are_counted_one_each():
     message = error_for(trainstack__natGateways=3, trainstack__fsxThroughputPerTib=250)
     assert message.startswith("stack config: 2 problem(s)")
+
+
+# --- orchestrator ----------------------------------------------------------------------------------------------
+
+
+def test_orchestrator_defaults_to_batch_and_takes_eks():
+    assert parse_stack_config("test", VALID).orchestrator == "batch"
+    assert parse_stack_config("test", {**VALID, "trainstack:orchestrator": "eks"}).orchestrator == "eks"
+
+
+def test_an_unknown_orchestrator_names_the_valid_ones():
+    message = error_for(trainstack__orchestrator="kubernetes")
+    assert "trainstack:orchestrator" in message and "'batch'" in message and "'eks'" in message
+
+
+def test_eks_needs_two_zones():
+    message = error_for(trainstack__orchestrator="eks", trainstack__availabilityZones=["us-east-1a"])
+    assert (
+        "trainstack:availabilityZones = ['us-east-1a']: an EKS cluster needs subnets in at least two zones"
+        in (message)
+    )
+
+
+def test_batch_only_keys_are_refused_on_eks():
+    message = error_for(trainstack__orchestrator="eks", trainstack__spot=True)
+    assert "trainstack:spot = True: the single-node Spot queue is an AWS Batch queue" in message
+
+
+def test_eks_keys_are_refused_on_batch():
+    message = error_for(trainstack__eksAdminArns=["arn:aws:iam::123456789012:role/admin"])
+    assert (
+        "trainstack:eksAdminArns = ['arn:aws:iam::123456789012:role/admin']: only EKS stacks take it"
+        in message
+    )
+
+
+def test_eks_admins_are_iam_role_or_user_arns():
+    message = error_for(trainstack__orchestrator="eks", trainstack__eksAdminArns=["admin"])
+    assert "trainstack:eksAdminArns = 'admin': not an IAM role or user ARN" in message
+
+
+def test_a_public_endpoint_open_to_the_internet_is_refused():
+    message = error_for(trainstack__orchestrator="eks", trainstack__eksPublicAccessCidrs=["0.0.0.0/0"])
+    assert "trainstack:eksPublicAccessCidrs = '0.0.0.0/0': opens the API endpoint to the internet" in message
+    assert "not an IPv4 CIDR block" in error_for(
+        trainstack__orchestrator="eks", trainstack__eksPublicAccessCidrs=["10.0.0.1/8"]
+    )

@@ -1,4 +1,5 @@
-"""What every checked-in stack (dev, staging, prod) plans, asserted on the inputs the Pulumi engine would receive."""
+"""What every checked-in stack (dev, staging, prod, eks-dev) plans, asserted on the inputs the Pulumi engine would
+receive; what only the Batch path creates is asserted on the Batch stacks (`batch_stack`), the EKS path in test_eks.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from trainer.contract.catalog import instance_type
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND
 from trainer.contract.image import efa_environment, image_pins
 from trainer.contract.outputs import (
+    BATCH_OUTPUTS,
+    EKS_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
     SPOT_OUTPUTS,
@@ -23,18 +26,18 @@ from trainer.contract.outputs import (
 # --- EFA: launch template, security group, devices ------------------------------------------------------------
 
 
-def test_launch_template_has_one_efa_interface_per_catalog_efa_card(stack):
-    interfaces = stack.launch_template.inputs["networkInterfaces"]
+def test_launch_template_has_one_efa_interface_per_catalog_efa_card(batch_stack):
+    interfaces = batch_stack.launch_template.inputs["networkInterfaces"]
     efa = [i for i in interfaces if i["interfaceType"] in ("efa", "efa-only")]
-    assert len(efa) == len(interfaces) == stack.config.instance.efa_interfaces
+    assert len(efa) == len(interfaces) == batch_stack.config.instance.efa_interfaces
     assert sorted(i["networkCardIndex"] for i in interfaces) == list(
-        range(stack.config.instance.efa_interfaces)
+        range(batch_stack.config.instance.efa_interfaces)
     )
 
 
-def test_primary_interface_is_efa_on_card_0_and_every_other_card_is_efa_only(stack):
+def test_primary_interface_is_efa_on_card_0_and_every_other_card_is_efa_only(batch_stack):
     primary, *others = sorted(
-        stack.launch_template.inputs["networkInterfaces"], key=lambda i: i["networkCardIndex"]
+        batch_stack.launch_template.inputs["networkInterfaces"], key=lambda i: i["networkCardIndex"]
     )
     assert (primary["networkCardIndex"], primary["deviceIndex"], primary["interfaceType"]) == (0, 0, "efa")
     assert all(i["interfaceType"] == "efa-only" and i["deviceIndex"] == 0 for i in others)
@@ -50,16 +53,16 @@ def test_p4d_launch_template_has_4_efa_interfaces(dev):
     assert len(dev.launch_template.inputs["networkInterfaces"]) == 4
 
 
-def test_every_efa_interface_has_the_efa_group_no_subnet_and_no_public_ip(stack):
+def test_every_efa_interface_has_the_efa_group_no_subnet_and_no_public_ip(batch_stack):
     # The compute environment's subnets place the nodes; Batch ignores a template interface's subnet.
-    cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
-    for environment in stack.all("batch.ComputeEnvironment"):
+    cluster_subnet = batch_stack.one("ec2.Subnet", f"-private-{batch_stack.config.cluster_availability_zone}")
+    for environment in batch_stack.all("batch.ComputeEnvironment"):
         assert environment.inputs["computeResources"]["subnets"] == [cluster_subnet.id]
-    for interface in stack.launch_template.inputs["networkInterfaces"]:
+    for interface in batch_stack.launch_template.inputs["networkInterfaces"]:
         assert "subnetId" not in interface
-        assert interface["securityGroups"] == [stack.efa_group.id]
+        assert interface["securityGroups"] == [batch_stack.efa_group.id]
         assert interface.get("associatePublicIpAddress", "false") == "false"
-    assert stack.launch_template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
+    assert batch_stack.launch_template.inputs["networkInterfaces"][0]["associatePublicIpAddress"] == "false"
 
 
 def test_efa_group_allows_all_traffic_from_itself_and_to_itself(stack):
@@ -94,36 +97,40 @@ def test_no_security_group_admits_the_internet(stack):
     ] == [{"protocol": "-1", "self": True}]
 
 
-def test_job_definition_passes_one_uverbs_device_per_efa_interface(stack):
-    devices = stack.node_container["linuxParameters"]["devices"]
-    assert [d["hostPath"] for d in devices] == stack.config.instance.uverbs_devices
-    assert len(devices) == stack.config.instance.efa_interfaces
+def test_job_definition_passes_one_uverbs_device_per_efa_interface(batch_stack):
+    devices = batch_stack.node_container["linuxParameters"]["devices"]
+    assert [d["hostPath"] for d in devices] == batch_stack.config.instance.uverbs_devices
+    assert len(devices) == batch_stack.config.instance.efa_interfaces
     assert all(
         d["containerPath"] == d["hostPath"] and set(d["permissions"]) == {"READ", "WRITE", "MKNOD"}
         for d in devices
     )
 
 
-def test_job_definition_sizes_each_node_from_the_catalog_with_memory_headroom(stack):
-    instance = stack.config.instance
-    needs = {r["type"]: int(r["value"]) for r in stack.node_container["resourceRequirements"]}
+def test_job_definition_sizes_each_node_from_the_catalog_with_memory_headroom(batch_stack):
+    instance = batch_stack.config.instance
+    needs = {r["type"]: int(r["value"]) for r in batch_stack.node_container["resourceRequirements"]}
     assert needs["VCPU"] == instance.vcpus and needs["GPU"] == instance.gpus
     total = instance.memory_gib * 1024
     assert 0.05 <= (total - needs["MEMORY"]) / total < 0.051  # left for the kernel, docker and the ECS agent
-    assert stack.node_container["instanceType"] == stack.config.instance_type
+    assert batch_stack.node_container["instanceType"] == batch_stack.config.instance_type
 
 
-def test_job_definition_runs_every_node_of_the_stack(stack):
+def test_job_definition_runs_every_node_of_the_stack(batch_stack):
 
-    job = stack.one("batch.JobDefinition", "-train").inputs
+    job = batch_stack.one("batch.JobDefinition", "-train").inputs
     nodes = json.loads(job["nodeProperties"])
-    assert (job["type"], nodes["numNodes"], nodes["mainNode"]) == ("multinode", stack.config.node_count, 0)
+    assert (job["type"], nodes["numNodes"], nodes["mainNode"]) == (
+        "multinode",
+        batch_stack.config.node_count,
+        0,
+    )
     assert [r["targetNodes"] for r in nodes["nodeRangeProperties"]] == ["0:"]
 
 
-def test_job_container_contract(stack):
-    container = stack.node_container
-    repository = stack.one("ecr.Repository").outputs["repositoryUrl"]
+def test_job_container_contract(batch_stack):
+    container = batch_stack.node_container
+    repository = batch_stack.one("ecr.Repository").outputs["repositoryUrl"]
     assert container["image"] == f"{repository}:latest"
     assert container["command"] == DEFAULT_COMMAND
     assert "entryPoint" not in container  # baked into the image
@@ -131,33 +138,33 @@ def test_job_container_contract(stack):
     assert container["mountPoints"] == [{"sourceVolume": "fsx", "containerPath": "/fsx", "readOnly": False}]
     assert {"name": "memlock", "softLimit": -1, "hardLimit": -1} in container["ulimits"]
     assert container["linuxParameters"]["sharedMemorySize"] >= 64 * 1024
-    assert container["jobRoleArn"] == stack.one("iam.Role", "-job").outputs["arn"]
-    assert container["executionRoleArn"] == stack.one("iam.Role", "-execution").outputs["arn"]
+    assert container["jobRoleArn"] == batch_stack.one("iam.Role", "-job").outputs["arn"]
+    assert container["executionRoleArn"] == batch_stack.one("iam.Role", "-execution").outputs["arn"]
 
 
-def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_root(stack):
-    environment = {e["name"]: e["value"] for e in stack.node_container["environment"]}
+def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_root(batch_stack):
+    environment = {e["name"]: e["value"] for e in batch_stack.node_container["environment"]}
     assert environment == {
         **efa_environment(),
-        "TRAINSTACK_INSTANCE_TYPE": stack.config.instance_type,
+        "TRAINSTACK_INSTANCE_TYPE": batch_stack.config.instance_type,
         "TRAINSTACK_CHECKPOINT_ROOT": "/fsx/checkpoints",
-        "TRAINSTACK_STOP_GRACE_SECONDS": str(stack.config.stop_grace_seconds),
+        "TRAINSTACK_STOP_GRACE_SECONDS": str(batch_stack.config.stop_grace_seconds),
     }
     assert CHECKPOINTS_DIR == "/fsx/checkpoints"
     assert environment["NCCL_NET"] == "AWS Libfabric"
 
 
-def test_jobs_log_to_a_stack_log_group_with_awslogs(stack):
-    logging = stack.node_container["logConfiguration"]
+def test_jobs_log_to_a_stack_log_group_with_awslogs(batch_stack):
+    logging = batch_stack.node_container["logConfiguration"]
     assert logging["logDriver"] == "awslogs"
-    assert logging["options"]["awslogs-group"] == f"/trainstack/{stack.stack}/jobs"
-    assert logging["options"]["awslogs-region"] == stack.config.region
+    assert logging["options"]["awslogs-group"] == f"/trainstack/{batch_stack.stack}/jobs"
+    assert logging["options"]["awslogs-region"] == batch_stack.config.region
 
 
-def test_jobs_retry_when_the_host_fails_or_the_run_asks_but_not_on_application_errors(stack):
+def test_jobs_retry_when_the_host_fails_or_the_run_asks_but_not_on_application_errors(batch_stack):
     from trainer.contract.retry import RETRY_EXIT_CODE
 
-    strategy = stack.one("batch.JobDefinition", "-train").inputs["retryStrategy"]
+    strategy = batch_stack.one("batch.JobDefinition", "-train").inputs["retryStrategy"]
     assert strategy["attempts"] > 1
     assert strategy["evaluateOnExits"] == [
         {"onStatusReason": "Host EC2*", "action": "RETRY"},
@@ -170,25 +177,25 @@ def test_jobs_retry_when_the_host_fails_or_the_run_asks_but_not_on_application_e
 # --- compute environment, launch template -----------------------------------------------------------------------
 
 
-def test_compute_environment_scales_from_zero_to_the_stack_node_count(stack):
-    resources = stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
+def test_compute_environment_scales_from_zero_to_the_stack_node_count(batch_stack):
+    resources = batch_stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
     assert resources["type"] == "EC2"  # multi-node parallel jobs cannot run on Spot
     assert resources["minVcpus"] == 0
-    assert resources["maxVcpus"] == stack.config.node_count * stack.config.instance.vcpus
-    assert resources["instanceTypes"] == [stack.config.instance_type]
+    assert resources["maxVcpus"] == batch_stack.config.node_count * batch_stack.config.instance.vcpus
+    assert resources["instanceTypes"] == [batch_stack.config.instance_type]
     assert resources["ec2Configurations"] == [{"imageType": "ECS_AL2023_NVIDIA"}]
 
 
-def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_template(stack):
-    resources = stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
-    cluster_subnet = stack.one("ec2.Subnet", f"-private-{stack.config.cluster_availability_zone}")
+def test_compute_environment_uses_one_subnet_the_placement_group_and_the_launch_template(batch_stack):
+    resources = batch_stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]
+    cluster_subnet = batch_stack.one("ec2.Subnet", f"-private-{batch_stack.config.cluster_availability_zone}")
     assert resources["subnets"] == [cluster_subnet.id]
     # Batch refuses compute environment security groups beside launch template interfaces (aws/aws-cdk#21577).
     assert "securityGroupIds" not in resources
-    assert resources["placementGroup"] == stack.one("ec2.PlacementGroup", "-gpu").name
-    assert stack.one("ec2.PlacementGroup", "-gpu").inputs["strategy"] == "cluster"
-    assert resources["launchTemplate"] == {"launchTemplateId": stack.launch_template.id, "version": "1"}
-    assert resources["instanceRole"] == stack.one("iam.InstanceProfile").outputs["arn"]
+    assert resources["placementGroup"] == batch_stack.one("ec2.PlacementGroup", "-gpu").name
+    assert batch_stack.one("ec2.PlacementGroup", "-gpu").inputs["strategy"] == "cluster"
+    assert resources["launchTemplate"] == {"launchTemplateId": batch_stack.launch_template.id, "version": "1"}
+    assert resources["instanceRole"] == batch_stack.one("iam.InstanceProfile").outputs["arn"]
 
 
 def test_launch_templates_require_imdsv2(stack):
@@ -206,9 +213,9 @@ def test_root_volumes_are_encrypted_gp3_with_the_stack_key(stack):
         assert root["ebs"]["volumeType"] == "gp3"
 
 
-def test_user_data_mounts_the_stack_file_system_at_fsx(stack):
-    fsx = stack.one("fsx.LustreFileSystem").outputs
-    user_data = base64.b64decode(stack.launch_template.inputs["userData"]).decode()
+def test_user_data_mounts_the_stack_file_system_at_fsx(batch_stack):
+    fsx = batch_stack.one("fsx.LustreFileSystem").outputs
+    user_data = base64.b64decode(batch_stack.launch_template.inputs["userData"]).decode()
     assert user_data.startswith("Content-Type: multipart/mixed")  # the format Batch merges with its own
     assert f"{fsx['dnsName']}@tcp:/{fsx['mountName']} /fsx lustre" in user_data
     assert "efa_installer.sh --yes --minimal" in user_data
@@ -216,11 +223,15 @@ def test_user_data_mounts_the_stack_file_system_at_fsx(stack):
     assert f"aws-efa-installer-{image_pins()['EFA_INSTALLER_VERSION']}.tar.gz" in user_data
 
 
-def test_instances_and_volumes_carry_the_stack_tags(stack):
-    tags = {"project": "trainstack", "stack": stack.stack, "owner": stack.config.owner}
-    specs = {s["resourceType"]: s["tags"] for s in stack.launch_template.inputs["tagSpecifications"]}
+def test_instances_and_volumes_carry_the_stack_tags(batch_stack):
+    tags = {
+        "project": "trainstack",
+        "stack": batch_stack.stack,
+        "owner": batch_stack.config.owner,
+    }
+    specs = {s["resourceType"]: s["tags"] for s in batch_stack.launch_template.inputs["tagSpecifications"]}
     assert specs == {"instance": tags, "volume": tags, "network-interface": tags}
-    assert stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]["tags"] == tags
+    assert batch_stack.one("batch.ComputeEnvironment", "-gpu").inputs["computeResources"]["tags"] == tags
 
 
 def test_provider_default_tags_name_project_stack_and_owner(stack):
@@ -259,8 +270,15 @@ def test_every_bucket_is_encrypted_with_the_stack_key_and_a_bucket_key(stack):
 
 def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
     groups = stack.all("cloudwatch.LogGroup")
+    # Batch jobs log to the stack's group; on EKS, Container Insights writes the pods' logs under the cluster's name.
+    cluster = f"/aws/containerinsights/trainstack-{stack.stack}"
+    jobs = (
+        {f"{cluster}/application", f"{cluster}/performance"}
+        if stack.config.orchestrator == "eks"
+        else {f"/trainstack/{stack.stack}/jobs"}
+    )
     assert {g.inputs["name"] for g in groups} == {
-        f"/trainstack/{stack.stack}/jobs",
+        *jobs,
         f"/trainstack/{stack.stack}/vpc-flow-logs",
         f"/trainstack/{stack.stack}/cloudtrail",
     }
@@ -294,10 +312,17 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
     logs = statements["CloudWatchLogsForStackLogGroups"]
     assert logs["Principal"] == {"Service": f"logs.{stack.config.region}.amazonaws.com"}
     context = logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"]
-    assert context.endswith(f":log-group:/trainstack/{stack.stack}/*")
+    eks = stack.config.orchestrator == "eks"
+    contexts = context if eks else [context]
+    assert contexts[0].endswith(f":log-group:/trainstack/{stack.stack}/*")
+    if eks:
+        assert contexts[1:] == [
+            contexts[0].split(":log-group:")[0]
+            + f":log-group:/aws/containerinsights/trainstack-{stack.stack}/*"
+        ]
     assert not [s for s in statements.values() if "kms:*" in s["Action"]]
     via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
-    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2"}
+    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2", *(("eks",) if eks else ())}
 
 
 # --- data lake and file system ----------------------------------------------------------------------------------
@@ -469,26 +494,26 @@ def test_iam_policies_use_a_wildcard_resource_only_where_aws_requires_one(stack)
                 assert set(statement["Action"]) <= set(WILDCARD_RESOURCE_ACTIONS), name
 
 
-def test_job_role_reads_datasets_and_writes_only_checkpoints(stack):
+def test_job_role_reads_datasets_and_writes_only_checkpoints(batch_stack):
 
-    policy = json.loads(stack.one("iam.RolePolicy", "-job").inputs["policy"])
+    policy = json.loads(batch_stack.one("iam.RolePolicy", "-job").inputs["policy"])
     writes = [s for s in policy["Statement"] if "s3:PutObject" in s["Action"]]
-    checkpoints = stack.one("s3.Bucket", "-checkpoints").outputs["arn"]
+    checkpoints = batch_stack.one("s3.Bucket", "-checkpoints").outputs["arn"]
     assert [s["Resource"] for s in writes] == [[f"{checkpoints}/*"]]
     (kms,) = [s for s in policy["Statement"] if any(a.startswith("kms:") for a in s["Action"])]
-    assert kms["Resource"] == [stack.key_arn]
+    assert kms["Resource"] == [batch_stack.key_arn]
 
 
-def test_job_role_may_take_only_its_own_stacks_nodes_out_of_service(stack):
-    policy = json.loads(stack.one("iam.RolePolicy", "-job").inputs["policy"])
+def test_job_role_may_take_only_its_own_stacks_nodes_out_of_service(batch_stack):
+    policy = json.loads(batch_stack.one("iam.RolePolicy", "-job").inputs["policy"])
     (quarantine,) = [s for s in policy["Statement"] if "autoscaling:SetInstanceHealth" in s["Action"]]
     assert sorted(quarantine["Action"]) == ["autoscaling:SetInstanceHealth", "ec2:TerminateInstances"]
-    assert quarantine["Condition"] == {"StringEquals": {"aws:ResourceTag/stack": stack.stack}}
+    assert quarantine["Condition"] == {"StringEquals": {"aws:ResourceTag/stack": batch_stack.stack}}
     assert "*" not in quarantine["Resource"]
     # The nodes carry that tag: the launch template tags each instance, the compute environment too.
-    template = stack.one("ec2.LaunchTemplate", "-gpu").inputs
+    template = batch_stack.one("ec2.LaunchTemplate", "-gpu").inputs
     instance_tags = [t["tags"] for t in template["tagSpecifications"] if t["resourceType"] == "instance"]
-    assert instance_tags == [stack.config.tags]
+    assert instance_tags == [batch_stack.config.tags]
 
 
 # --- protection, outputs ----------------------------------------------------------------------------------------
@@ -512,48 +537,55 @@ def test_prod_protects_its_data(prod):
 
 def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
     assert missing_outputs(stack.plan.outputs) == []
+    eks = stack.config.orchestrator == "eks"
     expected = {
-        *STACK_OUTPUTS,
+        "orchestrator",
+        *(name for name in STACK_OUTPUTS if name not in BATCH_OUTPUTS),
+        *(EKS_OUTPUTS if eks else BATCH_OUTPUTS),
         *MONITORING_OUTPUTS,
         *GOVERNANCE_OUTPUTS,
         *(SPOT_OUTPUTS if stack.config.spot else ()),
     }
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs
+    assert outputs["orchestrator"] == stack.config.orchestrator
     assert (outputs["instance_type"], outputs["node_count"]) == (
         stack.config.instance_type,
         stack.config.node_count,
     )
     assert outputs["gpus_per_node"] == instance_type(stack.config.instance_type).gpus
-    assert outputs["job_definition"] == stack.one("batch.JobDefinition", "-train").outputs["arn"]
+    if eks:
+        assert outputs["eks_cluster_name"] == stack.one("eks.Cluster").inputs["name"]
+    else:
+        assert outputs["job_definition"] == stack.one("batch.JobDefinition", "-train").outputs["arn"]
     assert outputs["fsx_mount_name"] == stack.one("fsx.LustreFileSystem").outputs["mountName"]
     assert outputs["region"] == stack.config.region
 
 
-def test_spot_adds_a_single_node_queue_and_job_definition(stack):
-    spot = [r for r in stack.plan.resources if r.name.endswith("-spot")]
-    if not stack.config.spot:
+def test_spot_adds_a_single_node_queue_and_job_definition(batch_stack):
+    spot = [r for r in batch_stack.plan.resources if r.name.endswith("-spot")]
+    if not batch_stack.config.spot:
         assert spot == []
         return
-    environment = stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
+    environment = batch_stack.one("batch.ComputeEnvironment", "-spot").inputs["computeResources"]
     assert environment["type"] == "SPOT" and environment["minVcpus"] == 0
     # Its own cluster placement group: "All instances that use an EFA must be in the same cluster placement group"
     # (Batch user guide, "Elastic Fabric Adapter").
-    group = stack.one("ec2.PlacementGroup", "-spot")
+    group = batch_stack.one("ec2.PlacementGroup", "-spot")
     assert environment["placementGroup"] == group.name and group.inputs["strategy"] == "cluster"
-    assert group.name != stack.one("ec2.PlacementGroup", "-gpu").name
-    spot_interfaces = stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
+    assert group.name != batch_stack.one("ec2.PlacementGroup", "-gpu").name
+    spot_interfaces = batch_stack.one("ec2.LaunchTemplate", "-spot").inputs["networkInterfaces"]
     assert (
-        spot_interfaces == stack.launch_template.inputs["networkInterfaces"]
+        spot_interfaces == batch_stack.launch_template.inputs["networkInterfaces"]
     )  # the container needs its devices
-    definition = stack.one("batch.JobDefinition", "-spot").inputs
+    definition = batch_stack.one("batch.JobDefinition", "-spot").inputs
     assert definition["type"] == "container" and "nodeProperties" not in definition
 
 
-@pytest.mark.parametrize(
-    "kind", ["trainstack:keys:Keys", "trainstack:cluster:Cluster", "trainstack:lustre:Lustre"]
-)
+@pytest.mark.parametrize("kind", ["trainstack:keys:Keys", "cluster", "trainstack:lustre:Lustre"])
 def test_components_parent_their_resources(stack, kind):
+    if kind == "cluster":  # the orchestrator's component
+        kind = "trainstack:eks:Eks" if stack.config.orchestrator == "eks" else "trainstack:cluster:Cluster"
     (component,) = [r for r in stack.plan.resources if r.type == kind]
     assert component.custom is False
     assert [r for r in stack.plan.resources if r.parent == component.name]

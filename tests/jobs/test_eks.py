@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import base64
 import copy
+import ipaddress
 import json
 import re
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
 import requests
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from trainer.__main__ import main as trainer_main
 from trainer.jobs.eks import K8S_AWS_ID_HEADER, TOKEN_PREFIX, eks_token
@@ -56,6 +63,7 @@ class ApiServer:
     logs: dict[str, str] = field(default_factory=dict)
     # What the controller and the pods do once a JobSet is created (a test sets it: a run that completes).
     on_create: Callable[[dict], None] | None = None
+    ca: bytes = b"-----BEGIN CERTIFICATE-----\n"  # its certificate when it serves TLS
 
     def authenticate(self, header: str) -> str | None:
         """The caller's ARN, as the authenticator learns it from STS, or None for a token it refuses."""
@@ -156,11 +164,49 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def self_signed(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key, as PEM files (certificate, key)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
 @pytest.fixture
-def api_server() -> Iterator[ApiServer]:
+def api_server(request, tmp_path: Path) -> Iterator[ApiServer]:
+    """The stand-in on plain HTTP, or over TLS with a certificate of its own (indirect parameter "tls")."""
     state = ApiServer(CLUSTER)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(state))
-    state.endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
+    scheme = "http"
+    if getattr(request, "param", None) == "tls":
+        cert_file, key_file = self_signed(tmp_path, "api-server")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_file, key_file)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        state.ca = cert_file.read_bytes()
+        scheme = "https"
+    state.endpoint = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield state
@@ -181,7 +227,7 @@ def eks_stack(stack: Stack, api_server: ApiServer) -> Stack:
         orchestrator="eks",
         eks_cluster_name=CLUSTER,
         eks_cluster_endpoint=api_server.endpoint,
-        eks_cluster_ca=base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode(),
+        eks_cluster_ca=base64.b64encode(api_server.ca).decode(),
         k8s_namespace=NAMESPACE,
         kueue_local_queue="training",
         fsx_claim="fsx",
@@ -364,3 +410,18 @@ def test_logs_follow_streams_node_rank_zeros_pod_once_it_exists(eks_stack, api_s
     assert status == 0, err
     lines = out.splitlines()
     assert len(lines) == 2000 and lines[0] == "step 0 loss 10.0" and lines[-1] == "step 1999 loss -189.9"
+
+
+@pytest.mark.parametrize("api_server", ["tls"], indirect=True)
+def test_the_ca_from_the_outputs_verifies_the_api_servers_certificate(
+    eks_stack, api_server, capsys, tmp_path
+):
+    status, _, err = submit(eks_stack, capsys)
+    assert status == 0, err
+    assert len(api_server.received) == 1
+    other_ca, _ = self_signed(tmp_path, "someone-else")
+    outputs = {**eks_stack.outputs, "eks_cluster_ca": base64.b64encode(other_ca.read_bytes()).decode()}
+    eks_stack.outputs_file.write_text(json.dumps(outputs))
+    status, _, err = submit(eks_stack, capsys, "llama-two")
+    assert status == 1 and "cannot reach https://127.0.0.1:" in err and "CERTIFICATE_VERIFY_FAILED" in err
+    assert len(api_server.received) == 1

@@ -9,9 +9,11 @@ import subprocess
 import pytest
 import yaml
 
+from policy.eks import jobset_problems
 from tests.conftest import ROOT
 from trainer.__main__ import main as trainer_main
 from trainer.contract.outputs import EKS_OUTPUTS, missing_outputs
+from trainer.contract.stack import stack_cluster
 from trainer.jobs.outputs import StackError, load_outputs
 
 from .conftest import DATASET, IMAGE_TAG, TOKENIZER, Stack
@@ -92,6 +94,23 @@ def test_without_outputs_render_uses_the_offline_preview_of_the_stack_file():
     request = json.loads(result.stdout)
     assert request["jobQueue"] == "trainstack-dev-gpu"
     assert request["nodeOverrides"]["numNodes"] == 1
+
+
+def test_make_render_eks_dev_prints_the_jobset_from_the_offline_preview():
+    result = subprocess.run(
+        ["make", "-s", "--no-print-directory", "render", "STACK=eks-dev", f"IMAGE={IMAGE_TAG}", "RUN=llama-eks",
+         "ARGS=" + " ".join(DATA)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},  # no Pulumi CLI: the stack has no outputs to give
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "using the offline preview of Pulumi.eks-dev.yaml" in result.stderr
+    jobset = yaml.safe_load(result.stdout)
+    assert jobset_errors(jobset) == []
+    # The policy pack's own JobSet check (policy/eks.py): one node's EFA devices and GPUs per pod.
+    assert jobset_problems(jobset, efa_devices_per_node=32, gpus_per_node=8) == []
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == stack_cluster("eks-dev")[1]
 
 
 def test_an_eks_stack_lacking_its_outputs_is_named(tmp_path):

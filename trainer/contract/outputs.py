@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# Every stack exports these (snake_case, the names `pulumi stack output --json` prints).
+# Every stack exports these (snake_case, the names `pulumi stack output --json` prints), except that an EKS stack
+# exports EKS_OUTPUTS in place of BATCH_OUTPUTS (below); `orchestrator` says which.
 STACK_OUTPUTS: tuple[str, ...] = (
     "region",
     "job_queue",
@@ -36,15 +37,16 @@ GOVERNANCE_OUTPUTS: tuple[str, ...] = ("audit_trail", "audit_bucket", "allowed_r
 TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
 
 
-# `trainstack:orchestrator`: who runs the jobs. A stack without the output is a Batch stack (exported before EKS).
+# Which orchestrator runs the stack's jobs (`trainstack:orchestrator`); every stack exports it. A stack from before
+# the switch has no such output and is a Batch stack.
+ORCHESTRATOR_OUTPUT = "orchestrator"
 ORCHESTRATORS: tuple[str, ...] = ("batch", "eks")
-# Only a Batch stack has these; an EKS stack submits a JobSet to its LocalQueue instead.
+# Only AWS Batch stacks export these: the queue and the multi-node job definition.
 BATCH_OUTPUTS: tuple[str, ...] = ("job_queue", "job_definition")
-# An EKS stack exports these beside STACK_OUTPUTS less BATCH_OUTPUTS (docs/eks.md): the cluster the token is for,
-# its API endpoint and CA (base64 PEM), the namespace, Kueue LocalQueue and FSx claim the JobSet uses, and the EFA
-# devices each pod asks for.
+# Only EKS stacks export these (infra/eks.py, docs/eks.md): how to reach the API server (the CA as base64 PEM, as
+# DescribeCluster returns it), where jobs go (namespace, Kueue LocalQueue, the FSx claim) and the EFA devices a pod
+# asks for per node.
 EKS_OUTPUTS: tuple[str, ...] = (
-    "orchestrator",
     "eks_cluster_name",
     "eks_cluster_endpoint",
     "eks_cluster_ca",
@@ -56,20 +58,23 @@ EKS_OUTPUTS: tuple[str, ...] = (
 
 
 def orchestrator(outputs: dict[str, object]) -> str:
-    """The stack's orchestrator; a bad value is a ValueError naming it and the valid ones."""
-    value = outputs.get("orchestrator", "batch")
+    """The stack's orchestrator from its outputs: `batch` when the stack predates the output."""
+    value = str(outputs.get(ORCHESTRATOR_OUTPUT, "batch"))
     if value not in ORCHESTRATORS:
-        raise ValueError(f"output orchestrator = {value!r}: expected one of {', '.join(ORCHESTRATORS)}")
-    return str(value)
+        raise ValueError(
+            f"stack output {ORCHESTRATOR_OUTPUT} = {value!r}: expected one of {', '.join(ORCHESTRATORS)}"
+        )
+    return value
 
 
-def required_outputs(orchestrator_name: str) -> tuple[str, ...]:
-    """The outputs the job tools need from a stack run by `orchestrator_name`."""
-    if orchestrator_name == "eks":
-        return tuple(n for n in STACK_OUTPUTS if n not in BATCH_OUTPUTS) + EKS_OUTPUTS
-    return STACK_OUTPUTS
+def required_outputs(outputs: dict[str, object]) -> tuple[str, ...]:
+    """The outputs a stack of this orchestrator must export, in declaration order (Batch: STACK_OUTPUTS)."""
+    if orchestrator(outputs) == "batch":
+        return STACK_OUTPUTS
+    return (*(name for name in STACK_OUTPUTS if name not in BATCH_OUTPUTS), *EKS_OUTPUTS)
 
 
 def missing_outputs(outputs: dict[str, object]) -> list[str]:
-    """The required output names absent from a `pulumi stack output --json` document, in declaration order."""
-    return [name for name in required_outputs(orchestrator(outputs)) if name not in outputs]
+    """The required output names absent from a `pulumi stack output --json` document, in declaration order; which
+    are required depends on the stack's `orchestrator` output (Batch when absent)."""
+    return [name for name in required_outputs(outputs) if name not in outputs]

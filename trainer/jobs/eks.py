@@ -8,7 +8,9 @@ JobSets  create, read, list and delete in the stack's namespace; the logs of the
 
 from __future__ import annotations
 
+import atexit
 import base64
+import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -210,8 +212,10 @@ def connect(outputs: StackOutputs) -> Cluster:
         raise ClusterError(
             f"stack {outputs.stack}: output eks_cluster_ca is not base64 (a PEM certificate)"
         ) from None
+    # The client reads the CA from a file, when it first connects: the file lives until this process ends.
     with tempfile.NamedTemporaryFile("wb", prefix="trainstack-eks-ca-", suffix=".pem", delete=False) as pem:
         pem.write(ca)
+    atexit.register(os.unlink, pem.name)
     configuration.ssl_ca_cert = pem.name
     return Cluster(outputs, k8s.ApiClient(configuration))
 

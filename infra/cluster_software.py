@@ -1,0 +1,317 @@
+"""What an EKS stack installs inside its cluster: device plugins, JobSet, Kueue, the FSx volume and the job queue.
+
+pulumi-kubernetes `helm.v3.Release` for the charts pinned in infra/k8s_versions.py (their inputs are visible under
+the project's mocks; `helm.v4.Chart` is not), typed core/v1 objects for the namespace and the static FSx volume,
+and Kueue's ResourceFlavor, ClusterQueue and LocalQueue as custom resources. Every object is built by a pure
+function below from the stack config, so tests and `infra.k8s_validate` check exactly what the stack sends:
+
+- the FSx volume: the stack's file system, statically provisioned as the CSI driver's example does it
+  (kubernetes-sigs/aws-fsx-csi-driver examples/kubernetes/static_provisioning), bound by name to one claim;
+- the queue: one flavor for the GPU node group's instance type, a ClusterQueue whose quota is whole nodes of the
+  stack (GPUs and EFA devices from the catalog, so a job either fits entirely or waits: kubernetes-sigs/kueue issue
+  2796), and the LocalQueue jobs name in the `kueue.x-k8s.io/queue-name` label.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config import StackConfig
+from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
+from infra.k8s_versions import (
+    EFA_DEVICE_PLUGIN,
+    HELM_CHARTS,
+    JOBSET,
+    KUEUE,
+    KUEUE_API_VERSION,
+    NVIDIA_DEVICE_PLUGIN,
+    HelmChart,
+)
+
+if TYPE_CHECKING:
+    from infra.eks import Eks
+    from infra.lustre import Lustre
+
+# Where the stack's jobs run, and the names `make train` reads back from the stack outputs.
+NAMESPACE = "trainstack"
+FSX_CLAIM = "fsx"
+# Extended resources the device plugins advertise (EKS user guide, "Run machine learning training on Amazon EKS with
+# Elastic Fabric Adapter": `nvidia.com/gpu`, `vpc.amazonaws.com/efa`).
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# The EFA installer pre-allocates 5128 2-MiB huge pages on each node (same guide); pods ask for them.
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+HUGEPAGES_PER_NODE_MIB = 5128 * 2
+# The node label every node of a managed node group carries (Kubernetes well-known labels); the flavor selects by it.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Marks what the stack put in the cluster.
+JOB_LABELS = {"app.kubernetes.io/part-of": "trainstack"}
+
+
+def namespace() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": JOB_LABELS}}
+
+
+def fsx_persistent_volume(
+    cfg: StackConfig, file_system_id: str, dns_name: str, mount_name: str
+) -> dict[str, Any]:
+    """The stack's file system as a cluster volume, kept when the claim goes (Retain), mounted with `flock`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{cfg.name_prefix}-fsx", "labels": JOB_LABELS},
+        "spec": {
+            "capacity": {"storage": f"{cfg.fsx_storage_capacity_gib}Gi"},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "mountOptions": ["flock"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            # No provisioner: a static volume is bound by name only, never by a class's dynamic provisioning.
+            "storageClassName": "",
+            "claimRef": {"namespace": NAMESPACE, "name": FSX_CLAIM},
+            "csi": {
+                "driver": "fsx.csi.aws.com",
+                "volumeHandle": file_system_id,
+                "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name},
+            },
+        },
+    }
+
+
+def fsx_claim(cfg: StackConfig) -> dict[str, Any]:
+    """The claim jobs mount at the container contract's /fsx, bound to the stack's volume by name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": FSX_CLAIM, "namespace": NAMESPACE, "labels": JOB_LABELS},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": f"{cfg.name_prefix}-fsx",
+            "resources": {"requests": {"storage": f"{cfg.fsx_storage_capacity_gib}Gi"}},
+        },
+    }
+
+
+def resource_flavor(cfg: StackConfig) -> dict[str, Any]:
+    """The GPU node group's nodes, told apart by their instance type."""
+    return {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": cfg.instance_type.replace(".", "-")},
+        "spec": {"nodeLabels": {INSTANCE_TYPE_LABEL: cfg.instance_type}},
+    }
+
+
+def node_quota(cfg: StackConfig) -> dict[str, int | str]:
+    """What `nodeCount` nodes of the stack's instance type offer, per resource a training pod asks for."""
+    instance, nodes = cfg.instance, cfg.node_count
+    return {
+        "cpu": nodes * instance.vcpus,
+        "memory": f"{nodes * instance.memory_gib}Gi",
+        HUGEPAGES_RESOURCE: f"{nodes * HUGEPAGES_PER_NODE_MIB}Mi",
+        GPU_RESOURCE: nodes * instance.gpus,
+        EFA_RESOURCE: nodes * efa_devices(eks_network_interfaces(instance, [])),
+    }
+
+
+def cluster_queue(cfg: StackConfig) -> dict[str, Any]:
+    """Quota for whole jobs of the stack's nodes; Kueue admits a job only when all of it fits (gang admission)."""
+    quota = node_quota(cfg)
+    return {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "ClusterQueue",
+        "metadata": {"name": cfg.name_prefix},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+            # First come, first served: a big job waiting is not overtaken by smaller ones forever.
+            "queueingStrategy": "StrictFIFO",
+            "resourceGroups": [
+                {
+                    "coveredResources": list(quota),
+                    "flavors": [
+                        {
+                            "name": resource_flavor(cfg)["metadata"]["name"],
+                            "resources": [
+                                {"name": name, "nominalQuota": value} for name, value in quota.items()
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def local_queue_name(cfg: StackConfig) -> str:
+    """The LocalQueue jobs go to, named after the stack: the trainer's `JobQueue` metric dimension on EKS, unique
+    per stack in an account as a Batch queue's name is (infra/monitoring.py alarms on it)."""
+    return cfg.name_prefix
+
+
+def local_queue(cfg: StackConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API_VERSION,
+        "kind": "LocalQueue",
+        "metadata": {"name": local_queue_name(cfg), "namespace": NAMESPACE},
+        "spec": {"clusterQueue": cfg.name_prefix},
+    }
+
+
+def gpu_node_affinity() -> dict[str, Any]:
+    """Only the GPU node group's nodes (the EFA plugin on other nodes crash-loops: sagemaker-hyperpod-cli issue 367)."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": key, "operator": "In", "values": [value]}
+                            for key, value in sorted(GPU_NODE_LABELS.items())
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+def chart_values(chart: HelmChart) -> dict[str, Any]:
+    """Each release's values: the device plugins on the GPU nodes only; JobSet and Kueue at their defaults (Kueue
+    0.19.2 manages JobSets by default: config/components/manager/controller_manager_config.yaml)."""
+    if chart is NVIDIA_DEVICE_PLUGIN:
+        return {"affinity": gpu_node_affinity()}
+    if chart is EFA_DEVICE_PLUGIN:
+        return {"nodeSelector": dict(GPU_NODE_LABELS)}
+    return {}
+
+
+def values_as_pod(chart: HelmChart) -> dict[str, Any]:
+    """A chart's Kubernetes-typed values placed in a Pod, so the offline validator checks their schema."""
+    values = chart_values(chart)
+    spec: dict[str, Any] = {"containers": [{"name": chart.release, "image": "registry.invalid/plugin"}]}
+    spec.update({key: values[key] for key in ("affinity", "nodeSelector", "tolerations") if key in values})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": chart.release}, "spec": spec}
+
+
+@dataclass
+class ClusterSoftwareArgs:
+    config: StackConfig
+    eks: Eks
+    lustre: Lustre
+
+
+class ClusterSoftware(pulumi.ComponentResource):
+    """The charts, the FSx volume and claim, and the Kueue queue, applied through the stack's own EKS cluster."""
+
+    def __init__(
+        self, name: str, args: ClusterSoftwareArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:cluster_software:ClusterSoftware", name, None, opts)
+        cfg, eks = args.config, args.eks
+        prefix = cfg.name_prefix
+        self.provider = k8s.Provider(
+            f"{prefix}-k8s",
+            kubeconfig=pulumi.Output.all(
+                eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"]
+            ).apply(lambda values: kubeconfig(cfg.region, *values)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.gpu_nodes, eks.system_nodes]),
+        )
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=self.provider)
+        self.releases = {
+            chart.release: k8s.helm.v3.Release(
+                chart.release,
+                name=chart.release,
+                chart=chart.chart,
+                version=chart.version,
+                namespace=chart.namespace,
+                create_namespace=True,
+                repository_opts={"repo": chart.repository} if chart.repository else None,
+                values=chart_values(chart),
+                opts=on_cluster,
+            )
+            for chart in HELM_CHARTS
+        }
+        ns = namespace()
+        self.namespace = k8s.core.v1.Namespace(prefix, metadata=ns["metadata"], opts=on_cluster)
+        file_system = args.lustre.file_system
+        volume = pulumi.Output.all(file_system.id, file_system.dns_name, file_system.mount_name).apply(
+            lambda fs: fsx_persistent_volume(cfg, fs[0], fs[1], fs[2])
+        )
+        self.volume = k8s.core.v1.PersistentVolume(
+            f"{prefix}-fsx",
+            metadata=volume.apply(lambda v: v["metadata"]),
+            spec=volume.apply(lambda v: v["spec"]),
+            opts=on_cluster,
+        )
+        claim = fsx_claim(cfg)
+        self.claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{prefix}-fsx-claim",
+            metadata=claim["metadata"],
+            spec=claim["spec"],
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=self.provider, depends_on=[self.namespace, self.volume]
+            ),
+        )
+        # Kueue's webhooks must be up before its objects are created (the release waits for its pods).
+        after_kueue = pulumi.ResourceOptions(
+            parent=self, provider=self.provider, depends_on=[self.releases[KUEUE.release], self.namespace]
+        )
+        self.queue_objects = [
+            k8s.apiextensions.CustomResource(
+                f"{prefix}-{obj['kind'].lower()}",
+                api_version=obj["apiVersion"],
+                kind=obj["kind"],
+                metadata=obj["metadata"],
+                spec=obj["spec"],
+                opts=after_kueue,
+            )
+            for obj in (resource_flavor(cfg), cluster_queue(cfg), local_queue(cfg))
+        ]
+        assert (
+            JOBSET.release in self.releases
+        )  # JobSet's CRD comes with its chart, before any job is submitted
+        self.outputs = {
+            "k8s_namespace": NAMESPACE,
+            "kueue_local_queue": local_queue_name(cfg),
+            "fsx_claim": FSX_CLAIM,
+        }
+        self.register_outputs(self.outputs)
+
+
+def kubeconfig(region: str, cluster_name: str, endpoint: str, ca_data: str) -> str:
+    """The kubeconfig Pulumi's Kubernetes provider applies the releases with: `aws eks get-token` as the credential
+    plugin, as `aws eks update-kubeconfig` writes it (aws/aws-cli awscli/customizations/eks/update_kubeconfig.py)."""
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": [
+                "--region",
+                region,
+                "eks",
+                "get-token",
+                "--cluster-name",
+                cluster_name,
+                "--output",
+                "json",
+            ],
+        }
+    }
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
+            ],
+            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+            "current-context": cluster_name,
+            "users": [{"name": cluster_name, "user": user}],
+        }
+    )
