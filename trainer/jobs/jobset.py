@@ -19,6 +19,7 @@ from trainer.contract.container import CHECKPOINTS_DIR, FSX_MOUNT, STOP_TIMEOUT_
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 from trainer.jobs.outputs import StackOutputs
+from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
 
 # The pinned JobSet API (kubernetes-sigs/jobset v0.12.0, api/jobset/v1alpha2; ../shared/k8s-crds/).
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -120,6 +121,7 @@ def jobset_manifest(
         "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
         "TRAINSTACK_STOP_GRACE_SECONDS": str(settings.stop_grace_seconds),
         NUM_NODES_ENV: str(nodes),
+        JOB_QUEUE_ENV: outputs["kueue_local_queue"],  # the metrics' JobQueue dimension, as Batch's queue name
         **environment,
     }
     from_annotation = {JOBSET_NAME_ENV: JOBSET_NAME_KEY, REPLICATED_JOB_ENV: REPLICATED_JOB_KEY}
