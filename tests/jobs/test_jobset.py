@@ -152,6 +152,13 @@ def test_the_container_gets_the_efa_environment_the_fsx_claim_and_the_queue():
     )  # devices come from plugins
 
 
+def test_the_jobset_api_is_the_one_the_stack_pins():
+    # The trainer cannot import infra/; the two names of the pinned API must agree.
+    from infra.k8s_versions import JOBSET_API_VERSION as PINNED
+
+    assert render()["apiVersion"] == PINNED
+
+
 def test_rendering_is_deterministic_json():
     assert json.dumps(render(), sort_keys=True) == json.dumps(copy.deepcopy(render()), sort_keys=True)
     assert leader_host("llama-8b") == "llama-8b-node-0-0.llama-8b"
