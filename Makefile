@@ -169,6 +169,14 @@ format: $(VENV)/.dev-installed ## Apply ruff's formatting and safe fixes
 
 # --- cluster jobs (STACK=<env>) ------------------------------------------------------------------
 
+# make render: what `make train STACK=<env>` would send (JobSet YAML on EKS, job request JSON on Batch), no AWS
+# call; without the stack's outputs it renders from the offline preview (so it needs the infra half too).
+.PHONY: render
+render: $(VENV)/.train-installed $(VENV)/.infra-installed ## STACK=<env>: print the job the stack would receive (no AWS call)
+	$(need_stack)
+	@$(PY) -m trainer render $(STACK_ARGS) --config "$(or $(CONFIG),$(CLUSTER_CONFIG))" \
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") $(ARGS)
+
 .PHONY: status
 status: $(VENV)/.train-installed ## STACK=<env> [JOB=id]: the stack's recent jobs, or one job in detail
 	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")

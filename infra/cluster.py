@@ -32,7 +32,7 @@ from infra.node_bootstrap import node_user_data
 from trainer.contract.catalog import InstanceType
 from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT
 from trainer.contract.image import efa_environment
-from trainer.contract.retry import RETRY_EXIT_CODE
+from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 
 if TYPE_CHECKING:
     from infra.identity import Identity
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 # The ECS-optimized Amazon Linux 2023 AMI with NVIDIA drivers; Batch picks its newest release.
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
-RETRY_ATTEMPTS = 3
 # IMDSv2 token responses travel one hop. Enough for a multi-node job's containers: they run in awsvpc mode, where the
 # task has its own network interface with "the same networking properties as Amazon EC2 instances" (ECS developer
 # guide, "Amazon ECS task networking options for the EC2 launch type") and reaches IMDS unless the agent sets

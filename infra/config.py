@@ -26,6 +26,7 @@ from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, Instanc
 from trainer.contract.container import STOP_GRACE_SECONDS as DEFAULT_STOP_GRACE_SECONDS
 from trainer.contract.stack import (
     DEFAULT_INSTANCE_TYPE,
+    DEFAULT_JOB_TIMEOUT_HOURS,
     DEFAULT_NODE_COUNT,
     NAMESPACE,
     ROOT,
@@ -62,9 +63,6 @@ _REGION = re.compile(r"^(us|eu|ap|ca|sa|me|af|il|mx)-[a-z]+-\d$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 # EC2 CreatePlacementGroup: a name of up to 255 ASCII characters.
 _PLACEMENT_GROUP_NAME = re.compile(r"^[\x21-\x7e]{1,255}$")
-
-# A hung job must not hold the nodes forever; a longer run resubmits and resumes from its newest checkpoint.
-DEFAULT_JOB_TIMEOUT_HOURS = 72
 
 
 class StackConfigError(ValueError):

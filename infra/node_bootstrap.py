@@ -19,13 +19,11 @@ import base64
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
-from trainer.contract.container import FSX_MOUNT
+from trainer.contract.container import FSX_MOUNT, STOP_TIMEOUT_MARGIN_SECONDS
 from trainer.contract.image import image_pins
 
 ECS_CONFIG = "/etc/ecs/ecs.config"
 FSTAB = "/etc/fstab"
-# After the grace the trainer's supervisor kills the ranks; this leaves time for that and for the container to exit.
-STOP_TIMEOUT_MARGIN_SECONDS = 60
 # A fixed MIME boundary keeps the template (and its version) stable between runs.
 MIME_BOUNDARY = "==trainstack-node=="
 

@@ -154,7 +154,8 @@ def render_table(plan: Plan, console: Console) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.preview", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", required=True, help="the stack whose Pulumi.<stack>.yaml to use")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    # outputs: the stack outputs alone, as `pulumi stack output --json` prints them (make render reads them).
+    parser.add_argument("--format", choices=("table", "json", "outputs"), default="table")
     args = parser.parse_args(argv)
     try:
         plan = run_program(args.stack)
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.format == "json":
         print(as_json(plan))
+    elif args.format == "outputs":
+        print(json.dumps(plan.outputs, indent=2, default=str))
     else:
         # Piped into a file or a pull request comment: wide enough that types and names do not wrap.
         render_table(plan, Console() if sys.stdout.isatty() else Console(width=160))

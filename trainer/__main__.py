@@ -41,6 +41,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "check GPUs, EFA devices, checkpoint storage and an all-reduce",
     ),
     "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),
+    "render": (
+        "trainer.jobs.render",
+        "print what submit would send: the JobSet (EKS) or the Batch job request, no AWS call",
+    ),
     "smoke": ("trainer.jobs.smoke", "prove a stack: a 2-node preflight job, its report and the S3 export"),
     "job": ("trainer.jobs.job", "status, logs or cancel of a stack's training jobs"),
     "push": ("trainer.jobs.push", "push the trainer image to a stack's ECR repository"),

@@ -18,6 +18,7 @@ from moto.moto_api import recorder
 from moto.server import ThreadedMotoServer
 
 from tests.conftest import ROOT
+from trainer.contract.container import SUBMISSION_ENV
 
 REGION = "us-east-1"
 IMAGE_TAG = "0123456789ab"
@@ -202,3 +203,10 @@ def stack(moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     requests.post(f"{moto_endpoint}/moto-api/recorder/start-recording", timeout=10)
     yield Stack(moto_endpoint, outputs_file, outputs, recording)
     requests.post(f"{moto_endpoint}/moto-api/recorder/stop-recording", timeout=10)
+
+
+def without_submission_env(environment: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """A submitted environment split into what `make render` printed and what only the moment of submission knows
+    (the contract's SUBMISSION_ENV: the image digest, the submit time)."""
+    moment = {e["name"]: e["value"] for e in environment if e["name"] in SUBMISSION_ENV}
+    return [e for e in environment if e["name"] not in SUBMISSION_ENV], moment

@@ -46,6 +46,27 @@ def datasets_in_another_region(stack: Stack) -> None:
     stack.outputs_file.write_text(json.dumps({**stack.outputs, "datasets_bucket": bucket}))
 
 
+def on_eks(without: tuple[str, ...] = ()) -> Callable[[Stack], None]:
+    """The stack's outputs as an EKS stack's (trainer/contract/outputs.py EKS_OUTPUTS), less `without`; its
+    cluster exists in no account."""
+
+    def setup(stack: Stack) -> None:
+        eks = {k: v for k, v in stack.outputs.items() if k not in ("job_queue", "job_definition")}
+        eks.update(
+            orchestrator="eks",
+            eks_cluster_name="trainstack-absent",
+            eks_cluster_endpoint="https://127.0.0.1:9",
+            eks_cluster_ca="",
+            k8s_namespace="trainstack",
+            kueue_local_queue="training",
+            fsx_claim="fsx",
+            efa_devices_per_node=32,
+        )
+        stack.outputs_file.write_text(json.dumps({k: v for k, v in eks.items() if k not in without}))
+
+    return setup
+
+
 ROWS = {
     "outputs-missing-keys": Row(
         (),
@@ -66,6 +87,16 @@ ROWS = {
         ("IMAGE=0123456789ab",),
         "stack 'test' is shared by teams vision: say which with TEAM=<name>",
         shared_by_teams,
+    ),
+    "eks-outputs-missing-keys": Row(
+        ("IMAGE=0123456789ab",),
+        "stack 'test' lacks the outputs fsx_claim; run `make up STACK=test`",
+        on_eks(without=("fsx_claim",)),
+    ),
+    "eks-cluster-missing": Row(
+        ("IMAGE=0123456789ab", "RUN=llama-eks"),
+        "EKS cluster 'trainstack-absent' does not exist in us-east-1; run make up STACK=test",
+        on_eks(),
     ),
     "dataset-bucket-outside-allowed-regions": Row(
         ("IMAGE=0123456789ab",),

@@ -160,6 +160,28 @@ def test_cloudwatch_sum_of_restarts_equals_the_restarts(monkeypatch):
     assert datapoint["Sum"] == 3
 
 
+def test_a_jobset_pod_on_eks_writes_emf_under_the_stacks_local_queue(monkeypatch):
+    """What the rendered JobSet sets in its pods (trainer/jobs/jobset.py): CloudWatch on, JobQueue = the Kueue
+    LocalQueue the EKS stack's alarms watch."""
+    from tests.jobs.test_jobset import render
+
+    monkeypatch.delenv("AWS_BATCH_JOB_ID", raising=False)
+    monkeypatch.delenv("AWS_BATCH_JQ_NAME", raising=False)
+    pod = render()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    for variable in pod["containers"][0]["env"]:
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+    monkeypatch.setenv("JOBSET_NAME", "llama-8b")  # the fieldRef's value in the pod
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    started = exporters.start(MonitoringConfig(), "r", stage=0, device_type="cpu")
+    try:
+        assert started.cloudwatch is not None and started.labels["job_id"] == "llama-8b"
+        assert started.cloudwatch.dimensions["JobQueue"] == "training"
+    finally:
+        exporters.stop(completed=True)
+
+
 def test_a_resumed_run_exports_only_its_own_skipped_steps(tmp_path):
     """SkippedSteps after a resume: the 3 skips restored from the checkpoint were counted by the earlier process."""
     from rich.console import Console

@@ -20,3 +20,11 @@ STOP_GRACE_SECONDS: int = int(_SETTINGS["TRAINSTACK_STOP_GRACE_SECONDS"])
 # checkpoint it publishes carries both (trainer/models/record.py).
 IMAGE_TAG_ENV = "TRAINSTACK_IMAGE_TAG"
 IMAGE_DIGEST_ENV = "TRAINSTACK_IMAGE_DIGEST"
+# The submitter's clock at submission: where a run's ledger starts its queue wait (trainer/cost/ledger.py).
+SUBMITTED_AT_ENV = "TRAINSTACK_SUBMITTED_AT"
+# What only the moment of submission knows (an ECR lookup, the clock): `make render` prints the object without them
+# and `submit` adds them to exactly that object, nothing else.
+SUBMISSION_ENV: tuple[str, ...] = (IMAGE_DIGEST_ENV, SUBMITTED_AT_ENV)
+# What the orchestrator waits after SIGTERM beyond that grace before SIGKILL (the ECS agent's stop timeout on Batch
+# nodes, a pod's terminationGracePeriodSeconds on EKS): time for the supervisor's kill and the container's exit.
+STOP_TIMEOUT_MARGIN_SECONDS = 60

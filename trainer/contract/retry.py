@@ -19,6 +19,9 @@ from pathlib import Path
 # EX_TEMPFAIL, "temp failure; user is invited to retry" (sysexits.h, /usr/include/sysexits.h on glibc).
 RETRY_EXIT_CODE = 75
 EXIT_REQUEST_ENV = "TRAINSTACK_EXIT_REQUEST_FILE"
+# Attempts a job gets in all (the first and its retries): the Batch retryStrategy's `attempts`, and on EKS the
+# JobSet's failurePolicy.maxRestarts + 1.
+RETRY_ATTEMPTS = 3
 
 
 def request_retry() -> int:

@@ -1,6 +1,6 @@
 """Which cluster a stack describes, read from its checked-in `Pulumi.<env>.yaml`: the part of a stack's config
-that the trainer's tools (the planner's --stack) need without Pulumi. infra/config.py validates the whole file,
-reading it through read_stack_file and taking its defaults for these two keys from here."""
+that the trainer's tools (the planner's --stack, the JobSet's grace and timeout) need without Pulumi. infra/config.py
+validates the whole file, reading it through read_stack_file and taking its defaults for these keys from here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "trainstack"
 DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
 DEFAULT_NODE_COUNT = 1
+# A hung job must not hold the nodes forever; a longer run resubmits and resumes from its newest checkpoint.
+DEFAULT_JOB_TIMEOUT_HOURS = 72
 
 
 class StackFileError(ValueError):
@@ -32,6 +34,15 @@ def read_stack_file(stack: str, root: Path = ROOT) -> dict[str, Any]:
         raise StackFileError(f"no stack file {path.name} in {root}; stacks: {known}")
     document = yaml.safe_load(path.read_text()) or {}
     return dict(document.get("config") or {})
+
+
+def stack_job_limits(stack: str, stop_grace_default: int, root: Path = ROOT) -> tuple[int, int]:
+    """The stack's `trainstack:stopGraceSeconds` and `trainstack:jobTimeoutHours` (its defaults where left out)."""
+    values = read_stack_file(stack, root)
+    return (
+        int(values.get(f"{NAMESPACE}:stopGraceSeconds", stop_grace_default)),
+        int(values.get(f"{NAMESPACE}:jobTimeoutHours", DEFAULT_JOB_TIMEOUT_HOURS)),
+    )
 
 
 def stack_cluster(stack: str, root: Path = ROOT) -> tuple[str, int]:

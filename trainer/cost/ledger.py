@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.schema import BudgetConfig
+from trainer.contract.container import SUBMITTED_AT_ENV
 from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
 
 # Paid wall time, by what it bought; the order is the report's.
@@ -273,7 +274,7 @@ class Meter:
         ledger = resumed_ledger(read_ledger(run_dir / LEDGER_FILE), stored, step)
         rate = local_rate(budget, environ)
         # The submitter's clock at submit_job (trainer/jobs/submit.py): a first attempt's queue wait.
-        queued = environ.get("TRAINSTACK_SUBMITTED_AT")
+        queued = environ.get(SUBMITTED_AT_ENV)
         ledger.start_attempt(started_at, rate, retry=retry, queued_since=float(queued) if queued else None)
         return cls(ledger, rate, budget, run_dir, tokens_per_step)
 

@@ -1,6 +1,11 @@
-"""Runs on a stack's cluster: submit the trainer as an AWS Batch multi-node job, follow it, push images and data.
+"""Runs on a stack's cluster: submit the trainer as an AWS Batch multi-node job or an EKS JobSet, follow it, push
+images and data.
 
-submit   `make train STACK=<env>`: checks, then a Batch multi-node job
+submit   `make train STACK=<env>`: checks, then a Batch multi-node job or a JobSet
+render   `make render STACK=<env>`: what submit would send (JobSet YAML, Batch request JSON), no AWS call
+request  the object each orchestrator receives: the Batch SubmitJob request, the JobSet with the stack's settings
+jobset   the JobSet an EKS stack runs: pods, devices, FSx claim, failure policy
+eks      the EKS API server: the `aws eks get-token` token, JobSets, the leader pod's log
 job      status, logs and cancel of a stack's training jobs
 smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository

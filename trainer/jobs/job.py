@@ -1,4 +1,9 @@
-"""`python -m trainer status|logs|cancel --stack <env> [--job ID]`: follow and stop the stack's training jobs."""
+"""`python -m trainer status|logs|cancel --stack <env> [--job ID]`: follow and stop the stack's training jobs.
+
+On a Batch stack a job is a Batch job; on an EKS stack it is a JobSet (its name is the job id) and the same lines
+come from the API server (trainer/jobs/eks.py): states in Batch's words, node rank 0's pod log, and cancel as a
+deletion (each pod gets SIGTERM, then the termination grace above the trainer's stop grace).
+"""
 
 from __future__ import annotations
 
@@ -152,6 +157,67 @@ def cancel(outputs: StackOutputs, job_id: str) -> str:
     return job["status"]
 
 
+def print_jobset_status(outputs: StackOutputs, name: str | None) -> None:
+    from trainer.jobs.eks import connect, created_at, jobset_status, status_reason
+
+    cluster = connect(outputs)
+    if name is None:
+        jobsets = cluster.jobsets()[:10]
+        if not jobsets:
+            print(f"no jobs in namespace {cluster.namespace!r}")
+        for js in jobsets:
+            print(
+                f"{js['metadata']['name']}  {jobset_status(js):<9} {js['metadata']['name']:<32} created {created_at(js)}"
+            )
+        return
+    js = cluster.jobset(name)
+    print(f"job {name} ({name}): {jobset_status(js)}")
+    if reason := status_reason(js):
+        print(f"  reason:   {reason}")
+    print(f"  nodes:    {js['spec']['replicatedJobs'][0]['template']['spec']['parallelism']}")
+    print(f"  created:  {created_at(js)}")
+    print(f"  attempts: {js.get('status', {}).get('restarts', 0) + 1}")
+    if pod := cluster.leader_pod(js):
+        print(
+            f"  log:      pod {pod} in namespace {cluster.namespace} (make logs STACK={outputs.stack} JOB={name})"
+        )
+    print(f"  cluster:  {outputs['eks_cluster_name']} (queue {outputs['kueue_local_queue']})")
+    print(f"  health:   {health_line(outputs, {'jobName': name})}")
+
+
+def print_jobset_logs(outputs: StackOutputs, name: str | None, follow: bool, poll_s: float = 5.0) -> None:
+    from trainer.jobs.eks import connect, jobset_status
+
+    cluster = connect(outputs)
+    if name is None:
+        jobsets = cluster.jobsets()
+        if not jobsets:
+            raise JobError(
+                f"no jobs in namespace {cluster.namespace!r}; submit one with make train STACK=..."
+            )
+        name = str(jobsets[0]["metadata"]["name"])
+    js = cluster.jobset(name)
+    while (pod := cluster.leader_pod(js)) is None:
+        if not follow or jobset_status(js) in TERMINAL:
+            print(f"job {name} is {jobset_status(js)}; its log appears when node rank 0's pod starts")
+            return
+        time.sleep(poll_s)
+        js = cluster.jobset(name)
+    for line in cluster.log_lines(pod, follow):
+        print(line)
+
+
+def cancel_jobset(outputs: StackOutputs, name: str) -> str:
+    from trainer.jobs.eks import connect, jobset_status
+
+    cluster = connect(outputs)
+    state = jobset_status(cluster.jobset(name))
+    if state in TERMINAL:
+        raise JobError(f"job {name} already ended ({state}); nothing to cancel")
+    cluster.delete_jobset(name)
+    return state
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("status", "logs", "cancel"))
     parser.add_argument("--stack", required=True)
@@ -165,6 +231,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
+        if outputs.orchestrator == "eks":
+            return jobset_main(outputs, args)
         if args.action == "status":
             print_status(outputs, args.job)
         elif args.action == "logs":
@@ -177,6 +245,30 @@ def main(args: argparse.Namespace) -> int:
             was = cancel(outputs, args.job)
             print(f"job {args.job}: termination requested (was {was}); Batch sends SIGTERM, then SIGKILL")
     except (StackError, JobError) as error:
+        print(f"{args.action}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def jobset_main(outputs: StackOutputs, args: argparse.Namespace) -> int:
+    from trainer.jobs.eks import ClusterError
+
+    try:
+        if args.action == "status":
+            print_jobset_status(outputs, args.job)
+        elif args.action == "logs":
+            print_jobset_logs(outputs, args.job, args.follow)
+        else:
+            if not args.job:
+                raise JobError(
+                    "cancel needs the job: make cancel STACK=<env> JOB=<name> (make status lists them)"
+                )
+            was = cancel_jobset(outputs, args.job)
+            print(
+                f"job {args.job}: deletion requested (was {was}); each pod gets SIGTERM, then SIGKILL after "
+                "its termination grace"
+            )
+    except (JobError, ClusterError) as error:
         print(f"{args.action}: {error}", file=sys.stderr)
         return 2
     return 0

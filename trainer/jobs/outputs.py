@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.contract.outputs import missing_outputs
+from trainer.contract.outputs import missing_outputs, orchestrator
 
 
 class StackError(RuntimeError):
@@ -22,6 +22,11 @@ class StackOutputs:
 
     def __getitem__(self, name: str) -> str:
         return str(self.values[name])
+
+    @property
+    def orchestrator(self) -> str:
+        """`batch` or `eks` (trainer/contract/outputs.py); load_outputs has checked the value."""
+        return orchestrator(self.values)
 
     @property
     def region(self) -> str:
@@ -51,7 +56,7 @@ class StackOutputs:
 def load_outputs(stack: str, outputs_file: str | Path | None = None) -> StackOutputs:
     """Read and check the outputs; every problem is one StackError naming the stack and what to do."""
     if not stack:
-        raise StackError("no stack given: set STACK=<env> (dev, staging, prod)")
+        raise StackError("no stack given: set STACK=<env> (dev, staging, prod, eks-dev)")
     if outputs_file:
         path = Path(outputs_file)
         source = str(path)
@@ -74,9 +79,18 @@ def load_outputs(stack: str, outputs_file: str | Path | None = None) -> StackOut
         values = json.loads(text)
     except json.JSONDecodeError as error:
         raise StackError(f"{source}: not JSON ({error.msg} at line {error.lineno})") from None
+    return checked_outputs(stack, values, source)
+
+
+def checked_outputs(stack: str, values: object, source: str) -> StackOutputs:
+    """`values` as a stack's outputs, once they hold every name its orchestrator needs."""
     if not isinstance(values, dict):
         raise StackError(f"{source}: expected a JSON object of stack outputs, got {type(values).__name__}")
-    if missing := missing_outputs(values):
+    try:
+        missing = missing_outputs(values)
+    except ValueError as error:
+        raise StackError(f"{source}: {error}") from None
+    if missing:
         raise StackError(
             f"{source}: stack {stack!r} lacks the outputs {', '.join(missing)}; "
             "run `make up STACK=" + stack + "` with this checkout's infra/ so the stack exports them"

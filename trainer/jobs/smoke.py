@@ -7,6 +7,9 @@ test below it; and a token each node writes under /fsx/checkpoints/<run>/preflig
 Then, here: the preflight's line per node and check from the main node's log, and the tokens exported to
 s3://<checkpoints bucket>/<run>/preflight/ by the FSx data repository association (auto-export is asynchronous,
 so it waits up to --export-timeout-s). One line per node and check, then one verdict.
+
+On an EKS stack the job is a JobSet (trainer/jobs/jobset.py) and the report comes from node rank 0's pod log; the
+lines printed are the same.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from botocore.exceptions import ClientError
 from trainer.contract.container import CHECKPOINTS_DIR
 from trainer.jobs.aws import batch_job_url, client
 from trainer.jobs.job import TERMINAL, JobError, describe, main_node_log_stream
+from trainer.jobs.jobset import RenderError
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import (
     RUN_NAME,
@@ -28,7 +32,7 @@ from trainer.jobs.submit import (
     SubmitError,
     git_commit,
     image_problems,
-    queue_problems,
+    orchestrator_problems,
     submit,
 )
 
@@ -61,19 +65,35 @@ def plan(outputs: StackOutputs, tag: str, run: str | None) -> Submission:
     )
 
 
+def describe_any(outputs: StackOutputs, job_id: str) -> dict:
+    """The job as Batch describes it; on EKS its JobSet, under the same `jobId` and `status` keys."""
+    if outputs.orchestrator != "eks":
+        return describe(outputs, job_id)
+    from trainer.jobs.eks import connect, jobset_status
+
+    jobset = connect(outputs).jobset(job_id)
+    return {"jobId": job_id, "status": jobset_status(jobset), "jobset": jobset}
+
+
 def wait(outputs: StackOutputs, job_id: str, timeout_s: float, poll_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
-    job = describe(outputs, job_id)
+    job = describe_any(outputs, job_id)
     while job["status"] not in TERMINAL:
         if time.monotonic() > deadline:
             raise JobError(f"job {job_id} is still {job['status']} after {timeout_s:.0f} s")
         time.sleep(poll_s)
-        job = describe(outputs, job_id)
+        job = describe_any(outputs, job_id)
     return job
 
 
 def preflight_lines(outputs: StackOutputs, job: dict) -> list[str]:
     """The preflight's report in the main node's log stream (rank 0 prints every node's lines)."""
+    if "jobset" in job:
+        from trainer.jobs.eks import connect
+
+        cluster = connect(outputs)
+        pod = cluster.leader_pod(job["jobset"])
+        return [line for line in cluster.log_lines(pod) if line.startswith("preflight")] if pod else []
     stream = main_node_log_stream(outputs, job)
     if stream is None:
         return []
@@ -159,18 +179,24 @@ def main(args: argparse.Namespace) -> int:
             if not tag:
                 raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
             submission = plan(outputs, tag, args.run)
-            if problems := queue_problems(outputs) + image_problems(outputs, tag):
+            if problems := orchestrator_problems(outputs) + image_problems(outputs, tag):
                 raise SubmitError(problems)
             job_id, run = submit(submission, outputs), submission.run
             print(
                 f"smoke job {job_id} (run {run}): {NODES} x {outputs['instance_type']} ({submission.image})"
             )
-            print(f"  console:  {batch_job_url(outputs.region, job_id)}")
+            if outputs.orchestrator == "eks":
+                print(f"  cluster:  {outputs['eks_cluster_name']} namespace {outputs['k8s_namespace']}")
+            else:
+                print(f"  console:  {batch_job_url(outputs.region, job_id)}")
             if args.no_wait:
                 print(f"report later: make smoke STACK={outputs.stack} JOB={job_id} RUN={run}")
                 return 0
         job = wait(outputs, job_id, args.timeout_s, args.poll_s)
         return 0 if report(outputs, job, run, args.export_timeout_s, args.poll_s) else 1
-    except (StackError, SubmitError, JobError) as error:
+    except (StackError, SubmitError, JobError, RenderError) as error:
         print(f"smoke: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the EKS API server refused or could not be reached (trainer/jobs/eks.py)
+        print(f"smoke: {error}", file=sys.stderr)
+        return 1

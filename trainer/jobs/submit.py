@@ -15,8 +15,8 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -28,11 +28,14 @@ from trainer.contract.container import (
     DEFAULT_CONFIG,
     IMAGE_DIGEST_ENV,
     IMAGE_TAG_ENV,
+    SUBMITTED_AT_ENV,
 )
 from trainer.jobs.aws import batch_job_url, client, log_group_url
+from trainer.jobs.jobset import RenderError, jobset_name_problems
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs.request import Submission, batch_job_request, job_settings, jobset_for
 from trainer.jobs.residency import residency_problems
-from trainer.jobs.teams import team_problems, team_submit_arguments
+from trainer.jobs.teams import team_problems
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
@@ -47,22 +50,6 @@ class SubmitError(RuntimeError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("not submitted:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-@dataclass(frozen=True)
-class Submission:
-    run: str
-    nodes: int
-    gpus_per_node: int
-    image: str
-    command: list[str]
-    environment: dict[str, str] = field(default_factory=dict)
-    planned_layout: str | None = None  # what the planner chose for the config's `auto` keys
-    team: str | None = None  # on a stack with teams: the share and `team` tag (trainer/jobs/teams.py)
-
-    @property
-    def run_dir(self) -> str:
-        return f"{CHECKPOINTS_DIR}/{self.run}"
 
 
 def git_commit() -> str | None:
@@ -132,8 +119,6 @@ def plan(
             "TRAINSTACK_RUN": run,
             "TRAINSTACK_CONFIG": relative_config,
             IMAGE_TAG_ENV: tag,
-            # The ledger's start of the queue wait (trainer/cost/ledger.py): the job's first paid second at most.
-            "TRAINSTACK_SUBMITTED_AT": f"{time.time():.3f}",
         },
         planned_layout=planned_layout,
     )
@@ -174,13 +159,22 @@ def config_changed_since(tag: str, config_path: Path) -> bool:
 
 
 def aws_problems(submission: Submission, cfg: TrainConfig, outputs: StackOutputs, tag: str) -> list[str]:
-    """Checks against the stack's AWS resources: data residency, queue state, image in ECR, datasets in S3."""
+    """Checks against the stack's AWS resources: data residency, queue (Batch) or cluster (EKS) state, image in
+    ECR, datasets in S3."""
     return (
         residency_problems(outputs)
-        + queue_problems(outputs)
+        + orchestrator_problems(outputs)
         + image_problems(outputs, tag)
         + dataset_problems(cfg, outputs)
     )
+
+
+def orchestrator_problems(outputs: StackOutputs) -> list[str]:
+    if outputs.orchestrator == "eks":
+        from trainer.jobs.eks import cluster_problems
+
+        return cluster_problems(outputs)
+    return queue_problems(outputs)
 
 
 def queue_problems(outputs: StackOutputs) -> list[str]:
@@ -299,29 +293,52 @@ def image_digest(outputs: StackOutputs, tag: str) -> str | None:
 
 
 def submit(submission: Submission, outputs: StackOutputs) -> str:
-    job_definition = job_definition_for(submission.image, outputs)
+    """Submit to the stack's orchestrator; the job's id (Batch) or the JobSet's name (EKS)."""
+    # What only this moment knows (contract SUBMISSION_ENV): the image's digest, for the model version records
+    # (trainer/models/record.py), and the clock, where the ledger's queue wait starts (trainer/cost/ledger.py).
     digest = image_digest(outputs, submission.image.rsplit(":", 1)[1])
-    named = {**submission.environment, **({IMAGE_DIGEST_ENV: digest} if digest else {})}
-    environment = [{"name": k, "value": v} for k, v in named.items()]
-    team = team_submit_arguments(submission.team)
-    response = client("batch", outputs.region).submit_job(
-        jobName=submission.run,
-        jobQueue=outputs["job_queue"],
-        jobDefinition=job_definition,
-        nodeOverrides={
-            "numNodes": submission.nodes,
-            "nodePropertyOverrides": [
-                {
-                    "targetNodes": "0:",
-                    "containerOverrides": {"command": submission.command, "environment": environment},
-                }
-            ],
-        },
-        tags={"trainstack:run": submission.run, "trainstack:stack": outputs.stack, **team.pop("tags", {})},
-        propagateTags=True,
-        **team,
+    now = {**({IMAGE_DIGEST_ENV: digest} if digest else {}), SUBMITTED_AT_ENV: f"{time.time():.3f}"}
+    submission = dataclasses.replace(submission, environment={**submission.environment, **now})
+    if outputs.orchestrator == "eks":
+        return submit_jobset(jobset_for(submission, outputs, job_settings(outputs.stack)), outputs)
+    request = batch_job_request(submission, outputs, job_definition_for(submission.image, outputs))
+    return client("batch", outputs.region).submit_job(**request)["jobId"]
+
+
+def submit_jobset(manifest: dict[str, Any], outputs: StackOutputs) -> str:
+    """Create exactly `manifest` (what `make render` prints) in the stack's namespace."""
+    from trainer.jobs.eks import connect  # the kubernetes client only for EKS stacks
+
+    created = connect(outputs).create_jobset(manifest)
+    return str(created["metadata"]["name"])
+
+
+def eks_problems(submission: Submission, outputs: StackOutputs) -> list[str]:
+    """What only an EKS stack refuses: a run name that is no DNS label, a team (teams are Batch's job queues)."""
+    if outputs.orchestrator != "eks":
+        return []
+    problems = jobset_name_problems(submission.run, submission.nodes)
+    if submission.team:
+        problems.append(
+            f"TEAM={submission.team}: teams share Batch job queues; an EKS stack has none (docs/eks.md)"
+        )
+    return problems
+
+
+def print_jobset_submitted(submission: Submission, outputs: StackOutputs, name: str) -> None:
+    """The same lines as for a Batch job, with the JobSet's name as the job id."""
+    print(
+        f"submitted run {submission.run!r}: {submission.nodes} x {outputs['instance_type']} ({submission.image})"
     )
-    return response["jobId"]
+    if submission.planned_layout:
+        print(f"  layout:     {submission.planned_layout} (planned: docs/plan.md)")
+    print(f"  job id:     {name}")
+    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run})")
+    print(
+        f"  logs:       pod {name}-node-0-0 in namespace {outputs['k8s_namespace']}, once Kueue admits the JobSet"
+    )
+    print(f"  cluster:    {outputs['eks_cluster_name']} (queue {outputs['kueue_local_queue']})")
+    print(f"follow it:    make logs STACK={outputs.stack} JOB={name} FOLLOW=1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -352,6 +369,8 @@ def main(args: argparse.Namespace) -> int:
         if problems := team_problems(outputs, args.team, submission.nodes):
             raise SubmitError(problems)
         submission = dataclasses.replace(submission, team=args.team)
+        if problems := eks_problems(submission, outputs):
+            raise SubmitError(problems)
         if problems := aws_problems(submission, cfg, outputs, tag):
             raise SubmitError(problems)
         if config_changed_since(tag, args.config):
@@ -361,11 +380,21 @@ def main(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"would submit {submission}")
             return 0
+        if outputs.orchestrator == "eks":
+            jobset_for(
+                submission, outputs, job_settings(outputs.stack)
+            )  # a bad run name fails before the token
         job_id = submit(submission, outputs)
-    except (StackError, SubmitError) as error:
+    except (StackError, SubmitError, RenderError) as error:
         print(f"submit: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the API server refused or could not be reached (trainer/jobs/eks.py)
+        print(f"submit: {error}", file=sys.stderr)
+        return 1
     region, group = outputs.region, outputs["log_group"]
+    if outputs.orchestrator == "eks":
+        print_jobset_submitted(submission, outputs, job_id)
+        return 0
     print(
         f"submitted run {submission.run!r}: {submission.nodes} x {outputs['instance_type']} ({submission.image})"
     )

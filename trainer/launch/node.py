@@ -1,6 +1,7 @@
 """`python -m trainer launch [options] <verb> [args...]`: start one node's share of a distributed run.
 
-Takes the node's place in the job from its backend's variables (AWS Batch: trainer/launch/batch.py), runs the
+Takes the node's place in the job from its backend's variables (AWS Batch: trainer/launch/batch.py; a JobSet pod on
+EKS: trainer/launch/jobset.py), runs the
 preflight (trainer/preflight/) on every rank unless skipped, then runs torchrun with one process per device under
 the supervisor (trainer/launch/torchrun.py).
 """
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from trainer.contract.image import efa_environment
-from trainer.launch.batch import rendezvous_from_env
+from trainer.launch import batch, jobset
 from trainer.launch.torchrun import (
     MASTER_PORT,
     PREFLIGHT_PORT,
@@ -55,7 +56,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        rdzv = rendezvous_from_env(os.environ)
+        backend = jobset if jobset.in_jobset(os.environ) else batch
+        rdzv = backend.rendezvous_from_env(os.environ)
     except LaunchError as error:
         print(f"launch: {error}", file=sys.stderr)
         return 2

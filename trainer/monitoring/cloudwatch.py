@@ -125,6 +125,20 @@ class EmfWriter:
         self.stream.flush()
 
 
+# The queue of a job on an EKS stack, for the JobQueue dimension where Batch sets AWS_BATCH_JQ_NAME: the JobSet
+# (trainer/jobs/jobset.py) sets it to the stack's Kueue LocalQueue, the alarms' dimension on EKS (docs/eks.md).
+JOB_QUEUE_ENV = "TRAINSTACK_JOB_QUEUE"
+
+
 def under_aws_batch() -> bool:
     """AWS Batch sets AWS_BATCH_JOB_ID in every job's container (Batch User Guide, job environment variables)."""
     return "AWS_BATCH_JOB_ID" in os.environ
+
+
+def on_a_stack() -> bool:
+    """A job on a stack's cluster: Batch's, or a JobSet's on EKS; its stdout goes to the stack's log group."""
+    return under_aws_batch() or JOB_QUEUE_ENV in os.environ
+
+
+def job_queue() -> str:
+    return os.environ.get("AWS_BATCH_JQ_NAME") or os.environ.get(JOB_QUEUE_ENV, "local")

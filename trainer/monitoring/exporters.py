@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 
 from trainer.contract import metrics as registry
-from trainer.monitoring.cloudwatch import EmfWriter, under_aws_batch
+from trainer.monitoring.cloudwatch import EmfWriter, job_queue, on_a_stack
 from trainer.monitoring.config import MonitoringConfig
 from trainer.monitoring.node import NodeReaders
 
@@ -125,13 +125,13 @@ def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | 
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     labels = {
         "run": run,
-        "job_id": os.environ.get("AWS_BATCH_JOB_ID", "local"),
+        "job_id": os.environ.get("AWS_BATCH_JOB_ID") or os.environ.get("JOBSET_NAME", "local"),
         "node": socket.gethostname(),
         "rank": str(rank),
         "stage": str(_pipeline_stage() if stage is None else stage),
     }
     serve = _on(config.prometheus, auto=device_type == "cuda")
-    push = _on(config.cloudwatch, auto=under_aws_batch())
+    push = _on(config.cloudwatch, auto=on_a_stack())
     node = NodeReaders() if local_rank == 0 and (serve or push) else None  # one reader per node
     prometheus = cloudwatch = None
     if serve:
@@ -149,7 +149,7 @@ def start(config: MonitoringConfig, run: str, *, device_type: str, stage: int | 
             ) from error
     if push:
         dimensions = {
-            "JobQueue": os.environ.get("AWS_BATCH_JQ_NAME", "local"),
+            "JobQueue": job_queue(),
             "Run": run,
             "Rank": str(rank),
             "Node": labels["node"],

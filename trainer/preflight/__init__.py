@@ -1,6 +1,7 @@
 """`python -m trainer preflight`: is every node fit to train? Checks a backend's launcher runs before training.
 
 command     the verb: the phases (node checks, network, shared storage, NCCL's network, quarantine, report)
+pod         what a pod spec cannot say: RLIMIT_MEMLOCK unlimited, only EFA devices under /dev/infiniband
 checks      each check a pure function of what it inspects (GPUs, EFA devices, interface, storage, bandwidth)
 gpu_health  NVML readings: retired pages, remapped rows, ECC errors, clock slowdowns
 interfaces  which interface NCCL bootstraps over (NCCL_SOCKET_IFNAME's rules)

@@ -1,8 +1,9 @@
 """`python -m trainer preflight`: is every node fit to train? Run on every rank by `trainer launch` before training,
 and by `make smoke` as a job of its own.
 
-Checks (trainer/preflight/checks.py), against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the Batch job
-definition): the GPUs CUDA sees and their NVML health, the EFA devices passed into the container, the interface NCCL
+Checks (trainer/preflight/checks.py, pod.py), against the instance catalog (TRAINSTACK_INSTANCE_TYPE, set by the
+Batch job definition and the EKS JobSet): the GPUs CUDA sees and their NVML health, the EFA devices passed into the
+container (all of them the EFA driver's), RLIMIT_MEMLOCK unlimited for EFA, the interface NCCL
 bootstraps over, the checkpoint root (on /fsx in the cluster: Lustre, writable), an all-reduce across every rank
 against the catalog's bus bandwidth floor (below it, a pairwise test names the slow node), a token each node
 writes under the checkpoint root and every other node reads, and NCCL's choice of the AWS Libfabric (EFA) network.
@@ -46,6 +47,7 @@ from trainer.preflight.checks import (
 )
 from trainer.preflight.interfaces import system_interfaces
 from trainer.preflight.pairwise import judge, measure_pairs, pair_rounds
+from trainer.preflight.pod import check_memlock, check_rdma_devices, read_memlock
 from trainer.preflight.storage import MOUNTINFO, unseen_tokens, write_token
 
 NCCL_LOG_PATTERN = "trainstack-preflight-nccl.%h.%p.log"
@@ -101,6 +103,8 @@ def _local_checks(
             system_interfaces(),
         ),
         check_checkpoint_root(root, lustre, mountinfo),
+        check_memlock(instance, read_memlock()),
+        check_rdma_devices(instance),
     ]
     if cuda:
         import pynvml

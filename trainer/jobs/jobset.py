@@ -1,0 +1,216 @@
+"""The JobSet an EKS stack receives for a run: one replicated job of N Indexed pods, one pod per node.
+
+A pure function of the submission and the stack's outputs (no AWS or API call): `make render` prints it and
+`make train` sends exactly it. The pod asks for every GPU and EFA device of a node (so one pod fits a node),
+hugepages for EFA, the FSx claim at /fsx, the image's NCCL/EFA environment, a termination grace above the trainer's
+stop grace, and the job timeout. Retries: exit code 75 and node disruption restart the whole JobSet up to the
+stack's attempts; any other failure ends it (JobSet restarts an unmatched failure by default, so the last rule
+says FailJobSet explicitly).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.contract.catalog import InstanceType, instance_type
+from trainer.contract.container import CHECKPOINTS_DIR, FSX_MOUNT, STOP_TIMEOUT_MARGIN_SECONDS
+from trainer.contract.image import efa_environment
+from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
+from trainer.jobs.outputs import StackOutputs
+from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
+
+# The pinned JobSet API (kubernetes-sigs/jobset v0.12.0, api/jobset/v1alpha2; ../shared/k8s-crds/).
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+REPLICATED_JOB = "node"
+CONTAINER = "trainer"
+# Kueue admits a JobSet through this label (kueue v0.19.2 pkg/controller/constants/constants.go QueueLabel).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RUN_LABEL = "trainstack.dev/run"
+# Labels and annotations JobSet puts on every pod (jobset v0.12.0 api/jobset/v1alpha2/jobset_types.go JobSetNameKey,
+# ReplicatedJobNameKey); JobSet's own in-place-restart example reads JOBSET_NAME from the first by a fieldRef.
+JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
+# Read by the launcher (trainer/launch/jobset.py); JOB_COMPLETION_INDEX is the Indexed Job's own (Kubernetes docs,
+# "Jobs", completion mode Indexed).
+JOBSET_NAME_ENV = "JOBSET_NAME"
+REPLICATED_JOB_ENV = "JOBSET_REPLICATED_JOB"
+NUM_NODES_ENV = "TRAINSTACK_NUM_NODES"
+# The EFA device plugin's resource and AWS's p5 pod example beside it (EKS user guide, ml/node-efa.adoc):
+# instances with the EFA driver pre-allocate 2 MiB hugepages, and a pod that asks for hugepages must ask for memory.
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_RESOURCE = "nvidia.com/gpu"
+HUGEPAGES = ("hugepages-2Mi", "5120Mi")
+MEMORY_REQUEST = "32000Mi"
+# Kubernetes well-known label the kubelet sets from the EC2 instance type (kubernetes.io/docs/reference/labels-
+# annotations-taints/, node.kubernetes.io/instance-type).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# A JobSet name becomes a DNS label in every pod's hostname `<jobset>-<rjob>-<job index>-<pod index>` (jobset
+# v0.12.0 pkg/controllers/jobset_controller.go GenJobName + the Indexed Job's pod hostname): 63 characters at most.
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+# Job failure reasons (Kubernetes batch/v1 JobConditionReason): a podFailurePolicy FailJob rule ends the Job with this.
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
+
+
+class RenderError(ValueError):
+    """A run that cannot become a JobSet; the message names the value and what would be valid."""
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the stack's config says about every job: the trainer's SIGTERM grace, the timeout, the attempts."""
+
+    stop_grace_seconds: int
+    job_timeout_hours: int
+    attempts: int = RETRY_ATTEMPTS
+
+
+def jobset_name_problems(run: str, nodes: int) -> list[str]:
+    longest = f"{run}-{REPLICATED_JOB}-0-{nodes - 1}"
+    if not DNS_LABEL.match(run):
+        return [
+            f"RUN={run!r}: on EKS the run names the JobSet and every pod's DNS name: use lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit"
+        ]
+    if len(longest) > DNS_LABEL_MAX:
+        return [
+            f"RUN={run!r}: the last pod's hostname {longest!r} is {len(longest)} characters; a DNS label holds "
+            f"{DNS_LABEL_MAX}: shorten the run name to at most {len(run) - (len(longest) - DNS_LABEL_MAX)}"
+        ]
+    return []
+
+
+def efa_devices(outputs: StackOutputs, instance: InstanceType) -> int:
+    """The EFA devices each pod asks for: the stack's, which must be the catalog's for its instance type."""
+    exported = outputs._count("efa_devices_per_node")
+    if exported != instance.efa_interfaces:
+        raise RenderError(
+            f"stack {outputs.stack}: output efa_devices_per_node = {exported}, but a {instance.name} has "
+            f"{instance.efa_interfaces} EFA interfaces (trainer/contract/catalog.py); run make up with this checkout"
+        )
+    return exported
+
+
+def leader_host(jobset: str, replicated_job: str = REPLICATED_JOB) -> str:
+    """Node rank 0's DNS name: pod 0 of job 0, under the JobSet's headless service (the subdomain = its name)."""
+    return f"{jobset}-{replicated_job}-0-0.{jobset}"
+
+
+def jobset_manifest(
+    run: str,
+    nodes: int,
+    image: str,
+    command: list[str],
+    environment: dict[str, str],
+    outputs: StackOutputs,
+    settings: JobSettings,
+) -> dict[str, Any]:
+    """The JobSet object for `run` on the stack, as the API server receives it."""
+    if problems := jobset_name_problems(run, nodes):
+        raise RenderError("; ".join(problems))
+    instance = instance_type(outputs["instance_type"])
+    efa = efa_devices(outputs, instance)
+    devices = {GPU_RESOURCE: str(outputs.gpus_per_node), HUGEPAGES[0]: HUGEPAGES[1]}
+    if efa:
+        devices[EFA_RESOURCE] = str(efa)
+    env = {
+        **efa_environment(),
+        "TRAINSTACK_INSTANCE_TYPE": instance.name,
+        "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
+        "TRAINSTACK_STOP_GRACE_SECONDS": str(settings.stop_grace_seconds),
+        NUM_NODES_ENV: str(nodes),
+        JOB_QUEUE_ENV: outputs["kueue_local_queue"],  # the metrics' JobQueue dimension, as Batch's queue name
+        **environment,
+    }
+    from_annotation = {JOBSET_NAME_ENV: JOBSET_NAME_KEY, REPLICATED_JOB_ENV: REPLICATED_JOB_KEY}
+    container = {
+        "name": CONTAINER,
+        "image": image,
+        "args": command,  # the image's entrypoint runs `trainer launch <args>`
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())]
+        + [
+            {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}}
+            for name, key in from_annotation.items()
+        ],
+        "resources": {"requests": {**devices, "memory": MEMORY_REQUEST}, "limits": devices},
+        "volumeMounts": [
+            {"name": "fsx", "mountPath": FSX_MOUNT},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",  # a podFailurePolicy needs it; restarts are the JobSet's
+        # Above the trainer's SIGTERM grace, by the margin the Batch nodes' ECS stop timeout keeps
+        # (trainer/contract/container.py), so a cancelled or preempted pod saves before SIGKILL.
+        "terminationGracePeriodSeconds": termination_grace_seconds(settings.stop_grace_seconds),
+        "nodeSelector": {INSTANCE_TYPE_LABEL: instance.name},
+        "containers": [container],
+        "volumes": [
+            {"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}},
+            # PyTorch data workers and NCCL's intra-node transport live in /dev/shm: an eighth of the node's
+            # memory, as the Batch job definition gives (infra/cluster.py sharedMemorySize).
+            {
+                "name": "shm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": f"{instance.memory_gib * 1024 // 8}Mi"},
+            },
+        ],
+    }
+    job_spec = {
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        "backoffLimit": 0,
+        # The timeout per attempt, as Batch's attemptDurationSeconds; a Job past it fails with DeadlineExceeded.
+        "activeDeadlineSeconds": settings.job_timeout_hours * 3600,
+        # Exit 75 (trainer/contract/retry.py) and a node taken away (the DisruptionTarget pod condition) fail the
+        # Job with reason PodFailurePolicy, which the JobSet restarts; pattern of jobset v0.12.0
+        # site/static/examples/failure-policy/host-maintenance-event-model.yaml.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER,
+                        "operator": "In",
+                        "values": [RETRY_EXIT_CODE],
+                    },
+                },
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
+        },
+        "template": {"metadata": {"labels": {RUN_LABEL: run}}, "spec": pod_spec},
+    }
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": run,
+            "namespace": outputs["k8s_namespace"],
+            "labels": {QUEUE_LABEL: outputs["kueue_local_queue"], RUN_LABEL: run},
+        },
+        "spec": {
+            # Pods find node rank 0 by name, also before it is ready (both are JobSet's defaults, relied on here).
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "failurePolicy": {
+                # JobSet counts restarts, Batch attempts: the first run plus maxRestarts.
+                "maxRestarts": settings.attempts - 1,
+                "rules": [
+                    {
+                        "name": "restartOnRetryCodeOrDisruption",
+                        "action": "RestartJobSet",
+                        "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+                    },
+                    # Without this rule JobSet restarts every other failure too (jobset v0.12.0 jobset_types.go:
+                    # "If no matching rule is found, the RestartJobSet action is applied").
+                    {"name": "failOnAnyOtherFailure", "action": "FailJobSet"},
+                ],
+            },
+            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec}}],
+        },
+    }
+
+
+def termination_grace_seconds(stop_grace_seconds: int) -> int:
+    return stop_grace_seconds + STOP_TIMEOUT_MARGIN_SECONDS
