@@ -19,6 +19,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.evaluation.score",
         "mean loss per token and perplexity of a checkpoint (evaluation only)",
     ),
+    "generate": (
+        "trainer.evaluation.generate",
+        "continue prompts with a checkpoint's model (KV cache; greedy, temperature, top-k, top-p)",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",

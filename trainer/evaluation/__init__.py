@@ -2,4 +2,5 @@
 
 score       `python -m trainer score`: mean loss per token and perplexity of a checkpoint on given tokens or
             a prepared dataset's token stream
+generate    `python -m trainer generate`: text from a checkpoint with megatron-core's KV cache, streamed
 """
