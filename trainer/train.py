@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
     )
+    parser.add_argument(
+        "--sample-tokens",
+        type=positive_int,
+        help="after training: print a greedy sample of this many tokens from the newest checkpoint (make train)",
+    )
+    parser.add_argument("--sample-prompt", default="def", help="--sample-tokens: the text to continue")
     add_supervision_arguments(parser)
 
 
@@ -116,7 +122,12 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
     if not worker:
-        return local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
+        code = local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
+        if code == 0 and args.sample_tokens:
+            from trainer.evaluation.generate import sample_after_training  # only when a sample is asked for
+
+            sample_after_training(cfg, args.sample_prompt, args.sample_tokens)
+        return code
     assert stop is not None  # a torchrun worker made its StopRequest first thing
     return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
 

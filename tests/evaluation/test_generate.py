@@ -3,8 +3,6 @@ model token for token (from a TP=2 x PP=2 checkpoint); sampling filters equal tr
 refused before the model is built."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,26 +25,6 @@ from trainer.evaluation.generate import (
 
 PROMPTS = ["def parse(self, ", "import email\n", "class Message"]
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def exported_tp2_pp2(tp2_pp2, launcher) -> Path:
-    """The TP=2 x PP=2 run's last checkpoint as a Hugging Face model."""
-    out = launcher.base / "generate-export" / "hf"
-    launcher.run(
-        "generate-export",
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "convert",
-            "--to-hf",
-            str(tp2_pp2.run_dir / "checkpoints"),
-            "--out",
-            str(out),
-        ],
-    )
-    return out
 
 
 def run_generate(capsys, *args: str) -> tuple[int, str, str]:
@@ -219,3 +197,25 @@ def test_sampling_filters_equal_transformers_warpers(temperature, top_k, top_p):
     kept = ~torch.isinf(got)
     assert 1 < kept.sum() < 300 or (top_k == 0 and top_p == 1)
     assert torch.allclose(got[kept], want[0][kept])
+
+
+@pytest.mark.slow
+def test_the_sample_after_training_is_the_greedy_continuation_of_the_runs_newest_checkpoint(
+    tp2_pp2, tiny_config, tiny_corpus, capsys
+):
+    from trainer.config import load_config
+    from trainer.evaluation.generate import sample_after_training
+
+    cfg = load_config(tiny_config, [f"logging.run_dir={tp2_pp2.run_dir}"])
+    sample_after_training(cfg, PROMPTS[2], 8)
+    sample = capsys.readouterr().out
+    common = [
+        "--checkpoint",
+        str(tp2_pp2.run_dir / "checkpoints"),
+        "--tokenizer",
+        tiny_corpus + ".tokenizer.json",
+    ]
+    _, out, _ = run_generate(
+        capsys, *common, "--prompt", PROMPTS[2], "--max-new-tokens", "8", "--format", "json"
+    )
+    assert f"(greedy, 8 tokens):\n{PROMPTS[2]}{json.loads(out)['text']}\n--- (" in sample

@@ -3,6 +3,8 @@
     generate --checkpoint CKPT --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
              [--stop TEXT ...] [--seed S] [--tokenizer tokenizer.json] [--format text|json]
     generate --checkpoint CKPT --prompts FILE.jsonl ...      one {"prompt": TEXT} object per line
+    generate --config FILE --prompt TEXT ...                 a training config's run: its newest checkpoint and
+                                                             its data.tokenizer_path (`make train`'s sample)
 
 The model is megatron-core's GPTModel rebuilt from the checkpoint's own record at TP=1, PP=1 in this process
 (a checkpoint saved at any layout loads at any other), decoding with megatron-core's static KV cache
@@ -22,6 +24,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ from megatron.core.inference.contexts import StaticInferenceContext
 from trainer.arguments import positive_int
 from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
-from trainer.config import ConfigError
+from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 from trainer.distributed import parallel
@@ -45,7 +48,11 @@ DEFAULT_MAX_NEW_TOKENS = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or a directory of them")
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", type=Path, help="a checkpoint, or a directory of them")
+    model.add_argument(
+        "--config", type=Path, help="a training config: its run's newest checkpoint and its tokenizer"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the text to continue")
     source.add_argument("--prompts", type=Path, metavar="FILE.jsonl", help='one {"prompt": TEXT} per line')
@@ -134,6 +141,12 @@ class Generation:
 def main(args: argparse.Namespace) -> int:
     try:
         sampling = Sampling.from_args(args)
+        if args.config is not None:
+            cfg = load_config(args.config)
+            args.checkpoint, args.tokenizer = (
+                cfg.checkpoint_dir,
+                args.tokenizer or Path(cfg.data.tokenizer_path),
+            )
         found, record = checkpoint_and_record(args.checkpoint)
         tokenizer = load_tokenizer(tokenizer_path(args.tokenizer, args.checkpoint, found))
         check_vocabulary(tokenizer, record)
@@ -155,6 +168,26 @@ def main(args: argparse.Namespace) -> int:
                 generator.generate(ids, sampling, on_text=lambda text: print(text, end="", flush=True))
                 print(flush=True)
     return 0
+
+
+def sample_after_training(cfg: TrainConfig, prompt: str, max_new_tokens: int) -> None:
+    """`train --sample-tokens N` (make train's last lines): a greedy continuation of prompt by the run's newest
+    checkpoint, streamed to stdout; a sample that cannot run says why and leaves the run's exit status alone."""
+    try:
+        found, record = checkpoint_and_record(cfg.checkpoint_dir)
+        tokenizer = load_tokenizer(cfg.data.tokenizer_path)
+        ids = tokenizer.tokenize(prompt)
+        check_context([ids], 1, record.seq_length)
+    except (ValueError, ConfigError, DataError) as error:
+        print(f"sample: not generated: {error}", file=sys.stderr)
+        return
+    started = time.perf_counter()
+    sampling = Sampling(max_new_tokens=min(max_new_tokens, record.seq_length - len(ids)))
+    print(f"--- a sample from {found} (greedy, {sampling.max_new_tokens} tokens):", flush=True)
+    with Generator.loaded(found, record, tokenizer) as generator:
+        print(prompt, end="", flush=True)
+        generator.generate(ids, sampling, on_text=lambda text: print(text, end="", flush=True))
+    print(f"\n--- ({time.perf_counter() - started:.1f} s to load and generate)", flush=True)
 
 
 def checkpoint_and_record(path: Path) -> tuple[Path, ModelRecord]:
