@@ -37,6 +37,7 @@ from trainer.config import (
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import fast_path, parallel
 from trainer.engines import Engine
+from trainer.evaluation.during_training import IntervalEvaluation, evaluation_problems
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
@@ -111,6 +112,7 @@ def main(args: argparse.Namespace) -> int:
             + (accelerator_problems(cfg, *fast_path.accelerator()) if device == "cuda" else [])
             + data_problems(cfg)
             + engines.problems(cfg, world_size)
+            + evaluation_problems(cfg)
         )
         if not problems:
             cfg = with_resolved_model(cfg)  # the tokenizer's vocabulary, resolved once: the run's one cfg
@@ -199,6 +201,7 @@ def train(
     batches = engine.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
+    evaluation = IntervalEvaluation(cfg)  # evaluation.suite on the newest checkpoint, in its own process
     try:
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
@@ -237,8 +240,12 @@ def train(
                         val_loss=val_loss,
                         peak_memory=memory,
                         stragglers=stragglers,
+                        evaluation=evaluation.take(),
                     )
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
+            evaluation.after_step(step, checkpointer, last=last)
+        while logger is not None and (evaluated := evaluation.finish()) is not None:
+            logger.log(progress.step, evaluation=evaluated)
     finally:
         health.close()
         exporters.stop(completed=sys.exc_info()[0] is None)

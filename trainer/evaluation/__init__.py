@@ -5,4 +5,5 @@ score       `python -m trainer score`: mean loss per token and perplexity of a c
 generate    `python -m trainer generate`: text from a checkpoint with megatron-core's KV cache, streamed
 suite       the evaluation suite file (perplexity datasets, generation tasks), exact match, intervals
 evaluate    `python -m trainer evaluate`: a checkpoint against a suite, in one process
+during_training  `evaluation.suite`: evaluate on the newest checkpoint at an interval, in a process of its own
 """
