@@ -1,12 +1,14 @@
 """`python -m trainer evaluate`: a checkpoint against a suite (trainer/evaluation/suite.py), in this process.
 
     evaluate --checkpoint CKPT --suite FILE.yaml [--tokenizer tokenizer.json] [--format text|json]
+    evaluate --checkpoint CKPT --harness-tasks TASK,... [--harness-include DIR] [--harness-limit N]
 
 Perplexity tasks are `score --data` at TP=1, PP=1 (the same code: loss per token over the real vocabulary,
 windows of the token stream in file order), with a 95 % normal interval over the windows' mean losses.
 Generation tasks continue each prompt greedily (`generate --temperature 0`, the task's max_new_tokens and stop)
 and count exact matches against the reference after suite.normalise, with a 95 % Wilson interval. The suite,
 its files, the checkpoint, the tokenizer and every prompt's length are checked before the model is built.
+`--harness-tasks` runs lm-evaluation-harness tasks on the exported model (trainer/evaluation/harness.py).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.arguments import positive_int
 from trainer.checkpoint.record import ModelRecord
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
-from trainer.evaluation import generate, score
+from trainer.evaluation import generate, harness, score
 from trainer.evaluation.suite import (
     Example,
     GenerationTask,
@@ -39,7 +42,12 @@ from trainer.model.weights import model_only_config
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint, or a directory of them")
-    parser.add_argument("--suite", type=Path, required=True, help="the suite YAML (docs/evaluate.md)")
+    parser.add_argument("--suite", type=Path, help="the suite YAML (docs/evaluate.md)")
+    parser.add_argument(
+        "--harness-tasks", help="lm-evaluation-harness tasks, comma-separated, on the exported model"
+    )
+    parser.add_argument("--harness-include", type=Path, help="a directory of lm-eval task YAML files")
+    parser.add_argument("--harness-limit", type=positive_int, help="at most this many documents per task")
     parser.add_argument(
         "--tokenizer",
         type=Path,
@@ -77,12 +85,14 @@ class Plan:
     prompts: dict[str, tuple[GenerationTask, list[Example], list[list[int]]]]
 
 
-def plan(checkpoint: Path, suite_path: Path, tokenizer_path: Path | None) -> Plan:
+def plan(checkpoint: Path, suite_path: Path | None, tokenizer_path: Path | None) -> Plan:
     """Check the checkpoint, tokenizer, suite and data, and tokenize what will run; raises ValueError
     subclasses (or ConfigError, DataError) naming what is wrong."""
     found, record = generate.checkpoint_and_record(checkpoint)
     tokenizer = load_tokenizer(generate.tokenizer_path(tokenizer_path, checkpoint, found))
     generate.check_vocabulary(tokenizer, record)
+    if suite_path is None:
+        return Plan(found, record, tokenizer, {}, {})
     suite: Suite = read_suite(suite_path)
     windows = {task.name: _windows(task, record) for task in suite.perplexity}
     prompts = {}
@@ -108,13 +118,27 @@ def _windows(task: PerplexityTask, record: ModelRecord) -> list[list[int]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    tasks = [task.strip() for task in (args.harness_tasks or "").split(",") if task.strip()]
     try:
+        if args.suite is None and not tasks:
+            raise harness.HarnessError("give --suite FILE.yaml, --harness-tasks TASK,..., or both")
         checked = plan(args.checkpoint, args.suite, args.tokenizer)
+        if tasks:
+            harness.check(tasks, args.harness_include)
     # Every check raises a ValueError (ours subclass it, as pydantic's does), a ConfigError or a DataError.
     except (ValueError, ConfigError, DataError) as error:
         print(f"evaluate: {error}", file=sys.stderr)
         return 2
-    results = run(checked)
+    results: dict[str, dict[str, dict]] = run(checked)
+    if tasks:
+        results["harness"] = harness.run(
+            checked.checkpoint,
+            checked.record,
+            checked.tokenizer,
+            tasks,
+            args.harness_include,
+            args.harness_limit,
+        )
     if args.format == "json":
         print(json.dumps({"checkpoint": str(checked.checkpoint), **results}))
     else:
@@ -184,4 +208,7 @@ def report(checkpoint: Path, results: dict[str, dict[str, dict]]) -> str:
             f"  {name}: exact match {r['exact_match']:.1%} ({r['correct']} of {r['samples']}; 95 % Wilson "
             f"interval {low:.1%}-{high:.1%})"
         )
+    for task, values in results.get("harness", {}).items():
+        figures = ", ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, float))
+        lines.append(f"  lm-eval {task}: {figures}")
     return "\n".join(lines)
