@@ -120,7 +120,11 @@ class IntervalEvaluation:
                 file=sys.stderr,
             )
             return
-        results = json.loads(output.strip().splitlines()[-1])
+        try:
+            results = json.loads(output.strip().splitlines()[-1])
+        except (ValueError, IndexError):  # a half-written line: reported, never fatal to training
+            print(f"evaluation of {self.checkpoint} printed no result; see {self.log}", file=sys.stderr)
+            return
         self.finished.append({"checkpoint": results.pop("checkpoint"), **results})
 
     def take(self) -> dict | None:
