@@ -53,6 +53,9 @@ CONFIG ?=
 NPROC  ?=
 FRESH  ?=
 ARGS   ?=
+# make train ends with a greedy sample from the trained model (docs/evaluate.md); SAMPLE_TOKENS=0 skips it.
+SAMPLE_PROMPT ?= def
+SAMPLE_TOKENS ?= 48
 
 .PHONY: train
 train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env> submits to that stack's cluster
@@ -62,7 +65,8 @@ ifneq ($(STACK),)
 	  $(if $(TEAM),--team "$(TEAM)") $(ARGS)
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
-	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
+	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) \
+	  $(if $(filter-out 0,$(SAMPLE_TOKENS)),--sample-tokens $(SAMPLE_TOKENS) --sample-prompt "$(SAMPLE_PROMPT)") $(ARGS)
 endif
 
 # make finetune: supervised fine-tuning of `make train`'s model on the built-in chat set (docs/finetune.md). Each

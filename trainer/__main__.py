@@ -27,6 +27,14 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.models.command",
         "model versions (lineage, metrics, evaluations) and their tags: list, show, promote",
     ),
+    "generate": (
+        "trainer.evaluation.generate",
+        "continue prompts with a checkpoint's model (KV cache; greedy, temperature, top-k, top-p)",
+    ),
+    "evaluate": (
+        "trainer.evaluation.evaluate",
+        "a checkpoint against a suite: perplexity on held-out data, exact match on generation tasks",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",

@@ -20,6 +20,7 @@ from trainer.contract import metrics as registry
 from trainer.contract.catalog import PEAK_BF16_TFLOPS_BY_GPU
 from trainer.cost.ledger import Ledger
 from trainer.engines.step import StepResult
+from trainer.evaluation.during_training import scalars as evaluation_scalars
 from trainer.monitoring import exporters
 
 # metrics.jsonl's keys on every line (MetricsLogger.log writes them by name; val_loss and stragglers when measured).
@@ -113,9 +114,11 @@ class MetricsLogger:
         peak_memory: float = 0.0,
         stragglers: list[dict] | None = None,
         cost: Ledger | None = None,
+        evaluation: dict | None = None,
     ) -> None:
         """Record a step: `result` is the step's (None for step 0, before any training: only val_loss); `cost`
-        the run's ledger (rank 0's: dollars, node-hours, goodput; trainer/cost/ledger.py)."""
+        the run's ledger (rank 0's: dollars, node-hours, goodput; trainer/cost/ledger.py); `evaluation` a finished
+        evaluation of the suite (trainer/evaluation/during_training.py)."""
         tokens_per_s = tflops = mfu = None
         if step_time_s:
             tokens_per_s = self.tokens_per_step / step_time_s
@@ -142,10 +145,14 @@ class MetricsLogger:
             record["val_loss"] = val_loss
         if stragglers:  # at the end of a straggler window that found one (trainer/health/)
             record["stragglers"] = stragglers
+        if evaluation is not None:
+            record["evaluation"] = evaluation  # a nested object, as stragglers
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
             scalars = {**record, "peak_memory_gib": peak_memory}
+            if evaluation is not None:
+                scalars |= evaluation_scalars(evaluation)
             for key, value in scalars.items():
                 if (
                     key not in ("step", "stragglers")
@@ -177,6 +184,10 @@ class MetricsLogger:
                 self.console.print(f"step {step}/{self.train_iters}: {status}")
         if val_loss is not None:
             self.console.print(f"step {step}: validation loss {val_loss:.4f}")
+        if evaluation is not None:
+            self.console.print(
+                f"step {step}: evaluation of {evaluation['checkpoint']}: {evaluation_scalars(evaluation)}"
+            )
 
     def _export(self, step: int, record: dict, skipped_steps: int | None, loss: float | None) -> None:
         skipped = None

@@ -38,6 +38,7 @@ from trainer.cost.ledger import LEDGER_FILE, Meter, budget_problems
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import fast_path, parallel
 from trainer.engines import Engine
+from trainer.evaluation.during_training import IntervalEvaluation, evaluation_problems
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
 from trainer.launch import local
@@ -80,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="outside torchrun: processes to start (default: one per GPU, or TP x PP x DP on CPU)",
     )
+    parser.add_argument(
+        "--sample-tokens",
+        type=positive_int,
+        help="after training: print a greedy sample of this many tokens from the newest checkpoint (make train)",
+    )
+    parser.add_argument("--sample-prompt", default="def", help="--sample-tokens: the text to continue")
     add_supervision_arguments(parser)
 
 
@@ -107,6 +114,7 @@ def main(args: argparse.Namespace) -> int:
             + data_problems(cfg)
             + engines.problems(cfg, world_size)
             + budget_problems(cfg.budget)
+            + evaluation_problems(cfg)
         )
         if not problems:
             cfg = with_resolved_model(cfg)  # the tokenizer's vocabulary, resolved once: the run's one cfg
@@ -118,7 +126,12 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
     if not worker:
-        return local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
+        code = local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
+        if code == 0 and args.sample_tokens:
+            from trainer.evaluation.generate import sample_after_training  # only when a sample is asked for
+
+            sample_after_training(cfg, args.sample_prompt, args.sample_tokens)
+        return code
     assert stop is not None  # a torchrun worker made its StopRequest first thing
     return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
 
@@ -198,6 +211,7 @@ def train(
     batches = engine.train_batches(progress.consumed_samples)
     skips = faults.SkipCounter(cfg.optimizer.max_consecutive_skips, total=progress.skipped_steps)
     health = HealthMonitor(cfg, console)  # health: straggler windows, hang watchdog
+    evaluation = IntervalEvaluation(cfg)  # evaluation.suite on the newest checkpoint, in its own process
     try:
         if reason := _cap_reached(cfg, meter):  # spent already (a resumed run): train nothing
             console.print(f"step {progress.step}: {reason} before this run's first step; {_CAP_HINT}")
@@ -248,17 +262,22 @@ def train(
                         peak_memory=memory,
                         stragglers=stragglers,
                         cost=meter.ledger if meter is not None else None,
+                        evaluation=evaluation.take(),
                     )
                 if meter is not None:
                     meter.save()
             _charge(meter, "productive")  # the step's bookkeeping and logging
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
             _charge(meter, "checkpoint_stall")
+            evaluation.after_step(step, checkpointer, last=last)
             if capped and not last:
                 checkpointer.stop(progress)  # saves this step unless its save is already a synchronous one
                 _charge(meter, "checkpoint_stall")
                 console.print(f"step {step}: {capped}; saved and stopped. {_CAP_HINT}")
-                return
+                break  # the evaluations already started still report below
+        while logger is not None and (evaluated := evaluation.finish()) is not None:
+            logger.log(progress.step, evaluation=evaluated)
+        _charge(meter, "evaluation")  # waiting for the last evaluations
     finally:
         health.close()
         exporters.stop(completed=sys.exc_info()[0] is None)

@@ -23,6 +23,7 @@ def test_make_train_learns_and_leaves_a_checkpoint_then_resumes(tmp_path):
     assert len(evaluations) == 3 and evaluations[-1] < 0.85 * evaluations[0]
     assert (run_dir / "checkpoints" / "latest").read_text() == "iter_0000030\n"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert f"--- a sample from {run_dir}/checkpoints/iter_0000030 (greedy, 48 tokens):\ndef" in first.stdout
 
     again = subprocess.run(
         ["make", "train", f"ARGS={args}"], cwd=ROOT, capture_output=True, text=True, timeout=600

@@ -290,6 +290,14 @@ class LoggingConfig(_Section):
     peak_tflops_per_device: PositiveFloat | None = None  # None: the instance catalog's, by GPU model
 
 
+class EvaluationConfig(_Section):
+    """Evaluation during training: the suite (docs/evaluate.md) run on the newest checkpoint in a process of its
+    own, every `interval` steps and after the last; results in metrics.jsonl, TensorBoard, Prometheus, CloudWatch."""
+
+    suite: str | None = None  # None: no evaluation during training
+    interval: PositiveInt | None = None  # None: at every checkpoint save; else a multiple of save_interval
+
+
 class HealthConfig(_Section):
     """Straggler windows and the hang watchdog (trainer/health/)."""
 
@@ -337,6 +345,7 @@ class TrainConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     # metrics endpoints and CloudWatch lines: docs/monitoring.md
     monitoring: MonitoringConfig = MonitoringConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     health: HealthConfig = HealthConfig()
     budget: BudgetConfig = BudgetConfig()  # cost cap and price: docs/cost.md
 

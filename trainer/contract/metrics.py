@@ -137,6 +137,23 @@ PROCESS_COMPLETED = Metric(
     RANK_LABELS,
     unit="seconds",
 )
+# Evaluation during training (`evaluation.suite`): one series per task of the suite, from rank 0.
+TASK_LABELS = (*RUN_LABELS, "task")
+EVALUATION_PERPLEXITY = Metric(
+    "evaluation_perplexity",
+    "gauge",
+    "Perplexity on a held-out dataset of the evaluation suite (task: its name)",
+    TASK_LABELS,
+    cloudwatch="EvaluationPerplexity",
+)
+EVALUATION_EXACT_MATCH = Metric(
+    "evaluation_exact_match_ratio",
+    "gauge",
+    "Exact-match rate on a generation task of the evaluation suite (0-1; task: its name)",
+    TASK_LABELS,
+    unit="ratio",
+    cloudwatch="EvaluationExactMatch",
+)
 # CloudWatch only (Prometheus computes it from the last step's timestamp): rank 0 writes it every
 # cloudwatch_interval_seconds from a background thread, so a hung run keeps reporting how long it has hung.
 SECONDS_SINCE_LAST_STEP = Metric(
@@ -406,3 +423,4 @@ NODE_METRICS = tuple(metric for metric in METRICS if "node" in metric.labels and
 RUN_DIMENSIONS = [["JobQueue"], ["JobQueue", "Run"]]
 RANK_DIMENSIONS = [["JobQueue", "Run", "Rank"]]
 NODE_DIMENSIONS = [["JobQueue", "Node"]]
+TASK_DIMENSIONS = [["JobQueue", "Run", "Task"]]

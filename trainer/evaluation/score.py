@@ -64,6 +64,9 @@ class Score:
     loss: float  # mean cross entropy per predicted token, in nats
     tokens: int  # predicted tokens
     sequences: int
+    # Each sequence's mean loss, of the sequences this process's last pipeline stage scored (all of them in one
+    # process): evaluate's confidence interval.
+    sequence_losses: tuple[float, ...] = ()
 
     @property
     def perplexity(self) -> float:
@@ -209,7 +212,13 @@ def score(checkpoint_path: Path, cfg: TrainConfig, sequences: list[list[int]]) -
         for output in outputs:  # only the last pipeline stage has any
             totals += output["score"].to(totals)
         total, tokens = loss.summed_over_ranks(totals)
-        return Score(loss=(total / tokens).item(), tokens=int(tokens.item()), sequences=len(sequences))
+        each = [(o["score"][0] / o["score"][1]).item() for o in outputs if o["score"][1] > 0]
+        return Score(
+            loss=(total / tokens).item(),
+            tokens=int(tokens.item()),
+            sequences=len(sequences),
+            sequence_losses=tuple(each),
+        )
     finally:
         parallel.shutdown()
 

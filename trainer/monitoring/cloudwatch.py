@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import IO
 
 from trainer.contract import metrics as registry
-from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS
+from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS, TASK_DIMENSIONS
 from trainer.monitoring.node import Sample
 
 MAX_VALUES = 100  # numeric array targets (spec: "MUST NOT have more than 100 members")
@@ -30,6 +30,8 @@ MAX_METRICS = 100  # MetricDefinitions per directive
 
 
 def dimensions_for(metric: registry.Metric) -> list[list[str]]:
+    if "task" in metric.labels:
+        return TASK_DIMENSIONS
     if "rank" in metric.labels:
         return RANK_DIMENSIONS
     if "node" in metric.labels:
@@ -67,6 +69,12 @@ class EmfWriter:
             if len(values) == MAX_VALUES:
                 self.flush()
 
+    def write_task(self, metric: registry.Metric, task: str, value: float) -> None:
+        """A value of one task of the evaluation suite, written at once in a line of its own (Task dimension)."""
+        if metric.cloudwatch is None:
+            return
+        self._write(int(self.clock() * 1000), dimensions_for(metric), {metric: value}, {"Task": task})
+
     def add_samples(self, samples: Iterable[Sample], previous: dict[tuple, float]) -> None:
         """Node samples: gauges as arrays (one value per GPU), counters as their increase since `previous`."""
         for sample in samples:
@@ -101,7 +109,14 @@ class EmfWriter:
         self.counters.clear()
         self.last_flush = self.clock()
 
-    def _write(self, timestamp: int, dimension_sets: list[list[str]], values: dict) -> None:
+    def _write(
+        self,
+        timestamp: int,
+        dimension_sets: list[list[str]],
+        values: dict,
+        more: dict[str, str] | None = None,
+    ) -> None:
+        dimensions = {**self.dimensions, **(more or {})}
         keys = {key for dimension_set in dimension_sets for key in dimension_set}
         document = {
             "_aws": {
@@ -117,7 +132,7 @@ class EmfWriter:
                     }
                 ],
             },
-            **{key: self.dimensions[key] for key in sorted(keys)},
+            **{key: dimensions[key] for key in sorted(keys)},
             **{metric.cloudwatch: value for metric, value in values.items()},
         }
         # One write per line: lines from several ranks sharing the container's stdout do not interleave.

@@ -59,6 +59,14 @@ class Monitor:
             if self.cloudwatch is not None and self.cloudwatch.due():
                 self._flush_cloudwatch()
 
+    def record_task(self, metric: registry.Metric, task: str, value: float) -> None:
+        """One evaluation-suite task's value (a TASK_LABELS metric): its own series and CloudWatch line."""
+        with self.lock:
+            if self.prometheus is not None:
+                self.prometheus.record(metric, value, task=task)
+            if self.cloudwatch is not None and math.isfinite(value):
+                self.cloudwatch.write_task(metric, task, value)
+
     def heartbeat(self) -> None:
         """CloudWatch: how long since this attempt's last step (or its start), written even while the loop hangs;
         the stack's stall alarm takes the Maximum over every job on the queue."""
@@ -209,6 +217,11 @@ def active() -> Monitor | None:
 def record(values: Mapping[registry.Metric, float | None]) -> None:
     if _active is not None:
         _active.record(values)
+
+
+def record_task(metric: registry.Metric, task: str, value: float) -> None:
+    if _active is not None:
+        _active.record_task(metric, task, value)
 
 
 def begin_step() -> None:

@@ -34,7 +34,7 @@ class PrometheusExporter:
         self.labels = labels  # run, job_id, node, rank, stage
         self.registry = CollectorRegistry(auto_describe=True)
         self.families: dict[registry.Metric, Gauge | Counter] = {}
-        self.children: dict[registry.Metric, Any] = {}  # this process's labelled series, looked up once
+        self.children: dict[Any, Any] = {}  # this process's labelled series, looked up once
         for metric in registry.METRICS:
             if metric in registry.NODE_METRICS or not metric.prometheus:
                 continue  # NodeCollector reads node metrics at scrape time
@@ -73,13 +73,16 @@ class PrometheusExporter:
             time.sleep(0.05)
         return self.scrapes[-1] > since
 
-    def record(self, metric: registry.Metric, value: float) -> None:
-        child = self.children.get(metric)
+    def record(self, metric: registry.Metric, value: float, task: str | None = None) -> None:
+        """task: the evaluation suite task a TASK_LABELS metric's value belongs to."""
+        key = metric if task is None else (metric, task)
+        child = self.children.get(key)
         if child is None:
             family = self.families.get(metric)
             if family is None:
                 return
-            child = self.children[metric] = family.labels(*(self.labels[label] for label in metric.labels))
+            labels = {**self.labels, "task": task or ""}
+            child = self.children[key] = family.labels(*(labels[label] for label in metric.labels))
         if isinstance(child, Counter):
             child.inc(value)
         else:

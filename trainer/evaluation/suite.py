@@ -1,0 +1,169 @@
+"""An evaluation suite: the YAML file `evaluate --suite` and `evaluation.suite` read, checked whole before any
+model is built, and the arithmetic of its figures (exact match, intervals).
+
+    perplexity:                      # held-out prepared datasets: loss per token and perplexity, as `score`
+      - name: stdlib-heldout
+        data: data/stdlib            # PREFIX.bin / PREFIX.idx
+        samples: 16                  # windows of seq_length + 1 tokens from the start of the token stream
+        seq_length: 128              # default: the checkpoint's training sequence length
+    generation:                      # local JSONL tasks, one {"prompt": ..., "reference": ...} per line
+      - name: completions
+        file: tasks/completions.jsonl
+        max_new_tokens: 16
+        stop: ["\\n"]                 # default: none
+        limit: 100                   # default: every line
+
+Paths are relative to the working directory, as a training config's are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+# The two-sided 95 % normal quantile, Phi^-1(0.975), for both intervals.
+Z_95 = 1.959963984540054
+
+
+class SuiteError(ValueError):
+    """A suite that cannot run; names the file, the key and what is valid."""
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")  # a metric name's part
+
+
+class PerplexityTask(_Entry):
+    data: str = Field(min_length=1)
+    samples: PositiveInt = 16
+    seq_length: PositiveInt | None = None
+
+
+class GenerationTask(_Entry):
+    file: str = Field(min_length=1)
+    max_new_tokens: PositiveInt = 32
+    stop: list[str] = []
+    limit: PositiveInt | None = None
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    perplexity: list[PerplexityTask] = []
+    generation: list[GenerationTask] = []
+
+    @model_validator(mode="after")
+    def _named_once(self) -> Suite:
+        names = [task.name for task in (*self.perplexity, *self.generation)]
+        if not names:
+            raise ValueError("the suite names no task: give a perplexity or a generation list")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"task names must differ; repeated: {', '.join(repeated)}")
+        return self
+
+
+def read_suite(path: str | Path) -> Suite:
+    """The suite at path, every task's files checked to exist; SuiteError names what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise SuiteError(f"suite {path}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+        suite = Suite.model_validate(raw if raw is not None else {})
+    except yaml.YAMLError as error:
+        raise SuiteError(f"suite {path}: not YAML ({error})") from None
+    except ValidationError as error:
+        problems = []
+        for detail in error.errors():
+            where = ".".join(str(part) for part in detail["loc"]) or "(top level)"
+            message = detail["msg"].removeprefix("Value error, ")
+            if detail["type"] == "extra_forbidden":
+                message = "unknown key"
+            problems.append(
+                f"{where}: {message}" + ("" if detail["type"] == "missing" else f" (got {detail['input']!r})")
+            )
+        raise SuiteError(f"suite {path}: " + "; ".join(problems)) from None
+    for i, task in enumerate(suite.perplexity):
+        if not (Path(task.data + ".bin").is_file() and Path(task.data + ".idx").is_file()):
+            raise SuiteError(
+                f"suite {path}: perplexity.{i}.data = {task.data!r}: no {task.data}.bin / .idx "
+                "(prepare it with `python -m trainer prepare`)"
+            )
+    for i, generation in enumerate(suite.generation):
+        read_examples(generation, f"suite {path}: generation.{i}.file")
+    return suite
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    reference: str
+
+
+def read_examples(task: GenerationTask, where: str) -> list[Example]:
+    path = Path(task.file)
+    if not path.is_file():
+        raise SuiteError(f"{where} = {task.file!r}: no such file")
+    examples = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SuiteError(f"{where}: {task.file} line {number}: not JSON ({error})") from None
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("prompt"), str)
+            and isinstance(entry.get("reference"), str)
+        ):
+            raise SuiteError(
+                f'{where}: {task.file} line {number}: give an object with string "prompt" and "reference"'
+            )
+        examples.append(Example(entry["prompt"], entry["reference"]))
+    if not examples:
+        raise SuiteError(
+            f'{where}: {task.file} holds no examples; give one {{"prompt", "reference"}} per line'
+        )
+    return examples[: task.limit]
+
+
+def normalise(text: str) -> str:
+    """Exact match compares answers after this: Unicode NFKC, case folded, whitespace runs made one space, and
+    the ends stripped. Punctuation and articles are kept (code and arithmetic answers depend on them)."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def exact_match(prediction: str, reference: str) -> bool:
+    return normalise(prediction) == normalise(reference)
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval for a proportion (E. B. Wilson, "Probable inference, the law of succession, and
+    statistical inference", JASA 22 (1927) 209-212): unlike the normal one it stays inside [0, 1] and is not empty
+    at 0 or n successes."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"wilson_interval: {successes} successes in {trials} trials")
+    p, n = successes / trials, trials
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(values: list[float], z: float = Z_95) -> tuple[float, float]:
+    """The normal-approximation interval for a mean, mean +- z s / sqrt(n) with the sample standard deviation
+    (n - 1); one value gives no spread, so an unbounded interval."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return -math.inf, math.inf
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean - z * spread / math.sqrt(n), mean + z * spread / math.sqrt(n)
