@@ -69,22 +69,34 @@ else
 	  $(if $(filter-out 0,$(SAMPLE_TOKENS)),--sample-tokens $(SAMPLE_TOKENS) --sample-prompt "$(SAMPLE_PROMPT)") $(ARGS)
 endif
 
-# make finetune: supervised fine-tuning of `make train`'s model on the built-in chat set (docs/finetune.md). Each
-# stage is skipped or resumed when its output exists: prepare prints `cached`, train resumes from its newest
-# checkpoint in runs/sft-local (FRESH=1 starts over).
+# make finetune: supervised fine-tuning of `make train`'s model on the built-in chat set, then evaluate -> register
+# -> export (docs/finetune.md). Each stage is skipped or resumed when its output exists: prepare prints `cached`,
+# train resumes from its newest checkpoint in runs/sft-local (FRESH=1 starts over), evaluate records its results
+# once beside the newest checkpoint's model version, promote appends a tag event only when the tag moves, and the
+# export is made once per model version.
 FINETUNE_CONFIG := trainer/configs/sft-local.yaml
+FINETUNE_SUITE  := trainer/configs/suites/sft-local.yaml
+FINETUNE_RUN    := runs/sft-local
+FINETUNE_TAG    ?= candidate
 
 .PHONY: finetune
-finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set (prepare -> train)
+finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
-	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask
+	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks
 	$(PY) -m trainer prepare --format chat --stdlib-chat --tokenizer data/stdlib.tokenizer.json --seq-length 512 \
 	  --output data/stdlib-chat
 	# stage 2: fine-tune (checkpoint.load: runs/local/checkpoints, finetune: true), resuming where it stopped
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(FINETUNE_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
-	# stage 3 (evaluate): python -m trainer evaluate --checkpoint runs/sft-local/checkpoints --suite FILE.yaml
-	# stage 4 (register): python -m trainer models ... (version record of runs/sft-local/checkpoints)
-	# stage 5 (export):   python -m trainer convert --to-hf ... --dtype bf16
+	# stage 3: evaluate the newest checkpoint on the suite; the results join its model version record
+	$(PY) -m trainer evaluate --checkpoint $(FINETUNE_RUN)/checkpoints --tokenizer data/stdlib.tokenizer.json \
+	  --suite $(FINETUNE_SUITE) --record sft-local
+	# stage 4: register: tag the newest model version (its record was written when the checkpoint was published)
+	$(PY) -m trainer models promote newest --tag $(FINETUNE_TAG) --dir $(FINETUNE_RUN)
+	# stage 5: export for inference (transformers, vLLM): bf16 safetensors, tokenizer with its chat template, card
+	@read -r version checkpoint < <($(PY) -m trainer models show $(FINETUNE_TAG) --dir $(FINETUNE_RUN) --format json \
+	  | $(PY) -c 'import json,sys; v = json.load(sys.stdin); print(v["version"], v["location"])') && \
+	if [ -d $(FINETUNE_RUN)/export/$$version ]; then echo "export: $(FINETUNE_RUN)/export/$$version already"; \
+	else $(PY) -m trainer convert --to-hf $$checkpoint --dtype bf16 --out $(FINETUNE_RUN)/export/$$version; fi
 
 .PHONY: bench
 bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json

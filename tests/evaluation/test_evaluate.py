@@ -1,8 +1,10 @@
 """`evaluate`: a suite's figures against the same figures computed by hand with transformers on the exported model
 (perplexity and its interval over windows; exact match after normalisation and its Wilson interval); a bad suite or
-a prompt beyond the context is refused before the model is built."""
+a prompt beyond the context is refused before the model is built; --record adds the results beside the model
+version once."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from transformers import LlamaForCausalLM
 from trainer.__main__ import main as trainer_main
 from trainer.data.tokenizer import load_tokenizer
 from trainer.evaluation.score import _windows
+from trainer.models.record import EVALUATIONS, RECORD, read_evaluations
 
 Z = 1.959963984540054
 PROMPTS = ["def parse(self, ", "import email\n", "class Message"]
@@ -127,3 +130,31 @@ def test_a_generation_prompt_beyond_the_context_is_refused_before_the_model_is_b
     err = capsys.readouterr().err
     assert code == 2
     assert "generation task 'long': prompt 0 has" in err and "model's context of 32" in err
+
+
+@pytest.mark.slow
+def test_record_adds_the_results_beside_the_model_version_once(tp2_pp2, tiny_corpus, tmp_path, capsys):
+    newest = max((tp2_pp2.run_dir / "checkpoints").glob("iter_*"))
+    checkpoint = tmp_path / newest.name  # a copy: the session's checkpoint stays as other tests read it
+    shutil.copytree(newest, checkpoint)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"perplexity:\n  - {{name: heldout, data: {tiny_corpus}, samples: 2}}\n")
+    arguments = ["evaluate", "--checkpoint", str(checkpoint), "--suite", str(suite), "--record", "nightly"]
+    arguments += ["--tokenizer", tiny_corpus + ".tokenizer.json"]
+    assert trainer_main(arguments) == 0, capsys.readouterr().err
+    (entry,) = read_evaluations(checkpoint)
+    assert entry["name"] == "nightly" and entry["results"]["suite"] == str(suite)
+    assert entry["results"]["perplexity"]["heldout"]["samples"] == 2
+    written = (checkpoint / EVALUATIONS / "nightly.json").read_bytes()
+    capsys.readouterr()
+
+    assert trainer_main(arguments) == 0  # a re-run (a pipeline resumed) evaluates nothing, rewrites nothing
+    assert "was evaluated as 'nightly' already" in capsys.readouterr().out
+    assert (checkpoint / EVALUATIONS / "nightly.json").read_bytes() == written
+
+    (checkpoint / RECORD).unlink()
+    assert trainer_main(arguments) == 2
+    assert (
+        "has no model_version.json: evaluations attach to a registered model version"
+        in capsys.readouterr().err
+    )

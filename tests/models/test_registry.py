@@ -12,7 +12,7 @@ from moto import mock_aws
 
 from tests.support.training import sealed_checkpoint
 from trainer.models.record import RECORD, Lineage, RecordError, write_record
-from trainer.models.registry import TAGS, LocalStore, Registry, RegistryError, S3Store, TagEvent
+from trainer.models.registry import NEWEST, TAGS, LocalStore, Registry, RegistryError, S3Store, TagEvent
 
 from .test_record import config, prepared
 
@@ -58,6 +58,19 @@ def test_promote_moves_a_tag_by_appending_events_and_keeps_its_history(runs):
     assert [(e.version, e.previous) for e in again.history("production")] == [(first, None), (second, first)]
     assert len(list((runs / TAGS / "production").glob("*.json"))) == 2
     assert again.tags_of(second) == ["production", "staging"]
+
+
+def test_newest_names_the_newest_version_and_a_repeated_promotion_appends_nothing(runs):
+    registry = Registry(LocalStore(runs))
+    first, second = versions(registry)
+    assert registry.find(NEWEST).record.version == second
+    event, where = registry.promote(NEWEST, "candidate")
+    assert (event.version, where is not None) == (second, True)
+    again, where = Registry(LocalStore(runs)).promote(NEWEST, "candidate")  # a pipeline run again
+    assert (again, where) == (event, None)
+    assert len(list((runs / TAGS / "candidate").glob("*.json"))) == 1
+    with pytest.raises(RegistryError, match=r"--tag 'newest': .*not 'newest'"):
+        registry.promote(first, NEWEST)
 
 
 def test_an_unknown_version_or_a_bad_tag_is_refused_with_what_would_be_valid(runs):

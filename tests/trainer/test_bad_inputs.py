@@ -559,6 +559,23 @@ ROWS: dict[str, Row] = {
         "merge --output {tmp}/m {tmp}/none",
         ("shard '{tmp}/none' has no none.manifest.json: prepare it first",),
     ),
+    "generate-prompt-longer-than-the-context": Row(
+        "generate --checkpoint {checkpoints} --tokenizer {corpus}.tokenizer.json --prompts {tmp}/long.jsonl",
+        (
+            "generate: prompt 0 has",
+            "more than the model's context of 32 (the sequence length it was trained at)",
+        ),
+        setup=lambda paths: Path(paths["tmp"], "long.jsonl").write_text(
+            json.dumps({"prompt": "x = 1\n" * 40})
+        ),
+    ),
+    "evaluate-suite-unknown-key": Row(
+        "evaluate --checkpoint {checkpoints} --tokenizer {corpus}.tokenizer.json --suite {tmp}/suite.yaml",
+        ("suite {tmp}/suite.yaml: perplexity.0.sample: unknown key; valid: name, data, samples, seq_length",),
+        setup=lambda paths: Path(paths["tmp"], "suite.yaml").write_text(
+            f"perplexity:\n  - {{name: heldout, data: {paths['corpus']}, sample: 3}}\n"
+        ),
+    ),
 }
 
 

@@ -504,7 +504,7 @@ def chat_arguments(parser: argparse.ArgumentParser) -> None:
         "--stdlib-chat",
         action="store_true",
         help="add the built-in chat set (questions on the standard library's functions, written to "
-        "PREFIX.conversations.jsonl)",
+        "PREFIX.conversations.jsonl; one in 20 held out as a generation task, PREFIX.tasks.jsonl)",
     )
 
 
@@ -553,6 +553,12 @@ def chat_main(args: argparse.Namespace, console: Console) -> int:
             truncate=args.truncate,
             force=args.force,
         )
+        if args.stdlib_chat:  # its held-out conversations, as `evaluate`'s generation task
+            from trainer.data.stdlib_chat import write_stdlib_tasks
+
+            template = load_chat_template(read_tokenizer(args.tokenizer), args.tokenizer, args.chat_template)
+            tasks = Path(f"{args.output}.tasks.jsonl")
+            write_stdlib_tasks(tasks, lambda messages: template.render(messages, add_generation_prompt=True))
     except DataError as error:
         console.print(f"[bold red]prepare:[/] {escape(str(error))}", soft_wrap=True)
         return 2

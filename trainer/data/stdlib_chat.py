@@ -4,6 +4,8 @@ sources (no download), to fine-tune the `make train` model, which was pretrained
 For every public top-level function with a docstring, in sorted file order: "What does MODULE.NAME do?" answered by
 the docstring's first line, and "How do I call MODULE.NAME?" answered by its signature as written (`def
 NAME(ARGS)`). The same Python version gives byte-identical conversations; a system turn opens every tenth one.
+Every HELD_OUT_EVERY-th conversation is held out of training: `make finetune` evaluates on those (their question
+rendered through the chat template, the answer as the reference; exact match in docs/evaluate.md).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from trainer.data.sources import stdlib_sources
@@ -18,6 +21,8 @@ from trainer.data.sources import stdlib_sources
 SYSTEM = "You answer questions about the Python standard library in one line."
 # An answer longer than this is left out: the set is for a 128-token local model.
 MAX_ANSWER_CHARS = 100
+# One conversation in this many is held out of training, for evaluation (the last of each run of them).
+HELD_OUT_EVERY = 20
 
 
 def stdlib_conversations() -> list[dict]:
@@ -52,9 +57,33 @@ def stdlib_conversations() -> list[dict]:
     return records
 
 
+def held_out(index: int) -> bool:
+    return index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+
+
 def write_stdlib_chat(path: Path) -> Path:
-    """The chat set as JSONL at `path`, rewritten only when its contents change (so `prepare` finds it cached)."""
-    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in stdlib_conversations())
+    """The chat set's training conversations as JSONL at `path` (the held-out ones left out), rewritten only when
+    its contents change (so `prepare` finds it cached)."""
+    records = [record for i, record in enumerate(stdlib_conversations()) if not held_out(i)]
+    return _write_if_changed(path, records)
+
+
+def write_stdlib_tasks(path: Path, prompt: Callable[[list[dict]], str]) -> Path:
+    """The held-out conversations as a generation task (docs/evaluate.md): each question rendered as the model sees
+    it by `prompt` (the chat template up to an opened assistant turn), and its answer as the reference."""
+    tasks = [
+        {
+            "prompt": prompt(record["messages"][:-1]),
+            "reference": record["messages"][-1]["content"],
+        }
+        for i, record in enumerate(stdlib_conversations())
+        if held_out(i)
+    ]
+    return _write_if_changed(path, tasks)
+
+
+def _write_if_changed(path: Path, records: list[dict]) -> Path:
+    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.tmp")

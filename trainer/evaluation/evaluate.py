@@ -38,6 +38,7 @@ from trainer.evaluation.suite import (
     wilson_interval,
 )
 from trainer.model.weights import model_only_config
+from trainer.models.record import EVALUATIONS, add_evaluation, check_evaluation_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a tokenizer.json (default: tokenizer.json in the checkpoint's directory or one above it)",
     )
     parser.add_argument("--format", choices=["text", "json"], default="text", help="json: one object")
+    parser.add_argument(
+        "--record",
+        metavar="NAME",
+        help="also add the results beside the checkpoint's model version record as evaluations/NAME.json (written "
+        "once: the model card and `models show` read it; a checkpoint that has it already is not evaluated again)",
+    )
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
         checked = plan(args.checkpoint, args.suite, args.tokenizer)
         if tasks:
             harness.check(tasks, args.harness_include)
+        if args.record is not None and (done := recorded(checked.checkpoint, args.record)) is not None:
+            print(f"evaluate: {checked.checkpoint} was evaluated as {args.record!r} already: {done}")
+            return 0
     # Every check raises a ValueError (ours subclass it, as pydantic's does), a ConfigError or a DataError.
     except (ValueError, ConfigError, DataError) as error:
         print(f"evaluate: {error}", file=sys.stderr)
@@ -139,11 +149,21 @@ def main(args: argparse.Namespace) -> int:
             args.harness_include,
             args.harness_limit,
         )
+    if args.record is not None:
+        add_evaluation(checked.checkpoint, args.record, {"suite": str(args.suite), **results})
     if args.format == "json":
         print(json.dumps({"checkpoint": str(checked.checkpoint), **results}))
     else:
         print(report(checked.checkpoint, results))
     return 0
+
+
+def recorded(checkpoint: Path, name: str) -> Path | None:
+    """The evaluation `name` already beside the checkpoint's record, if any; raises RecordError (a ValueError) when
+    it cannot be added: a bad name, or a checkpoint without a model version record."""
+    check_evaluation_name(checkpoint, name)
+    path = checkpoint / EVALUATIONS / f"{name}.json"
+    return path if path.is_file() else None
 
 
 def run(checked: Plan) -> dict[str, dict[str, dict]]:

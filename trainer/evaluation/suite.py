@@ -70,6 +70,14 @@ class Suite(BaseModel):
         return self
 
 
+def _valid_keys(loc: tuple) -> list[str]:
+    """The keys allowed where an unknown one stood: the top level's, or a perplexity or generation task's."""
+    model: type[BaseModel] = Suite
+    if len(loc) > 1 and loc[0] in ("perplexity", "generation"):
+        model = PerplexityTask if loc[0] == "perplexity" else GenerationTask
+    return list(model.model_fields)
+
+
 def read_suite(path: str | Path) -> Suite:
     """The suite at path, every task's files checked to exist; SuiteError names what is wrong."""
     path = Path(path)
@@ -86,7 +94,7 @@ def read_suite(path: str | Path) -> Suite:
             where = ".".join(str(part) for part in detail["loc"]) or "(top level)"
             message = detail["msg"].removeprefix("Value error, ")
             if detail["type"] == "extra_forbidden":
-                message = "unknown key"
+                message = f"unknown key; valid: {', '.join(_valid_keys(detail['loc']))}"
             problems.append(
                 f"{where}: {message}" + ("" if detail["type"] == "missing" else f" (got {detail['input']!r})")
             )

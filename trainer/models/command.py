@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = actions.add_parser(
         "show", parents=[common], help="one version: lineage, metrics, evaluations, tags"
     )
-    show.add_argument("name", help="a version's name, or a tag (e.g. production)")
+    show.add_argument("name", help="a version's name, a tag (e.g. production), or newest")
     promote = actions.add_parser("promote", parents=[common], help="point a tag at a version (history kept)")
-    promote.add_argument("name", help="a version's name, or a tag whose version to promote")
+    promote.add_argument(
+        "name", help="a version's name, a tag whose version to promote, or newest (the newest version)"
+    )
     promote.add_argument("--tag", required=True, help="the tag, e.g. production")
 
 
@@ -75,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
             event, where = registry.promote(args.name, args.tag)
             if args.format == "json":
                 print(json.dumps({**event.model_dump(), "written": where}, indent=1))
+            elif where is None:
+                print(f"{event.tag} -> {event.version} already (since {event.at}); nothing appended")
             else:
                 was = f" (was {event.previous})" if event.previous else ""
                 print(f"{event.tag} -> {event.version}{was}; recorded in {where}")

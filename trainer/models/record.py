@@ -271,6 +271,17 @@ EVALUATION_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 def add_evaluation(checkpoint: Path, name: str, results: Mapping[str, Any]) -> Path:
     """Add one evaluation's results beside a checkpoint's record (evaluations/<name>.json, written once): the
     record itself is never rewritten, so evaluations run later (`evaluate`) add files instead."""
+    check_evaluation_name(checkpoint, name)
+    directory = checkpoint / EVALUATIONS
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}.json"
+    entry = {"name": name, "added": datetime.now(UTC).isoformat(timespec="seconds"), "results": dict(results)}
+    write_once(path, json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def check_evaluation_name(checkpoint: Path, name: str) -> None:
+    """Raise RecordError unless an evaluation named `name` can be added beside `checkpoint`'s record."""
     if not re.fullmatch(EVALUATION_NAME, name):
         raise RecordError(
             f"evaluation name {name!r}: use letters, digits, '.', '-' and '_' (at most 100, starting with a letter "
@@ -278,12 +289,6 @@ def add_evaluation(checkpoint: Path, name: str, results: Mapping[str, Any]) -> P
         )
     if not (checkpoint / RECORD).is_file():
         raise RecordError(f"{checkpoint} has no {RECORD}: evaluations attach to a registered model version")
-    directory = checkpoint / EVALUATIONS
-    directory.mkdir(exist_ok=True)
-    path = directory / f"{name}.json"
-    entry = {"name": name, "added": datetime.now(UTC).isoformat(timespec="seconds"), "results": dict(results)}
-    write_once(path, json.dumps(entry, indent=1, sort_keys=True) + "\n")
-    return path
 
 
 def read_evaluations(checkpoint: Path) -> list[dict]:

@@ -36,6 +36,8 @@ from trainer.models.record import (
 
 TAGS = "model-tags"
 TAG_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# The name that always means the newest version (by creation): `models show newest`, `promote newest --tag ...`.
+NEWEST = "newest"
 
 
 class RegistryError(RecordError):
@@ -205,7 +207,9 @@ class Registry:
         return [event for event in self.events if event.tag == tag]
 
     def find(self, name: str) -> Found:
-        """A version by its name, or the version a tag names now."""
+        """A version by its name, the version a tag names now, or (NEWEST) the newest version."""
+        if name == NEWEST and self.versions:
+            return self.versions[-1]
         version = self.tags().get(name, name)
         for found in self.versions:
             if found.record.version == version:
@@ -216,15 +220,19 @@ class Registry:
             f"no model version or tag {name!r} in {self.store.where}; versions (newest): {known}; tags: {tags}"
         )
 
-    def promote(self, version: str, tag: str) -> tuple[TagEvent, str]:
-        if not TAG_NAME.match(tag):
+    def promote(self, version: str, tag: str) -> tuple[TagEvent, str | None]:
+        """Append a tag event pointing `tag` at `version`; where it was written, or None when the tag already
+        names that version (nothing appended: a pipeline re-run promotes once)."""
+        if not TAG_NAME.match(tag) or tag == NEWEST:
             raise RegistryError(
                 f"--tag {tag!r}: use lowercase letters, digits, '.', '-' and '_' (at most 63, starting with a "
-                "letter or digit), e.g. production"
+                f"letter or digit; not {NEWEST!r}), e.g. production"
             )
         if any(f.record.version == tag for f in self.versions):
             raise RegistryError(f"--tag {tag!r} is a version's name: a tag needs a name of its own")
         found = self.find(version)  # a tag may be promoted from another: `promote staging --tag production`
+        if self.tags().get(tag) == found.record.version:
+            return self.history(tag)[-1], None
         event = TagEvent(
             tag=tag,
             version=found.record.version,
