@@ -81,6 +81,15 @@ FINETUNE_TAG    ?= candidate
 
 .PHONY: finetune
 finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export
+ifneq ($(STACK),)
+	# on a stack: the fine-tune itself (llama3-8b-sft.yaml; DATASET=<name> picks /fsx/datasets/<name>/<name>); its
+	# evaluate, register and export stages do not run on the cluster yet (docs/finetune.md)
+	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),trainer/configs/llama3-8b-sft.yaml)" \
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
+	  $(if $(DATASET),--set "data.prefixes=[/fsx/datasets/$(DATASET)/$(DATASET)]") $(ARGS)
+	@echo "make finetune STACK=$(STACK): submitted the fine-tune; evaluate, register and export run here once its" \
+	  "checkpoints are exported to the bucket (docs/finetune.md, 'On a stack')"
+else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks
 	$(PY) -m trainer prepare --format chat --stdlib-chat --tokenizer data/stdlib.tokenizer.json --seq-length 512 \
@@ -97,6 +106,7 @@ finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the bu
 	  | $(PY) -c 'import json,sys; v = json.load(sys.stdin); print(v["version"], v["location"])') && \
 	if [ -d $(FINETUNE_RUN)/export/$$version ]; then echo "export: $(FINETUNE_RUN)/export/$$version already"; \
 	else $(PY) -m trainer convert --to-hf $$checkpoint --dtype bf16 --out $(FINETUNE_RUN)/export/$$version; fi
+endif
 
 .PHONY: bench
 bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json

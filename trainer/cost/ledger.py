@@ -225,7 +225,12 @@ def cap_reached(budget: BudgetConfig, ledger: Ledger) -> str | None:
 def cost_report(ledger: Ledger, rate: Rate | None = None) -> str:
     """The run's cost at its end, for people: dollars, node-hours, $/M tokens and where the paid time went."""
     paid_h = ledger.paid_seconds / 3600
-    dollars = f"${ledger.dollars:,.2f}" + ("" if ledger.priced else " (part of the time had no price)")
+    if ledger.priced:
+        dollars = f"${ledger.dollars:,.2f}"
+    elif ledger.dollars:
+        dollars = f"${ledger.dollars:,.2f} and unpriced hours"
+    else:  # a local run without budget.price_per_hour: hours, not a made-up $0
+        dollars = "no price (set budget.price_per_hour to count dollars)"
     lines = [
         f"cost: {dollars} for {paid_h:.3f} h of paid time over {ledger.attempts} attempt(s), "
         f"{ledger.tokens:,} tokens trained to step {ledger.step}",
