@@ -43,6 +43,25 @@ if TYPE_CHECKING:
 # The ECS-optimized Amazon Linux 2023 AMI with NVIDIA drivers; Batch picks its newest release.
 IMAGE_TYPE = "ECS_AL2023_NVIDIA"
 ROOT_DEVICE = "/dev/xvda"
+
+
+def root_volume(
+    cfg: StackConfig, key_arn: pulumi.Input[str]
+) -> aws.ec2.LaunchTemplateBlockDeviceMappingArgsDict:
+    """A node's root volume (the AMI's root device): gp3, encrypted with the stack key, gone with the node. Every
+    launch template of the stack uses it (Batch GPU, EKS nodes, the CPU data nodes)."""
+    return {
+        "device_name": ROOT_DEVICE,
+        "ebs": {
+            "volume_size": cfg.root_volume_gib,
+            "volume_type": "gp3",
+            "encrypted": "true",
+            "kms_key_id": key_arn,
+            "delete_on_termination": "true",
+        },
+    }
+
+
 # IMDSv2 token responses travel one hop. Enough for a multi-node job's containers: they run in awsvpc mode, where the
 # task has its own network interface with "the same networking properties as Amazon EC2 instances" (ECS developer
 # guide, "Amazon ECS task networking options for the EC2 launch type") and reaches IMDS unless the agent sets
@@ -350,18 +369,7 @@ class Cluster(pulumi.ComponentResource):
                 "http_tokens": "required",  # IMDSv2 only
                 "http_put_response_hop_limit": IMDS_HOP_LIMIT,
             },
-            block_device_mappings=[
-                {
-                    "device_name": ROOT_DEVICE,
-                    "ebs": {
-                        "volume_size": cfg.root_volume_gib,
-                        "volume_type": "gp3",
-                        "encrypted": "true",
-                        "kms_key_id": args.keys.key.arn,
-                        "delete_on_termination": "true",
-                    },
-                }
-            ],
+            block_device_mappings=[root_volume(cfg, args.keys.key.arn)],
             user_data=pulumi.Output.all(
                 args.lustre.file_system.dns_name, args.lustre.file_system.mount_name
             ).apply(lambda fsx: node_user_data(fsx[0], fsx[1], cfg.stop_grace_seconds)),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.cluster import RETRY_ON_HOST_FAILURE, ROOT_DEVICE
+from infra.cluster import RETRY_ON_HOST_FAILURE, root_volume
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, service_trust_policy
 from infra.node_bootstrap import ECS_CONFIG, MIME_BOUNDARY, ecs_stop_timeout_seconds
@@ -115,17 +115,8 @@ class DataPrep(pulumi.ComponentResource):
                 "http_put_response_hop_limit": 1,
             },
             block_device_mappings=[
-                {
-                    "device_name": ROOT_DEVICE,
-                    "ebs": {
-                        "volume_size": cfg.root_volume_gib,  # a shard's text and tokens are staged here
-                        "volume_type": "gp3",
-                        "encrypted": "true",
-                        "kms_key_id": args.keys.key.arn,
-                        "delete_on_termination": "true",
-                    },
-                }
-            ],
+                root_volume(cfg, args.keys.key.arn)
+            ],  # a shard's text and tokens are staged on it
             user_data=data_node_user_data(cfg.stop_grace_seconds),
             instance_initiated_shutdown_behavior="terminate",
             tag_specifications=[

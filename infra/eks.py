@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.cluster import IMDS_HOP_LIMIT, ROOT_DEVICE, efa_security_group
+from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, root_volume
 from infra.config import StackConfig
 from infra.iam import allow, policy_document
 from infra.k8s_versions import EKS_ADDONS, KUBERNETES_MINOR, OBSERVABILITY
@@ -341,18 +341,7 @@ class Eks(pulumi.ComponentResource):
                 # (EKS best practices guide, "Restrict access to the instance profile assigned to the worker node").
                 "http_put_response_hop_limit": IMDS_HOP_LIMIT,
             },
-            "block_device_mappings": [
-                {
-                    "device_name": ROOT_DEVICE,
-                    "ebs": {
-                        "volume_size": cfg.root_volume_gib,
-                        "volume_type": "gp3",
-                        "encrypted": "true",
-                        "kms_key_id": args.keys.key.arn,
-                        "delete_on_termination": "true",
-                    },
-                }
-            ],
+            "block_device_mappings": [root_volume(cfg, args.keys.key.arn)],
             "tag_specifications": [
                 {"resource_type": kind, "tags": cfg.tags}
                 for kind in ("instance", "volume", "network-interface")

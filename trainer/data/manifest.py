@@ -188,3 +188,12 @@ def write_manifest(files: DatasetFiles, manifest: Manifest) -> None:
     temporary = files.manifest.with_name(f"{files.manifest.name}.tmp-{os.getpid()}")
     temporary.write_text(manifest.model_dump_json(indent=2) + "\n")
     temporary.replace(files.manifest)
+
+
+def publish_dataset(files: DatasetFiles, temporary: dict[Path, Path], manifest: Manifest) -> None:
+    """Rename a dataset written under temporary names into place, its manifest last: the old dataset stops counting
+    as complete before any of its files change, and the new one counts only once every file is in place."""
+    files.manifest.unlink(missing_ok=True)
+    for final in (files.tokenizer, files.bin, files.idx, files.digests):
+        temporary[final].replace(final)
+    write_manifest(files, manifest)

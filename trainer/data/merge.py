@@ -32,9 +32,9 @@ from trainer.data.manifest import (
     DatasetFiles,
     Manifest,
     Request,
+    publish_dataset,
     read_manifest,
     sampled_sha256,
-    write_manifest,
 )
 from trainer.data.tokenizer import file_sha256
 from trainer.data.validate import (
@@ -209,10 +209,7 @@ def merge_datasets(
             validation=report,
             merged_from=merged_from,
         )
-        files.manifest.unlink(missing_ok=True)  # the old dataset stops counting as complete before it changes
-        for final in (files.tokenizer, files.bin, files.idx, files.digests):
-            temporary[final].replace(final)
-        write_manifest(files, manifest)
+        publish_dataset(files, temporary, manifest)
     finally:
         for path in temporary.values():
             path.unlink(missing_ok=True)

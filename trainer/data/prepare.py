@@ -43,9 +43,9 @@ from trainer.data.manifest import (
     Manifest,
     Request,
     TokenizerRecord,
+    publish_dataset,
     read_manifest,
     sampled_sha256,
-    write_manifest,
 )
 from trainer.data.sources import (
     DEFAULT_GLOBS,
@@ -281,10 +281,7 @@ def prepare_dataset(
             )
             manifest = manifest.model_copy(update={"validation": validation.report})
             write_digests(str(temporary[files.digests]), validation.digests)
-        files.manifest.unlink(missing_ok=True)  # the old dataset stops counting as complete before it changes
-        for final in (files.tokenizer, files.bin, files.idx, files.digests):
-            temporary[final].replace(final)
-        write_manifest(files, manifest)
+        publish_dataset(files, temporary, manifest)
     finally:
         for path in temporary.values():
             path.unlink(missing_ok=True)
