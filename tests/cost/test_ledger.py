@@ -12,6 +12,7 @@ import pytest
 from tests.trainer.test_resilience import Training, _completed
 from trainer.checkpoint.store import LATEST, MANIFEST, damage
 from trainer.config.schema import BudgetConfig
+from trainer.cost import energy
 from trainer.cost.ledger import (
     CATEGORIES,
     LEDGER_FILE,
@@ -122,9 +123,10 @@ def test_on_batch_the_nodes_and_price_come_from_the_job():
         "AWS_BATCH_JOB_ID": "j",
         "AWS_BATCH_JOB_NUM_NODES": "4",
         "TRAINSTACK_INSTANCE_TYPE": "p5.48xlarge",
+        "AWS_REGION": "us-west-2",
     }
     rate = local_rate(BudgetConfig(price_per_hour=50.0), environ=environ)
-    assert rate == Rate("on-demand", 4, 50.0, "budget.price_per_hour")
+    assert rate == Rate("on-demand", 4, 50.0, "budget.price_per_hour", "p5.48xlarge", "us-west-2")
 
 
 def test_an_unknown_purchase_option_on_batch_is_refused_before_the_run():
@@ -242,3 +244,22 @@ def test_a_skipped_step_is_paid_for_but_trains_no_tokens(tmp_path):
     assert (meter.ledger.step, meter.ledger.tokens, meter.ledger.goodput) == (2, TOKENS_PER_STEP, 0.5)
     meter.save()
     assert read_ledger(tmp_path / LEDGER_FILE) == meter.ledger  # the live file round-trips
+
+
+def test_the_ledger_estimates_energy_and_emissions_of_known_nodes_only():
+    on_aws = Rate("on-demand", 2, 98.32, "test", "p5.48xlarge", "us-east-1")
+    ledger = Ledger()
+    ledger.start_attempt(0.0, on_aws, retry=False)
+    ledger.charge("productive", 3600.0, on_aws)  # one hour of two nodes
+    kwh = energy.energy_kwh("p5.48xlarge", 2.0)
+    assert ledger.energy_kwh == pytest.approx(kwh)
+    assert ledger.emissions_kg == pytest.approx(energy.emissions_kg(kwh, "us-east-1"))
+    assert ledger.metrics()["energy_kwh_estimate"] == pytest.approx(kwh)
+    assert "energy (estimate):" in cost_report(ledger, on_aws)
+
+    here = Rate("local", 1, None, "unpriced")  # the machine at hand: no published power
+    local = Ledger()
+    local.start_attempt(0.0, here, retry=False)
+    local.charge("productive", 3600.0, here)
+    assert (local.energy_kwh, local.emissions_kg) == (0.0, 0.0)
+    assert "energy" not in cost_report(local, here)

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.config.schema import BudgetConfig
 from trainer.contract.container import SUBMITTED_AT_ENV
+from trainer.cost import energy
 from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
 
 # Paid wall time, by what it bought; the order is the report's.
@@ -38,7 +39,15 @@ LEDGER_FILE = "ledger.json"
 MANIFEST_KEY = "ledger"
 LOCAL = "local"  # the purchase option of a run on the machine at hand
 # The ledger's keys on every metrics.jsonl line (Ledger.metrics; pinned by tests/trainer/test_metrics.py).
-JSONL_KEYS = ("dollars", "dollars_per_million_tokens", "node_hours", "goodput", "paid_time_shares")
+JSONL_KEYS = (
+    "dollars",
+    "dollars_per_million_tokens",
+    "node_hours",
+    "goodput",
+    "paid_time_shares",
+    "energy_kwh_estimate",
+    "emissions_kg_co2e_estimate",
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,10 @@ class Rate:
     nodes: int
     usd_per_node_hour: float | None  # None: unpriced (a local run without budget.price_per_hour)
     source: str  # where the price came from, for the report
+    # The nodes' instance type and Region on AWS (energy and emissions estimates, trainer/cost/energy.py); None on
+    # the machine at hand, whose power nobody published.
+    instance_type: str | None = None
+    region: str | None = None
 
 
 @dataclass
@@ -63,6 +76,10 @@ class Ledger:
     tokens: int = 0  # tokens of the steps the weights kept (a resume drops those after its checkpoint)
     marked_at: float | None = None  # Unix time up to which every second is charged
     attempts: int = 0
+    # Estimates (trainer/cost/energy.py: the nodes' maximum power x PUE; the Region's dated grid average), over the
+    # paid node-hours of a known instance type; 0 on the machine at hand.
+    energy_kwh: float = 0.0
+    emissions_kg: float = 0.0
 
     # --- charging ----------------------------------------------------------------------------------------------
     def start_attempt(
@@ -93,6 +110,11 @@ class Ledger:
             self.unpriced_node_hours += node_hours
         else:
             self.dollars += node_hours * rate.usd_per_node_hour
+        if rate.instance_type is not None:
+            kwh = energy.energy_kwh(rate.instance_type, node_hours)
+            self.energy_kwh += kwh
+            if rate.region in energy.GRID_KG_CO2E_PER_KWH:
+                self.emissions_kg += energy.emissions_kg(kwh, rate.region)
         return seconds
 
     def step_done(self, step: int, tokens_per_step: int) -> None:
@@ -148,6 +170,8 @@ class Ledger:
             "node_hours": dict(self.node_hours),
             "goodput": self.goodput,
             "paid_time_shares": self.shares,
+            "energy_kwh_estimate": self.energy_kwh,
+            "emissions_kg_co2e_estimate": self.emissions_kg,
         }
 
 
@@ -188,12 +212,13 @@ def local_rate(budget: BudgetConfig, environ: dict[str, str] | None = None) -> R
     options = {o: o for o in PURCHASE_OPTIONS}
     if option not in options:
         raise ValueError(f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}")
-    if budget.price_per_hour is not None:
-        return Rate(option, nodes, budget.price_per_hour, "budget.price_per_hour")
-    # The seam to the price list (trainer/cost/pricing.py): live from AWS, else its dated snapshot.
+    instance = environ["TRAINSTACK_INSTANCE_TYPE"]
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION", "")
-    price_list = hourly_price(environ["TRAINSTACK_INSTANCE_TYPE"], region, options[option])
-    return Rate(option, nodes, price_list.usd_per_hour, price_list.source)
+    if budget.price_per_hour is not None:
+        return Rate(option, nodes, budget.price_per_hour, "budget.price_per_hour", instance, region)
+    # The seam to the price list (trainer/cost/pricing.py): live from AWS, else its dated snapshot.
+    price_list = hourly_price(instance, region, options[option])
+    return Rate(option, nodes, price_list.usd_per_hour, price_list.source, instance, region)
 
 
 def budget_problems(budget: BudgetConfig, environ: dict[str, str] | None = None) -> list[str]:
@@ -243,6 +268,11 @@ def cost_report(ledger: Ledger, rate: Rate | None = None) -> str:
     if rate is not None:
         price = f"${rate.usd_per_node_hour:g}/node-hour" if rate.usd_per_node_hour is not None else "no price"
         lines.append(f"  price: {price} ({rate.source}), {rate.nodes} node(s), {rate.option}")
+    if ledger.energy_kwh:
+        lines.append(
+            f"  energy (estimate): {ledger.energy_kwh:,.1f} kWh, {ledger.emissions_kg:,.1f} kg CO2e "
+            "(the nodes' maximum power x PUE, the Region's grid average: docs/cost.md)"
+        )
     shares = ledger.shares
     lines.append(
         "  paid time: "
