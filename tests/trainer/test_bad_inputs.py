@@ -485,7 +485,7 @@ ROWS: dict[str, Row] = {
     ),
     "plan-unknown-stack": Row(
         "plan --config trainer/configs/llama3-8b.yaml --stack nowhere",
-        ("--stack nowhere: no stack file Pulumi.nowhere.yaml", "stacks: dev, prod, staging"),
+        ("--stack nowhere: no stack file Pulumi.nowhere.yaml", "stacks: dev, eks-dev, prod, staging"),
     ),
     "plan-negative-token-budget": Row(
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --tokens -5",
