@@ -263,3 +263,16 @@ def test_the_ledger_estimates_energy_and_emissions_of_known_nodes_only():
     local.charge("productive", 3600.0, here)
     assert (local.energy_kwh, local.emissions_kg) == (0.0, 0.0)
     assert "energy" not in cost_report(local, here)
+
+
+def test_in_a_jobset_pod_the_nodes_instance_and_region_come_from_the_rendered_environment():
+    # The variables trainer/jobs/jobset.py renders into every pod, with JobSet's own JOBSET_NAME.
+    environ = {
+        "JOBSET_NAME": "llama-eks",
+        "TRAINSTACK_NUM_NODES": "2",
+        "TRAINSTACK_INSTANCE_TYPE": "p5.48xlarge",
+        "AWS_REGION": "us-east-1",
+    }
+    rate = local_rate(BudgetConfig(price_per_hour=98.0), environ=environ)
+    assert rate == Rate("on-demand", 2, 98.0, "budget.price_per_hour", "p5.48xlarge", "us-east-1")
+    assert budget_problems(BudgetConfig(max_dollars=10), environ=environ) == []  # the price list prices it

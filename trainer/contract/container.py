@@ -28,3 +28,7 @@ SUBMISSION_ENV: tuple[str, ...] = (IMAGE_DIGEST_ENV, SUBMITTED_AT_ENV)
 # What the orchestrator waits after SIGTERM beyond that grace before SIGKILL (the ECS agent's stop timeout on Batch
 # nodes, a pod's terminationGracePeriodSeconds on EKS): time for the supervisor's kill and the container's exit.
 STOP_TIMEOUT_MARGIN_SECONDS = 60
+# In a JobSet's pods (trainer/jobs/jobset.py): JobSet's own name variable, and the run's node count, which the
+# submit tool sets (the launcher's rendezvous, the ledger's node-hours).
+JOBSET_NAME_ENV = "JOBSET_NAME"
+NUM_NODES_ENV = "TRAINSTACK_NUM_NODES"

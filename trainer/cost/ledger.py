@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.schema import BudgetConfig
-from trainer.contract.container import SUBMITTED_AT_ENV
+from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV, SUBMITTED_AT_ENV
 from trainer.cost import energy
 from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
 
@@ -197,16 +197,23 @@ def resumed_ledger(live: Ledger | None, stored: Ledger | None, step: int) -> Led
     return live
 
 
+def on_a_stack(environ: dict[str, str]) -> bool:
+    """Whether this process runs in a stack's job: AWS_BATCH_JOB_ID is in every Batch job's container (AWS Batch
+    User Guide, "Environment variables for Batch jobs"), JOBSET_NAME in every pod of the JobSets the submit tool
+    renders (trainer/jobs/jobset.py)."""
+    return "AWS_BATCH_JOB_ID" in environ or JOBSET_NAME_ENV in environ
+
+
 def local_rate(budget: BudgetConfig, environ: dict[str, str] | None = None) -> Rate:
-    """This attempt's rate: on AWS Batch its nodes (AWS_BATCH_JOB_NUM_NODES) and instance type
-    (TRAINSTACK_INSTANCE_TYPE, set by the job definition) at budget.price_per_hour, else at the price list's;
-    on the machine at hand one node at budget.price_per_hour, the only price there is."""
+    """This attempt's rate: in a stack's job its nodes (AWS_BATCH_JOB_NUM_NODES on Batch, TRAINSTACK_NUM_NODES in a
+    JobSet) and instance type (TRAINSTACK_INSTANCE_TYPE, set by the job definition or the JobSet) at
+    budget.price_per_hour, else at the price list's; on the machine at hand one node at budget.price_per_hour, the
+    only price there is."""
     environ = dict(os.environ if environ is None else environ)
-    # AWS Batch User Guide, "Environment variables for Batch jobs": AWS_BATCH_JOB_ID in every job's container.
-    if "AWS_BATCH_JOB_ID" not in environ:
+    if not on_a_stack(environ):
         price = budget.price_per_hour
         return Rate(LOCAL, 1, price, "budget.price_per_hour" if price is not None else "unpriced")
-    nodes = int(environ.get("AWS_BATCH_JOB_NUM_NODES", "1"))
+    nodes = int(environ.get("AWS_BATCH_JOB_NUM_NODES") or environ.get(NUM_NODES_ENV) or "1")
     # Batch multi-node jobs cannot run on Spot (Batch User Guide, "Multi-node parallel jobs").
     option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
     options = {o: o for o in PURCHASE_OPTIONS}
@@ -225,14 +232,14 @@ def budget_problems(budget: BudgetConfig, environ: dict[str, str] | None = None)
     """A dollar cap needs a price: on the machine at hand budget.price_per_hour is the only one; on Batch the
     purchase option the ledger prices must be one the price list knows."""
     environ = dict(os.environ if environ is None else environ)
-    if budget.max_dollars is not None and budget.price_per_hour is None and "AWS_BATCH_JOB_ID" not in environ:
+    if budget.max_dollars is not None and budget.price_per_hour is None and not on_a_stack(environ):
         return [
             f"budget.max_dollars = {budget.max_dollars:g} needs a price: a local run has no price list, so set "
             "budget.price_per_hour (US dollars per node-hour, e.g. --set budget.price_per_hour=2.5), or use "
             "budget.max_hours for a cap in paid hours"
         ]
     option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
-    if "AWS_BATCH_JOB_ID" in environ and option not in PURCHASE_OPTIONS:
+    if on_a_stack(environ) and option not in PURCHASE_OPTIONS:
         return [f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}"]
     return []
 

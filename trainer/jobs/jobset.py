@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.contract.catalog import InstanceType, instance_type
-from trainer.contract.container import CHECKPOINTS_DIR, FSX_MOUNT, STOP_TIMEOUT_MARGIN_SECONDS
+from trainer.contract.container import (
+    CHECKPOINTS_DIR,
+    FSX_MOUNT,
+    JOBSET_NAME_ENV,
+    NUM_NODES_ENV,
+    STOP_TIMEOUT_MARGIN_SECONDS,
+)
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 from trainer.jobs.outputs import StackOutputs
@@ -34,9 +40,7 @@ JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
 # Read by the launcher (trainer/launch/jobset.py); JOB_COMPLETION_INDEX is the Indexed Job's own (Kubernetes docs,
 # "Jobs", completion mode Indexed).
-JOBSET_NAME_ENV = "JOBSET_NAME"
 REPLICATED_JOB_ENV = "JOBSET_REPLICATED_JOB"
-NUM_NODES_ENV = "TRAINSTACK_NUM_NODES"
 # The EFA device plugin's resource and AWS's p5 pod example beside it (EKS user guide, ml/node-efa.adoc):
 # instances with the EFA driver pre-allocate 2 MiB hugepages, and a pod that asks for hugepages must ask for memory.
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -121,6 +125,7 @@ def jobset_manifest(
         "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
         "TRAINSTACK_STOP_GRACE_SECONDS": str(settings.stop_grace_seconds),
         NUM_NODES_ENV: str(nodes),
+        "AWS_REGION": outputs.region,  # the SDKs' Region (and the ledger's price and grid, trainer/cost/ledger.py)
         JOB_QUEUE_ENV: outputs["kueue_local_queue"],  # the metrics' JobQueue dimension, as Batch's queue name
         **environment,
     }
