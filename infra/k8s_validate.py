@@ -25,8 +25,10 @@ from infra.k8s_versions import CRD_FILE_PREFIXES, KUBERNETES_MINOR
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS_ENV = "TRAINSTACK_K8S_CRDS"
-# Kept beside the repository, not in it: the pinned upstream CRDs (see that folder's README).
-DEFAULT_CRDS = ROOT.parent / "shared" / "k8s-crds"
+# Kept beside the repository, not in it: the pinned upstream CRDs (see that folder's README), in `shared/` next to
+# the checkout (../shared) or next to a folder above it (a checkout nested one level deeper).
+SHARED_CRDS = Path("shared") / "k8s-crds"
+DEFAULT_CRDS = ROOT.parent / SHARED_CRDS
 
 _OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 
@@ -36,8 +38,15 @@ class K8sValidationError(ValueError):
 
 
 def crds_dir() -> Path:
-    """Where the pinned CRD schemas are read from: $TRAINSTACK_K8S_CRDS, else ../shared/k8s-crds."""
-    return Path(os.environ.get(CRDS_ENV) or DEFAULT_CRDS)
+    """Where the pinned CRD schemas are read from: $TRAINSTACK_K8S_CRDS, else the nearest shared/k8s-crds beside
+    the checkout or a folder above it (../shared/k8s-crds first); where none is, ../shared/k8s-crds (its error
+    says what to set)."""
+    if given := os.environ.get(CRDS_ENV):
+        return Path(given)
+    for folder in ROOT.parents:
+        if (folder / SHARED_CRDS).is_dir():
+            return folder / SHARED_CRDS
+    return DEFAULT_CRDS
 
 
 def validate(obj: dict[str, Any]) -> None:
