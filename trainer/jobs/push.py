@@ -11,24 +11,11 @@ import shlex
 import subprocess
 import sys
 
-from botocore.exceptions import ClientError
-
 from trainer.jobs.aws import client
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
-from trainer.jobs.submit import SubmitError, git_commit, job_definitions_for
+from trainer.jobs.submit import SubmitError, git_commit, image_digest, job_definitions_for
 
 LOCAL_REPOSITORY = "trainstack"
-
-
-def image_in_registry(outputs: StackOutputs, tag: str) -> bool:
-    ecr = client("ecr", outputs.region)
-    try:
-        ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
-    except ClientError as error:
-        if error.response["Error"]["Code"] == "ImageNotFoundException":
-            return False
-        raise
-    return True
 
 
 def docker_login(outputs: StackOutputs) -> tuple[list[str], str]:
@@ -61,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     if not tag:
         print("push: not a git checkout; give TAG=<tag>", file=sys.stderr)
         return 2
-    if image_in_registry(outputs, tag):
+    if image_digest(outputs, tag) is not None:
         print(f"{outputs['ecr_repository_url']}:{tag} is already in the registry (tags are immutable)")
         return register_definitions(outputs, tag)
     login, password = docker_login(outputs)

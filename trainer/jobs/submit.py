@@ -190,13 +190,23 @@ def queue_problems(outputs: StackOutputs) -> list[str]:
     return []
 
 
-def image_problems(outputs: StackOutputs, tag: str) -> list[str]:
+def image_digest(outputs: StackOutputs, tag: str) -> str | None:
+    """The digest of the image tagged `tag` in the stack's repository (ECR DescribeImages,
+    imageDetails[].imageDigest); None when no image has that tag."""
     ecr = client("ecr", outputs.region)
     try:
-        ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
+        details = ecr.describe_images(
+            repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}]
+        )
     except ClientError as error:
         if error.response["Error"]["Code"] != "ImageNotFoundException":
             raise
+        return None
+    return next((d.get("imageDigest") for d in details["imageDetails"]), None)
+
+
+def image_problems(outputs: StackOutputs, tag: str) -> list[str]:
+    if image_digest(outputs, tag) is None:
         return [
             f"IMAGE={tag}: no such tag in {outputs['ecr_repository_url']}; "
             f"build and push it: make image && make push STACK={outputs.stack}"
@@ -283,13 +293,6 @@ def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
         for output in JOB_DEFINITION_OUTPUTS
         if output in outputs.values
     }
-
-
-def image_digest(outputs: StackOutputs, tag: str) -> str | None:
-    """The pushed image's digest (ECR DescribeImages, imageDetails[].imageDigest), for the model version records."""
-    ecr = client("ecr", outputs.region)
-    details = ecr.describe_images(repositoryName=outputs.ecr_repository_name, imageIds=[{"imageTag": tag}])
-    return next((d.get("imageDigest") for d in details["imageDetails"]), None)
 
 
 def submit(submission: Submission, outputs: StackOutputs) -> str:
