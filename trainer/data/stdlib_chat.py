@@ -11,6 +11,7 @@ rendered through the chat template, the answer as the reference; exact match in 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import sysconfig
 from collections.abc import Callable
@@ -25,8 +26,10 @@ MAX_ANSWER_CHARS = 100
 HELD_OUT_EVERY = 20
 
 
-def stdlib_conversations() -> list[dict]:
-    """The chat set as OpenAI-style `messages` records."""
+@functools.cache
+def stdlib_conversations() -> tuple[dict, ...]:
+    """The chat set as OpenAI-style `messages` records (parsed once per process: the training file and the held-out
+    tasks both read it; the records are not to be changed)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     records: list[dict] = []
     for path in stdlib_sources():
@@ -54,7 +57,7 @@ def stdlib_conversations() -> list[dict]:
                     if len(records) % 10 == 0:
                         messages.insert(0, {"role": "system", "content": SYSTEM})
                     records.append({"messages": messages})
-    return records
+    return tuple(records)
 
 
 def held_out(index: int) -> bool:
