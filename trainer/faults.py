@@ -213,16 +213,19 @@ def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
 
 
 @contextlib.contextmanager
-def inject_in_save(step: int) -> Iterator[None]:
-    """TRAINSTACK_FAULT's save faults, at the call that writes each item of a checkpoint file (megatron's
-    writer processes are forked from this one, so they inherit the wrapped call)."""
+def inject_in_save(step: int, rank_pid: int | None = None) -> Iterator[None]:
+    """TRAINSTACK_FAULT's save faults, at the call that writes each item of a checkpoint file, in this process
+    and the writer processes megatron forks from it (they inherit the wrapped call). `rank_pid`: the training
+    rank a kill strikes with the writer, where this is the rank's background writer process."""
     fault = _striking(_SAVE_FAULTS, step)
     if fault is None:
         yield
         return
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    write_item, rank_pid = filesystem_async._write_item, os.getpid()
+    write_item = filesystem_async._write_item
+    rank_pid = os.getpid() if rank_pid is None else rank_pid
+    killed = {rank_pid, os.getpid()}  # the rank, and its background writer where this is one
 
     @functools.wraps(write_item)  # megatron reads its signature
     def faulty_write_item(*args, **kwargs):
@@ -231,8 +234,9 @@ def inject_in_save(step: int) -> Iterator[None]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), stream.name)
         result = write_item(*args, **kwargs)
         stream.flush()
-        os.kill(rank_pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)  # a forked writer too
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # the process megatron forked for this file
         return result
 
     filesystem_async._write_item = faulty_write_item

@@ -205,7 +205,7 @@ def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(
 
     from trainer.launch.torchrun import ORPHAN_CHECK_SECONDS
 
-    # Rank 0 dies in step 5 with background saves behind it (a niced writer, megatron's write-results Manager,
+    # Rank 0 dies in step 5 with background saves behind it (its niced writer process and the processes it forked,
     # multiprocessing's resource tracker); torchrun restarts it and the run goes on.
     run = Training(
         tmp_path,

@@ -4,8 +4,8 @@
   throughput against the disk's write speed), the digest of its every byte checked over the ranks (what a load
   checks first, and about what the writers spend hashing as they write) and its load at the same layout;
 - the stall of the background saves a run makes on its interval: the seconds each blocks training (its start:
-  staging, the state dict, planning, the common state, forking the writer; its end: finalizing and publishing at
-  a step boundary), each measured directly between barriers; how much slower the steps run while the writer
+  staging, the state dict, planning, the common state, the copy into the writer's buffer; its end: finalizing
+  and publishing at a step boundary), each measured directly between barriers; how much slower the steps run while the writer
   works (their median against a plain step's, a ratio); and how long until it is published (steps keep running
   meanwhile). A run's first save of a format plans it, its second checks the plan again, the ones after reuse it
   (trainer/checkpoint/megatron.py Plans): the last of BACKGROUND_SAVES is a steady-state save, the first a run's
@@ -69,7 +69,7 @@ def _background_save(
     run: MegatronEngine, writer: Writer, batches: list, step: int, plain: float, keep_last: int | None
 ) -> dict:
     started = time.perf_counter()
-    # What training waits for: staging, the state dict, planning, the common state, the fork of the writer.
+    # What training waits for: staging, the state dict, planning, the common state, the copy to the writer.
     start_seconds, write = _timed(lambda: run.save(Progress(step=step), writer=writer))
     while_writing = []
     published = None

@@ -45,7 +45,7 @@ class Checkpointer:
         self.cfg = engine.cfg.checkpoint
         self.directory = engine.cfg.checkpoint_dir
         self.console = console
-        # Every save of a megatron run uses megatron's write-results queue, started now (writer.py).
+        # The background writer's process starts now, so that it has imported torch by the first interval save.
         self.writer = Writer() if engine.saves_in_background else None
         self.in_flight: Write | None = None  # a background save not yet published
         # The step of the newest save started or loaded, and its optimizer format (None: nothing to choose).
@@ -147,10 +147,11 @@ class Checkpointer:
 
     def _save(self, progress: Progress, *, background: bool, val_loss: float | None = None) -> None:
         self.publish(wait=True)  # one save in flight at most; it is published before the next is staged
-        if self.writer is not None:
-            self.writer.ready()
+        writer = self.writer if background else None
+        if writer is not None:
+            writer.ready()
         with exporters.timed(registry.CHECKPOINT_SAVE):
-            write = self.engine.save(progress, writer=self.writer if background else None)
+            write = self.engine.save(progress, writer=writer)
         if val_loss is not None:
             write.metrics["val_loss"] = val_loss
         if self.ledger is not None:

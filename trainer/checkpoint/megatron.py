@@ -7,7 +7,7 @@ format; a weights-only checkpoint (`python -m trainer convert` writes them) hold
 
 Saves and loads are fully parallel: each data-parallel replica writes, and reads, its share of what the replicas
 hold alike (FullyParallelSaveStrategyWrapper, FullyParallelLoadStrategyWrapper). A save in the background
-returns once the state is copied off the devices and the writer is forked (trainer/checkpoint/writer.py); it is
+returns once the state is copied into the writer's staging buffer (trainer/checkpoint/writer.py); it is
 published, by the store's protocol, only once every rank's write has finished.
 A run's saves share a `Plans`: the first save of each optimizer format plans the write (which rank writes what,
 the global metadata) and checks the sharding; the ones after it reuse that plan, as Megatron-LM does with
@@ -52,7 +52,7 @@ from trainer.checkpoint import digest
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.settings import KEY as SETTINGS
 from trainer.checkpoint.store import CheckpointError, Progress, agree_or_raise, stage
-from trainer.checkpoint.writer import Write, Writer
+from trainer.checkpoint.writer import Write, Writer, install_results_queue
 from trainer.config import ParallelDims
 from trainer.distributed import megatron_compat
 from trainer.model import llama, weights
@@ -177,10 +177,11 @@ def save(
     plans: Plans | None = None,
 ) -> Write:
     """Start saving on every rank into the staging directory; `finish()` on the result publishes it (rename into
-    place, point `latest` at it). With a writer, in the background: this returns once the state is copied off the
-    devices and the writer process is forked. Without optimizer and scheduler it saves the weights only.
+    place, point `latest` at it). With a writer, in the background: this returns once the state is copied into
+    the writer's staging buffer. Without optimizer and scheduler it saves the weights only.
     `plans`: the run's, reused from its earlier saves (None: a one-off save, planned afresh)."""
     digest.install()  # every tensor file hashed as it is written
+    install_results_queue()
     staging = stage(directory, progress.step)
     state = _state_dict(
         model,
@@ -198,7 +199,8 @@ def save(
     strategy, first = plans.strategy(optimizer_format if optimizer is not None else "weights")
     saved_format = optimizer_format if optimizer is not None else None
     write = Write(staging, progress.step, optimizer_format=saved_format)
-    # The writer processes are forked inside: they inherit TRAINSTACK_FAULT's save faults.
+    # A synchronous save writes here, in processes forked from this one: they inherit TRAINSTACK_FAULT's save
+    # faults (the background writer applies them itself).
     with faults.inject_in_save(progress.step):
         try:
             request = dist_checkpointing.save(
@@ -211,8 +213,7 @@ def save(
         except (CheckpointException, OSError) as error:
             write.failure, request = error, None
         if writer is not None:
-            # Every rank has planned its write, or every rank stops here alike; agreed before any writer starts,
-            # while the ranks' CPUs are still theirs alone.
+            # Every rank has planned its write, or every rank stops here alike; agreed before any writer starts.
             agree_or_raise(write.failure, f"saving step {progress.step} to {staging}", staging)
             writer.schedule(write, request)
     return write

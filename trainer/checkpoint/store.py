@@ -242,6 +242,11 @@ def prune(directory: Path, keep_last: int, keep_best: int = 0) -> list[Path]:
 def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:
     """Every rank learns whether any rank failed; if one did, all raise, after rank 0 clears the staging
     directory (freeing the space a full disk needs back). The previous checkpoint and `latest` stay as they were."""
+    # One integer all-reduce when no rank failed (every save, twice); the ranks' messages only when one did.
+    failing = torch.tensor([int(failure is not None)], device="cuda" if torch.cuda.is_available() else "cpu")
+    torch.distributed.all_reduce(failing, op=torch.distributed.ReduceOp.MAX)
+    if not failing.item():
+        return
     reports: list[dict[int, str]] = [{}] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(reports, _failures(failure) if failure is not None else {})
     failed = {rank: cause for report in reports for rank, cause in report.items()}
@@ -255,8 +260,8 @@ def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> 
     kept = f"{previous.name} is intact and `latest` still names it" if previous else "no earlier checkpoint"
     if any(marker in failed[rank] for marker in _WRITER_STOPPED):
         raise CheckpointSaveError(
-            f"{doing} was abandoned: the checkpoint writer's helper processes were stopped by a signal (SIGTERM "
-            f"to torchrun itself, or to the whole process group). Nothing was published: {kept}. To stop a run "
+            f"{doing} was abandoned: the checkpoint writer process was killed (SIGKILL to the process group, "
+            f"or the kernel's out-of-memory killer). Nothing was published: {kept}. To stop a run "
             "with a save, signal the supervising process (`train` outside torchrun, or `launch`) instead; run "
             "again to resume"
         )
@@ -266,9 +271,11 @@ def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> 
     )
 
 
-# What a rank reads when the writer's helpers (megatron's write-results Manager, the forked writer) were killed
-# under it: the Manager's pipe is gone (multiprocessing/connection.py raises EOFError, or EPIPE on a send).
+# What a rank reads when its background writer (trainer/checkpoint/writer.py) was killed under it: the writer's
+# pipe is gone (multiprocessing/connection.py raises EOFError, or EPIPE on a send).
+WRITER_ENDED = "the checkpoint writer process ended"
 _WRITER_STOPPED = (
+    WRITER_ENDED,
     "[Errno 32] Broken pipe",
     "EOFError",
     "[Errno 104] Connection reset by peer",

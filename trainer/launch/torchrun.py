@@ -143,7 +143,7 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     threading.Thread(target=_reap_orphans, args=(torchrun, finished), daemon=True).start()
     status = torchrun.wait()
     finished.set()
-    # What is left is orphaned: a killed rank's children (megatron's checkpoint writer keeps a Manager process).
+    # What is left is orphaned: a killed rank's children (its checkpoint writer).
     leftovers = psutil.Process().children(recursive=True)
     signal_all(leftovers, signal.SIGKILL)
     psutil.wait_procs(leftovers, timeout=10)
@@ -158,8 +158,8 @@ ORPHAN_CHECK_SECONDS = 2.0
 
 def _reap_orphans(torchrun: subprocess.Popen, finished: threading.Event) -> None:
     """While torchrun runs, kill what a dead rank left behind. This process is the subreaper (_adopt_orphans) and
-    starts only torchrun, so any other child of its own was orphaned: a killed rank's checkpoint writer, megatron's
-    write-results Manager, multiprocessing's resource tracker (about 0.3 GB a rank). Under --max-restarts torchrun
+    starts only torchrun, so any other child of its own was orphaned: a killed rank's checkpoint writer (and the
+    processes it forked for the files it was writing), multiprocessing's resource tracker (about 0.3 GB a rank). Under --max-restarts torchrun
     outlives many such deaths, and each would otherwise keep its share of memory until the job ends."""
     import psutil
 
