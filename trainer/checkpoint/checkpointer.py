@@ -46,7 +46,7 @@ class Checkpointer:
         self.directory = engine.cfg.checkpoint_dir
         self.console = console
         # The background writer's process starts now, so that it has imported torch by the first interval save.
-        self.writer = Writer() if engine.saves_in_background else None
+        self.writer = Writer() if engine.saves_in_background and self.cfg.async_save else None
         self.in_flight: Write | None = None  # a background save not yet published
         # The step of the newest save started or loaded, and its optimizer format (None: nothing to choose).
         self.saved_step: int | None = None
