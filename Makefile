@@ -96,16 +96,12 @@ else
 	  --output data/stdlib-chat
 	# stage 2: fine-tune (checkpoint.load: runs/local/checkpoints, finetune: true), resuming where it stopped
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(FINETUNE_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
-	# stage 3: evaluate the newest checkpoint on the suite; the results join its model version record
-	$(PY) -m trainer evaluate --checkpoint $(FINETUNE_RUN)/checkpoints --tokenizer data/stdlib.tokenizer.json \
-	  --suite $(FINETUNE_SUITE) --record sft-local
-	# stage 4: register: tag the newest model version (its record was written when the checkpoint was published)
-	$(PY) -m trainer models promote newest --tag $(FINETUNE_TAG) --dir $(FINETUNE_RUN)
-	# stage 5: export for inference (transformers, vLLM): bf16 safetensors, tokenizer with its chat template, card
-	@read -r version checkpoint < <($(PY) -m trainer models show $(FINETUNE_TAG) --dir $(FINETUNE_RUN) --format json \
-	  | $(PY) -c 'import json,sys; v = json.load(sys.stdin); print(v["version"], v["location"])') && \
-	if [ -d $(FINETUNE_RUN)/export/$$version ]; then echo "export: $(FINETUNE_RUN)/export/$$version already"; \
-	else $(PY) -m trainer convert --to-hf $$checkpoint --dtype bf16 --out $(FINETUNE_RUN)/export/$$version; fi
+	# stages 3-5 (trainer/models/pipeline.py, also the cluster's): evaluate the newest checkpoint on the suite (the
+	# results join its model version record, once), promote it to FINETUNE_TAG (an event only when the tag moves),
+	# export the tag's version for inference (transformers, vLLM: bf16 safetensors, tokenizer with its chat
+	# template, card) to runs/sft-local/export/<version>, once
+	$(PY) -m trainer finetune-stages --run $(FINETUNE_RUN) --suite $(FINETUNE_SUITE) --record sft-local \
+	  --tag $(FINETUNE_TAG) --tokenizer data/stdlib.tokenizer.json --dtype bf16
 endif
 
 .PHONY: bench

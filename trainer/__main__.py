@@ -27,6 +27,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.models.command",
         "model versions (lineage, metrics, evaluations) and their tags: list, show, promote",
     ),
+    "finetune-stages": (
+        "trainer.models.pipeline",
+        "after a fine-tune: evaluate its newest checkpoint, promote it to a tag, export it; each once",
+    ),
     "generate": (
         "trainer.evaluation.generate",
         "continue prompts with a checkpoint's model (KV cache; greedy, temperature, top-k, top-p)",
