@@ -82,13 +82,12 @@ FINETUNE_TAG    ?= candidate
 .PHONY: finetune
 finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export
 ifneq ($(STACK),)
-	# on a stack: the fine-tune itself (llama3-8b-sft.yaml; DATASET=<name> picks /fsx/datasets/<name>/<name>); its
-	# evaluate, register and export stages do not run on the cluster yet (docs/finetune.md)
-	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),trainer/configs/llama3-8b-sft.yaml)" \
-	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
-	  $(if $(DATASET),--set "data.prefixes=[/fsx/datasets/$(DATASET)/$(DATASET)]") $(ARGS)
-	@echo "make finetune STACK=$(STACK): submitted the fine-tune; evaluate, register and export run here once its" \
-	  "checkpoints are exported to the bucket (docs/finetune.md, 'On a stack')"
+	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
+	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
+	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md)
+	$(PY) -m trainer finetune $(STACK_ARGS) $(if $(CONFIG),--config "$(CONFIG)") $(if $(SUITE),--suite "$(SUITE)") \
+	  $(if $(DATASET),--dataset "$(DATASET)") $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") \
+	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) $(ARGS)
 else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks

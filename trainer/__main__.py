@@ -53,6 +53,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "check GPUs, EFA devices, checkpoint storage and an all-reduce",
     ),
     "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),
+    "finetune": (
+        "trainer.jobs.finetune",
+        "a fine-tune's stages on a stack's cluster (train, then evaluate -> promote -> export), resuming",
+    ),
     "render": (
         "trainer.jobs.render",
         "print what submit would send: the JobSet (EKS) or the Batch job request, no AWS call",

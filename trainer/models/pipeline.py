@@ -11,7 +11,7 @@
             the marker a reader of the bucket waits for (FSx exports files one by one, in no promised order)
 
 `make finetune` runs it here after prepare and train; `make finetune STACK=<env>` runs it in a one-node job on the
-cluster with DIR under /fsx/checkpoints and --tags-root /fsx/checkpoints, so the tag
+cluster (trainer/jobs/finetune.py) with DIR under /fsx/checkpoints and --tags-root /fsx/checkpoints, so the tag
 events land where `models --stack` reads them (the bucket's model-tags/, FSx's export of /fsx/checkpoints).
 """
 
