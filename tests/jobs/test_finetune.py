@@ -297,3 +297,20 @@ def test_on_eks_a_failed_jobset_is_named(eks_stack, api_server, capsys):  # noqa
     status, _, err = finetune(eks_stack, capsys)
     assert status == 1 and f"train: failed (job {RUN}: Failed: jobset failed: node exit 1)" in err
     assert len(api_server.received) == 1
+
+
+def test_on_eks_a_stale_stages_jobset_is_deleted_before_the_new_one(eks_stack, api_server, capsys):  # noqa: F811
+    upload_inputs(eks_stack)
+    finetune(eks_stack, capsys)
+    api_server.jobsets[RUN]["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    finetune(eks_stack, capsys)
+    stages = api_server.jobsets[f"{RUN}-stages"]
+    stages["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    stages["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    # The run trained again since (a later attempt of its JobSet ended after the stages job was created).
+    api_server.jobsets[RUN]["status"]["conditions"][0]["lastTransitionTime"] = "2026-02-01T00:00:00Z"
+    status, out, err = finetune(eks_stack, capsys)
+    assert status == 0, err
+    assert out.splitlines()[1].startswith(f"stages: submitted (job {RUN}-stages)")
+    assert [d["name"] for d in api_server.deletions] == [f"{RUN}-stages"]
+    assert [r["metadata"]["name"] for r in api_server.received] == [RUN, f"{RUN}-stages", f"{RUN}-stages"]

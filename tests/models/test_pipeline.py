@@ -113,3 +113,10 @@ def test_make_finetune_runs_its_stages_3_to_5_through_the_stages_verb():
         "--record", "sft-local", "--tag", "candidate", "--tokenizer", "data/stdlib.tokenizer.json", "--dtype", "bf16",
     ]  # fmt: skip
     assert "trainer evaluate" not in planned and "trainer convert" not in planned
+
+
+def test_the_export_dtypes_are_converts_short_names():
+    from trainer.interop.hf import DTYPE_ALIASES
+    from trainer.models.pipeline import DTYPES
+
+    assert set(DTYPES) == set(DTYPE_ALIASES)

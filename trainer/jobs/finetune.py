@@ -62,7 +62,7 @@ from trainer.jobs.submit import (
     plan,
     submit,
 )
-from trainer.models.pipeline import DEFAULT_TAG, EXPORT, EXPORT_MARKER_SUFFIX, check_names
+from trainer.models.pipeline import DEFAULT_TAG, DTYPES, EXPORT, EXPORT_MARKER_SUFFIX, check_names
 from trainer.models.record import RecordError
 from trainer.models.registry import Registry, S3Store
 
@@ -191,6 +191,15 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
     if args.dataset:
         overrides.append(f"data.prefixes=[{dataset_prefix(outputs, args.dataset)}]")
     train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run)
+    stage_args = ["--run", train.run_dir, "--suite", str(args.suite), "--record", record, "--tag", args.tag]
+    stage_args += [
+        "--tokenizer",
+        cfg.data.tokenizer_path,
+        "--dtype",
+        args.dtype,
+        "--tags-root",
+        CHECKPOINTS_DIR,
+    ]
     stages = Submission(
         run=train.run + STAGES_SUFFIX,
         nodes=1,
@@ -198,26 +207,7 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
         image=train.image,
         # The entrypoint runs `trainer launch <command>`: one process (evaluate and export run at TP=1, PP=1), and
         # no preflight (its all-reduce and EFA checks guard multi-node training, not one process reading /fsx).
-        command=[
-            "--skip-preflight",
-            "--nproc-per-node",
-            "1",
-            "finetune-stages",
-            "--run",
-            train.run_dir,
-            "--suite",
-            str(args.suite),
-            "--record",
-            record,
-            "--tag",
-            args.tag,
-            "--tokenizer",
-            cfg.data.tokenizer_path,
-            "--dtype",
-            args.dtype,
-            "--tags-root",
-            CHECKPOINTS_DIR,
-        ],
+        command=["--skip-preflight", "--nproc-per-node", "1", "finetune-stages", *stage_args],
         environment={"TRAINSTACK_RUN": train.run, IMAGE_TAG_ENV: tag},
     )
     if (
@@ -422,7 +412,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tag", default=DEFAULT_TAG, help=f"the tag the evaluated version gets (default {DEFAULT_TAG})"
     )
-    parser.add_argument("--dtype", default="bf16", help="the export's dtype (default bf16)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the export's dtype (default bf16)")
     parser.add_argument("--run", help="run name: /fsx/checkpoints/<run> (default: the config's name)")
     parser.add_argument(
         "--nodes", type=int, help="nodes for the training job (default: the stack's node count)"

@@ -33,6 +33,7 @@ CHECKPOINTS = "checkpoints"
 EXPORT = "export"
 EXPORT_MARKER_SUFFIX = ".export.json"
 DEFAULT_TAG = "candidate"
+DTYPES = ("bf16", "fp16", "fp32")  # convert --to-hf's short names (trainer/interop/hf.py DTYPE_ALIASES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", type=Path, help="tokenizer.json (default: found beside the checkpoint)"
     )
-    parser.add_argument("--dtype", default="bf16", help="the export's tensor dtype (convert --to-hf --dtype)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="bf16", help="the export's tensor dtype (convert --to-hf --dtype)"
+    )
     parser.add_argument("--export-dir", type=Path, help="where exports go (default RUN/export)")
     parser.add_argument(
         "--tags-root", type=Path, help="where the tag events go (default RUN; on a stack /fsx/checkpoints)"
