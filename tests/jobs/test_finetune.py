@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
 from pathlib import Path
 
 from moto.batch.models import batch_backends
@@ -314,3 +316,22 @@ def test_on_eks_a_stale_stages_jobset_is_deleted_before_the_new_one(eks_stack, a
     assert out.splitlines()[1].startswith(f"stages: submitted (job {RUN}-stages)")
     assert [d["name"] for d in api_server.deletions] == [f"{RUN}-stages"]
     assert [r["metadata"]["name"] for r in api_server.received] == [RUN, f"{RUN}-stages", f"{RUN}-stages"]
+
+
+def test_wait_polls_a_running_training_job_until_it_ends(stack, capsys):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    job_id = stack.jobs()[0]["jobId"]
+    job = batch_job(job_id)
+    job.status, job.job_stopped = "RUNNING", False
+
+    def ends_later() -> None:
+        time.sleep(0.5)
+        job.status, job.job_stopped = "SUCCEEDED", True  # what Batch reports once the main node exits 0
+
+    threading.Thread(target=ends_later, daemon=True).start()
+    status, out, _ = finetune(stack, capsys, "--wait", "--export-timeout-s", "0")
+    lines = out.splitlines()
+    assert lines[:2] == [f"train: running (job {job_id})", f"train: succeeded (job {job_id})"]
+    assert lines[2].startswith("stages: submitted (job ") and lines[3].startswith("stages: succeeded (job ")
+    assert status == 1 and len(submitted(stack)) == 2

@@ -248,9 +248,11 @@ def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
         .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [name]}])
     )
     named = [job for page in pages for job in page["jobSummaryList"] if job["jobName"] == name]
-    if not named:
-        return None
-    job = max(named, key=lambda j: j["createdAt"])
+    return _batch_job(max(named, key=lambda j: j["createdAt"])) if named else None
+
+
+def _batch_job(job: dict[str, Any]) -> ClusterJob:
+    """A Batch job from ListJobs' summary or DescribeJobs' detail (the same keys: milliseconds since the epoch)."""
     stopped = job.get("stoppedAt")
     return ClusterJob(
         job["jobId"],
@@ -259,6 +261,14 @@ def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
         stopped / 1000 if stopped else None,
         job.get("statusReason"),
     )
+
+
+def job_by_id(outputs: StackOutputs, job_id: str) -> ClusterJob | None:
+    """The job just submitted, by its id (DescribeJobs), or on EKS the JobSet of that name."""
+    if outputs.orchestrator == "eks":
+        return find_job(outputs, job_id)
+    found = aws("batch", outputs.region).describe_jobs(jobs=[job_id])["jobs"]
+    return _batch_job(found[0]) if found else None
 
 
 class RunBucket(S3Store):
@@ -338,18 +348,16 @@ def advance(
         print(_submitted_line(label, job_id, submission, outputs))
         if not args.wait:
             return None
-        job = find_job(outputs, submission.run)
+        job = ClusterJob(job_id, "SUBMITTED", time.time(), None, None)
     elif job.status in ACTIVE:
         print(f"{label}: {job.status.lower()} (job {job.id})")
-    while job is not None and job.status in ACTIVE:
+    while job.status in ACTIVE:
         if not args.wait:
             return None
         time.sleep(args.poll_s)
-        job = find_job(outputs, submission.run)
-    if job is None:
-        raise FinetuneError(
-            f"{label}: job {submission.run} is gone from the stack; run again to submit it anew"
-        )
+        if (found := job_by_id(outputs, job.id)) is None:
+            raise FinetuneError(f"{label}: job {job.id} is gone from the stack; run again to submit it anew")
+        job = found
     if job.status == "FAILED":
         raise FinetuneError(
             f"{label}: failed (job {job.id}{': ' + job.reason if job.reason else ''}); its log: make logs "
