@@ -202,6 +202,8 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
     ]
     stages = Submission(
         run=train.run + STAGES_SUFFIX,
+        # On Batch the stack's multi-node definition with numNodes 1: allowed since its node range `0:` is open and
+        # its main node is 0 (Batch API Reference, NodeOverrides numNodes); on EKS a JobSet of one pod.
         nodes=1,
         gpus_per_node=outputs.gpus_per_node,
         image=train.image,
@@ -230,6 +232,8 @@ def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
 
         for js in connect(outputs).jobsets():
             if js["metadata"]["name"] == name:
+                # When it ended: its Completed or Failed condition's lastTransitionTime (required in status.conditions
+                # of the pinned JobSet v0.12.0 CRD, ../shared/k8s-crds/).
                 ended = [
                     c.get("lastTransitionTime")
                     for c in js.get("status", {}).get("conditions", [])

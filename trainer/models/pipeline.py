@@ -8,7 +8,7 @@
 2 promote   the tag to that checkpoint's version: an event only when the tag moves (trainer/models/registry.py)
 3 export    the version the tag names, for inference (`convert --to-hf`: trainer/interop/convert.py), to
             EXPORT_DIR/<version>, once per version; then EXPORT_DIR/<version>.export.json lists its files and sizes,
-            the marker a reader of the bucket waits for (FSx exports files one by one, in no promised order)
+            the marker a reader of the bucket checks every listed file against (FSx exports each file on its own)
 
 `make finetune` runs it here after prepare and train; `make finetune STACK=<env>` runs it in a one-node job on the
 cluster (trainer/jobs/finetune.py) with DIR under /fsx/checkpoints and --tags-root /fsx/checkpoints, so the tag
