@@ -73,14 +73,15 @@ endif
 # -> export (docs/finetune.md). Each stage is skipped or resumed when its output exists: prepare prints `cached`,
 # train resumes from its newest checkpoint in runs/sft-local (FRESH=1 starts over), evaluate records its results
 # once beside the newest checkpoint's model version, promote appends a tag event only when the tag moves, and the
-# export is made once per model version.
+# export is made once per model version. With STACK=<env> the same stages run on the cluster (DATASET=, SUITE=,
+# WAIT=1, RETRY=1; docs/finetune.md "On a stack").
 FINETUNE_CONFIG := trainer/configs/sft-local.yaml
 FINETUNE_SUITE  := trainer/configs/suites/sft-local.yaml
 FINETUNE_RUN    := runs/sft-local
 FINETUNE_TAG    ?= candidate
 
 .PHONY: finetune
-finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export
+finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export; STACK=<env>: on the cluster, resuming
 ifneq ($(STACK),)
 	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
 	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
