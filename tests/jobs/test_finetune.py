@@ -335,3 +335,14 @@ def test_wait_polls_a_running_training_job_until_it_ends(stack, capsys):
     assert lines[:2] == [f"train: running (job {job_id})", f"train: succeeded (job {job_id})"]
     assert lines[2].startswith("stages: submitted (job ") and lines[3].startswith("stages: succeeded (job ")
     assert status == 1 and len(submitted(stack)) == 2
+
+
+def test_outputs_older_than_the_training_job_are_not_its_own(stack, capsys, tmp_path):
+    upload_inputs(stack)
+    publish_stage_outputs(stack, tmp_path)  # an earlier training's, complete in the bucket
+    finetune(stack, capsys)
+    train = batch_job(stack.jobs()[0]["jobId"])
+    train.job_created_at = train.job_created_at.replace(year=train.job_created_at.year + 1)  # trained since
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0 and out.splitlines()[1].startswith("stages: submitted (job ")
+    assert len(submitted(stack)) == 2

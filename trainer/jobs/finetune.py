@@ -291,14 +291,17 @@ class RunBucket(S3Store):
         return super()._keys(prefix or f"{self.run}/")
 
 
-def stages_missing(outputs: StackOutputs, p: Pipeline) -> tuple[str | None, list[str]]:
-    """The run's newest model version in the bucket and what of the stages' outputs it lacks there."""
+def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tuple[str | None, list[str]]:
+    """The run's newest model version in the bucket and what of the stages' outputs it lacks there; a version
+    older than the training job is not its (its checkpoints have not reached the bucket yet)."""
     store = RunBucket(outputs, p.run)
     registry = Registry(store)
     if not registry.versions:
         return None, [f"any model version under s3://{store.bucket}/{p.run}/"]
     newest = registry.versions[-1]
     version, missing = newest.record.version, []
+    if datetime.fromisoformat(newest.record.created).timestamp() < train.created:
+        missing.append(f"a model version from training job {train.id} (the newest, {version}, predates it)")
     if not any(e.get("name") == p.record for e in newest.evaluations):
         missing.append(f"evaluation {p.record!r}")
     if registry.tags().get(p.tag) != version:
@@ -376,7 +379,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
     train = advance("train", p.train, lambda: aws_problems(p.train, p.cfg, outputs, tag), outputs, args)
     if train is None:
         return 0
-    version, missing = stages_missing(outputs, p)
+    version, missing = stages_missing(outputs, p, train)
     bucket = outputs["checkpoints_bucket"]
     if version and not missing:
         print(
@@ -393,7 +396,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
         return 0
     deadline = time.monotonic() + args.export_timeout_s
     while True:
-        version, missing = stages_missing(outputs, p)
+        version, missing = stages_missing(outputs, p, train)
         if not missing:
             print(f"stages: done ({version}: in s3://{bucket}/{p.run}/)")
             return 0
