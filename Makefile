@@ -73,22 +73,22 @@ endif
 # -> export (docs/finetune.md). Each stage is skipped or resumed when its output exists: prepare prints `cached`,
 # train resumes from its newest checkpoint in runs/sft-local (FRESH=1 starts over), evaluate records its results
 # once beside the newest checkpoint's model version, promote appends a tag event only when the tag moves, and the
-# export is made once per model version.
+# export is made once per model version. With STACK=<env> the same stages run on the cluster (DATASET=, SUITE=,
+# WAIT=1, RETRY=1; docs/finetune.md "On a stack").
 FINETUNE_CONFIG := trainer/configs/sft-local.yaml
 FINETUNE_SUITE  := trainer/configs/suites/sft-local.yaml
 FINETUNE_RUN    := runs/sft-local
 FINETUNE_TAG    ?= candidate
 
 .PHONY: finetune
-finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export
+finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the built-in chat set: prepare -> train -> evaluate -> register -> export; STACK=<env>: on the cluster, resuming
 ifneq ($(STACK),)
-	# on a stack: the fine-tune itself (llama3-8b-sft.yaml; DATASET=<name> picks /fsx/datasets/<name>/<name>); its
-	# evaluate, register and export stages do not run on the cluster yet (docs/finetune.md)
-	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),trainer/configs/llama3-8b-sft.yaml)" \
-	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
-	  $(if $(DATASET),--set "data.prefixes=[/fsx/datasets/$(DATASET)/$(DATASET)]") $(ARGS)
-	@echo "make finetune STACK=$(STACK): submitted the fine-tune; evaluate, register and export run here once its" \
-	  "checkpoints are exported to the bucket (docs/finetune.md, 'On a stack')"
+	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
+	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
+	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md)
+	$(PY) -m trainer finetune $(STACK_ARGS) $(if $(CONFIG),--config "$(CONFIG)") $(if $(SUITE),--suite "$(SUITE)") \
+	  $(if $(DATASET),--dataset "$(DATASET)") $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") \
+	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) $(ARGS)
 else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks
@@ -96,16 +96,12 @@ else
 	  --output data/stdlib-chat
 	# stage 2: fine-tune (checkpoint.load: runs/local/checkpoints, finetune: true), resuming where it stopped
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(FINETUNE_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) $(ARGS)
-	# stage 3: evaluate the newest checkpoint on the suite; the results join its model version record
-	$(PY) -m trainer evaluate --checkpoint $(FINETUNE_RUN)/checkpoints --tokenizer data/stdlib.tokenizer.json \
-	  --suite $(FINETUNE_SUITE) --record sft-local
-	# stage 4: register: tag the newest model version (its record was written when the checkpoint was published)
-	$(PY) -m trainer models promote newest --tag $(FINETUNE_TAG) --dir $(FINETUNE_RUN)
-	# stage 5: export for inference (transformers, vLLM): bf16 safetensors, tokenizer with its chat template, card
-	@read -r version checkpoint < <($(PY) -m trainer models show $(FINETUNE_TAG) --dir $(FINETUNE_RUN) --format json \
-	  | $(PY) -c 'import json,sys; v = json.load(sys.stdin); print(v["version"], v["location"])') && \
-	if [ -d $(FINETUNE_RUN)/export/$$version ]; then echo "export: $(FINETUNE_RUN)/export/$$version already"; \
-	else $(PY) -m trainer convert --to-hf $$checkpoint --dtype bf16 --out $(FINETUNE_RUN)/export/$$version; fi
+	# stages 3-5 (trainer/models/pipeline.py, also the cluster's): evaluate the newest checkpoint on the suite (the
+	# results join its model version record, once), promote it to FINETUNE_TAG (an event only when the tag moves),
+	# export the tag's version for inference (transformers, vLLM: bf16 safetensors, tokenizer with its chat
+	# template, card) to runs/sft-local/export/<version>, once
+	$(PY) -m trainer finetune-stages --run $(FINETUNE_RUN) --suite $(FINETUNE_SUITE) --record sft-local \
+	  --tag $(FINETUNE_TAG) --tokenizer data/stdlib.tokenizer.json --dtype bf16
 endif
 
 .PHONY: bench

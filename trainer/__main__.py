@@ -27,6 +27,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.models.command",
         "model versions (lineage, metrics, evaluations) and their tags: list, show, promote",
     ),
+    "finetune-stages": (
+        "trainer.models.pipeline",
+        "after a fine-tune: evaluate its newest checkpoint, promote it to a tag, export it; each once",
+    ),
     "generate": (
         "trainer.evaluation.generate",
         "continue prompts with a checkpoint's model (KV cache; greedy, temperature, top-k, top-p)",
@@ -49,6 +53,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "check GPUs, EFA devices, checkpoint storage and an all-reduce",
     ),
     "submit": ("trainer.jobs.submit", "run the trainer on a stack's cluster as a Batch multi-node job"),
+    "finetune": (
+        "trainer.jobs.finetune",
+        "a fine-tune's stages on a stack's cluster (train, then evaluate -> promote -> export), resuming",
+    ),
     "render": (
         "trainer.jobs.render",
         "print what submit would send: the JobSet (EKS) or the Batch job request, no AWS call",

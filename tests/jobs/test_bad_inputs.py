@@ -1,5 +1,6 @@
 """Bad input catalogue, cluster jobs (docs/bad-inputs.md): `make train STACK=test OUTPUTS=...` against a moto
-server with a bad outputs file or an image tag that is not in ECR: one message, a non-zero exit, no job submitted,
+server with a bad outputs file or an image tag that is not in ECR (and `make finetune STACK=...` with a dataset or suite
+it cannot use): one message, a non-zero exit, no job submitted,
 no job definition registered, and the outputs file unchanged."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Row:
     says: str
     setup: Callable[[Stack], None] | None = None
     exit_status: int = 2  # the verb's; make itself then exits 2 as well
+    target: str = "train"  # or finetune: `make finetune STACK=` (trainer/jobs/finetune.py)
 
 
 def without_outputs(*names: str) -> Callable[[Stack], None]:
@@ -104,6 +106,16 @@ ROWS = {
         "'test''s allowed regions us-east-1",
         datasets_in_another_region,
     ),
+    "finetune-dataset-missing": Row(
+        ("IMAGE=0123456789ab", "DATASET=chat-v3"),
+        "DATASET=chat-v3: s3://trainstack-test-datasets/chat-v3/chat-v3.bin, ",
+        target="finetune",
+    ),
+    "finetune-suite-outside-the-image": Row(
+        ("IMAGE=0123456789ab", "SUITE=/tmp/suite.yaml"),
+        "SUITE=/tmp/suite.yaml: the image carries trainer/ only; put the suite under trainer/configs/suites/",
+        target="finetune",
+    ),
 }
 
 
@@ -114,7 +126,7 @@ def test_bad_stack_input_submits_nothing(row_id, stack):
         row.setup(stack)
     outputs_before = hashlib.sha256(stack.outputs_file.read_bytes()).hexdigest()
 
-    result = stack.make("train", f"CONFIG={CONFIG}", DATA_ARGS, *row.variables)
+    result = stack.make(row.target, f"CONFIG={CONFIG}", DATA_ARGS, *row.variables)
 
     assert result.returncode == row.exit_status, result.stderr
     assert row.says in result.stderr

@@ -180,20 +180,3 @@ def test_auto_layout_that_fits_no_layout_is_refused(stack, capsys):
     assert status == 2
     assert "parallel.recompute = auto: no layout fits 1 x p5.48xlarge" in stderr
     assert stack.jobs() == []
-
-
-def test_make_finetune_on_a_stack_submits_the_cluster_recipe_on_the_named_dataset(stack):
-    # DATASET=<name>: the dataset `make data STACK=... NAME=<name>` published, at /fsx/datasets/<name>/<name>.
-    arguments = (
-        "DATASET=corpus",
-        "RUN=sft-a",
-        f"IMAGE={IMAGE_TAG}",
-        f"ARGS=--set data.tokenizer_path={TOKENIZER}",
-    )
-    result = stack.make("finetune", *arguments)
-    assert result.returncode == 0, result.stderr
-    assert "evaluate, register and export run here once its checkpoints are exported" in result.stdout
-    (submitted,) = stack.requests("SubmitJob")
-    command = submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"]
-    assert command[:3] == ["train", "--config", "trainer/configs/llama3-8b-sft.yaml"]
-    assert f"data.prefixes=[{DATASET}]" in command and f"data.tokenizer_path={TOKENIZER}" in command

@@ -300,6 +300,30 @@ def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int
     return 0
 
 
+def export_to_hf(source: Path, out: Path, dtype_name: str, max_shard_size: str = "5GB") -> int:
+    """`convert --to-hf SOURCE --out OUT --dtype D` in this process (a world of one, no torchrun), with the same
+    checks before anything is written; its exit status."""
+    from trainer.evaluation.generate import single_process
+
+    try:
+        if out.exists():
+            raise ConvertError(f"--out {out} exists; convert never overwrites: give a new directory")
+        if dtype_name not in (*DTYPE_ALIASES, *DTYPE_NAMES.values()):
+            raise ConvertError(
+                f"--dtype {dtype_name!r}: use one of {', '.join((*DTYPE_ALIASES, *DTYPE_NAMES.values()))}"
+            )
+        found, _ = _checkpoint_to_export(source, "--to-hf", deepspeed=False)
+        tokenizer = _tokenizer_of(found, _version_of(found))
+        if tokenizer is not None:
+            export.special_tokens(tokenizer)
+        max_shard_bytes = parse_size(max_shard_size)
+    except (ValueError, ConfigError) as error:
+        print(f"convert: {error}", file=sys.stderr)
+        return 2
+    with single_process():
+        return _to_hf(source, out, dtype_name, max_shard_bytes)
+
+
 def _version_of(checkpoint: Path) -> ModelVersion | None:
     """The checkpoint's model version record (trainer/models/record.py); None for one no run published."""
     return read_record(checkpoint) if (checkpoint / RECORD).is_file() else None

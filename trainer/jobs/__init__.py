@@ -7,6 +7,7 @@ request  the object each orchestrator receives: the Batch SubmitJob request, the
 jobset   the JobSet an EKS stack runs: pods, devices, FSx claim, failure policy
 eks      the EKS API server: the `aws eks get-token` token, JobSets, the leader pod's log
 job      status, logs and cancel of a stack's training jobs
+finetune `make finetune STACK=<env>`: train, then one job of evaluate -> promote -> export, resuming
 smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket

@@ -1,0 +1,348 @@
+"""`make finetune STACK=<env>` (`trainer finetune`) against a moto server (Batch, S3, ECR) and, on EKS, the loopback
+API server of test_eks.py: train found by its name and submitted, followed, or named when it failed; then one one-node
+job of `finetune-stages`; the stage skipped once its outputs are in the checkpoints bucket; bad input refused before
+anything is submitted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+from moto.batch.models import batch_backends
+
+from tests.models.test_record import config, prepared
+from tests.support.training import sealed_checkpoint
+from trainer.__main__ import main as trainer_main
+from trainer.contract.container import IMAGE_DIGEST_ENV
+from trainer.launch import node
+from trainer.models import pipeline
+from trainer.models.record import Lineage, add_evaluation, write_record
+
+from .conftest import IMAGE_TAG, REGION, TOKENIZER, Stack
+from .jobset_schema import jobset_errors
+from .test_eks import ApiServer, api_server, eks_stack  # noqa: F401  (fixtures)
+
+RUN = "sft-a"
+DATASETS, CHECKPOINTS = "trainstack-test-datasets", "trainstack-test-checkpoints"
+TOKENIZER_ARGS = ("--set", f"data.tokenizer_path={TOKENIZER}")
+
+
+def upload_inputs(stack: Stack, prefix: str = "chat/chat") -> None:
+    """What `make data ... LOCAL=1` leaves in the datasets bucket for a chat dataset, and the default suite's files."""
+    s3 = stack.client("s3")
+    for suffix in (".bin", ".idx", "-mask.bin", "-mask.idx", ".chat.json"):
+        s3.put_object(Bucket=DATASETS, Key=f"{prefix}{suffix}", Body=b"x")
+    for key in ("sft/heldout.bin", "sft/heldout.idx", "sft/heldout.tasks.jsonl"):
+        s3.put_object(Bucket=DATASETS, Key=key, Body=b"x")
+
+
+def finetune(stack: Stack, capsys, *argv: str) -> tuple[int, str, str]:
+    status = trainer_main(
+        ["finetune", "--stack", "test", "--outputs", str(stack.outputs_file), "--image", IMAGE_TAG, "--run", RUN,
+         "--dataset", "chat", "--poll-s", "0.05", *TOKENIZER_ARGS, *argv]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def submitted(stack: Stack) -> list[dict]:
+    return stack.requests("SubmitJob")
+
+
+def command_of(request: dict) -> list[str]:
+    return request["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"]
+
+
+def batch_job(job_id: str):
+    return batch_backends["123456789012"][REGION]._jobs[job_id]
+
+
+def publish_stage_outputs(stack: Stack, tmp_path: Path, *, tag: str = "candidate") -> str:
+    """What the stages job leaves under /fsx/checkpoints, made by the stages' own code (a recorded checkpoint, its
+    evaluation, the tag event under the root, an export and its marker), copied key for key into the checkpoints
+    bucket as FSx's auto-export of /fsx/checkpoints does (infra/lustre.py); the version."""
+    prefix = prepared(tmp_path / "data", "some text to train on. " * 50)
+    lineage = Lineage(config(prefix, prefix + ".tokenizer.json"), environ={})
+    root = tmp_path / "fsx-checkpoints"
+    checkpoint = sealed_checkpoint(root / RUN / "checkpoints" / "iter_0000200", 1.5)
+    write_record(checkpoint, lineage.record(checkpoint, 200, {"val_loss": 1.5}))
+    add_evaluation(checkpoint, "llama3-8b-sft", {"suite": "trainer/configs/suites/llama3-8b-sft.yaml"})
+    _, version = pipeline.promote(root / RUN, root, checkpoint, tag)
+    export = root / RUN / "export" / version
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}\n")
+    (export / "model.safetensors").write_bytes(b"weights")
+    pipeline.write_marker(root / RUN / "export", version)
+    s3 = stack.client("s3")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        s3.put_object(Bucket=CHECKPOINTS, Key=path.relative_to(root).as_posix(), Body=path.read_bytes())
+    return version
+
+
+def test_a_first_call_submits_the_training_job_with_submits_checks_and_the_chat_dataset(stack, capsys):
+    upload_inputs(stack)
+    status, out, err = finetune(stack, capsys)
+    assert status == 0, err
+    (request,) = submitted(stack)
+    assert request["jobName"] == RUN and request["nodeOverrides"]["numNodes"] == 4
+    command = command_of(request)
+    assert command[:3] == ["train", "--config", "trainer/configs/llama3-8b-sft.yaml"]
+    assert (
+        "data.prefixes=[/fsx/datasets/chat/chat]" in command
+        and f"logging.run_dir=/fsx/checkpoints/{RUN}" in command
+    )
+    job_id = stack.jobs()[0]["jobId"]
+    assert out.splitlines()[0].startswith(f"train: submitted (job {job_id}): 4 x p5.48xlarge (")
+    assert "stages" not in out  # without --wait the call returns once the job is submitted
+
+
+def test_the_next_call_finds_training_succeeded_and_submits_one_one_node_stages_job(stack, capsys):
+    upload_inputs(stack)
+    assert finetune(stack, capsys)[0] == 0
+    status, out, err = finetune(stack, capsys)  # moto's Batch ends the training job at once, SUCCEEDED
+    assert status == 0, err
+    train_id = stack.jobs()[0]["jobId"]
+    train, stages = submitted(stack)
+    assert out.splitlines()[0] == f"train: succeeded (job {train_id})"
+    assert out.splitlines()[1].startswith("stages: submitted (job ")
+    assert stages["jobName"] == f"{RUN}-stages" and stages["jobQueue"] == "gpu-queue"
+    # One node of the stack's multi-node definition, the revision with the training job's image (Batch API
+    # Reference, NodeOverrides: numNodes may be lowered to 1 with the open node range "0:" and main node 0).
+    assert stages["nodeOverrides"]["numNodes"] == 1 and stages["jobDefinition"] == train["jobDefinition"]
+    environment = stages["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["environment"]
+    assert {"name": "TRAINSTACK_RUN", "value": RUN} in environment
+    assert any(e["name"] == IMAGE_DIGEST_ENV for e in environment)  # the records carry the digest
+    # The command as the image's entrypoint hands it to `trainer launch`, then launch to the stages verb.
+    parser = argparse.ArgumentParser()
+    node.add_arguments(parser)
+    launch = parser.parse_args(command_of(stages))
+    assert launch.nproc_per_node == 1 and launch.skip_preflight and launch.verb[0] == "finetune-stages"
+    verb = argparse.ArgumentParser()
+    pipeline.add_arguments(verb)
+    stage_args = verb.parse_args(launch.verb[1:])
+    assert (stage_args.run, stage_args.tags_root) == (
+        Path(f"/fsx/checkpoints/{RUN}"),
+        Path("/fsx/checkpoints"),
+    )
+    assert (
+        stage_args.suite == Path("trainer/configs/suites/llama3-8b-sft.yaml")
+        and stage_args.record == "llama3-8b-sft"
+    )
+    assert (stage_args.tag, stage_args.dtype, str(stage_args.tokenizer)) == ("candidate", "bf16", TOKENIZER)
+
+
+def test_a_stage_whose_outputs_are_in_the_bucket_is_done_and_nothing_is_submitted(stack, capsys, tmp_path):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    finetune(stack, capsys)
+    status, out, _ = finetune(stack, capsys)  # the stages job ended, but FSx has exported nothing yet
+    assert status == 0
+    stages_id = next(job["jobId"] for job in stack.jobs() if job["jobName"] == f"{RUN}-stages")
+    assert out.splitlines()[1] == f"stages: succeeded (job {stages_id})"
+    assert (
+        "stages: the bucket lacks any model version under s3://trainstack-test-checkpoints/sft-a/ yet" in out
+    )
+    version = publish_stage_outputs(stack, tmp_path)
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0
+    assert out.splitlines()[-1] == (
+        f"stages: done ({version}: evaluated as 'llama3-8b-sft', tagged 'candidate', exported to "
+        f"s3://{CHECKPOINTS}/{RUN}/export/{version}/)"
+    )
+    assert len(submitted(stack)) == 2  # train and stages, once each
+
+
+def test_an_export_missing_a_file_in_the_bucket_is_not_done(stack, capsys, tmp_path):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    finetune(stack, capsys)
+    version = publish_stage_outputs(stack, tmp_path)
+    stack.client("s3").delete_object(Bucket=CHECKPOINTS, Key=f"{RUN}/export/{version}/model.safetensors")
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0
+    assert (
+        f"1 of the export's 2 files (e.g. s3://{CHECKPOINTS}/{RUN}/export/{version}/model.safetensors)" in out
+    )
+    assert len(submitted(stack)) == 2
+
+
+def test_an_active_training_job_is_named_and_nothing_more_is_submitted(stack, capsys):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    job_id = stack.jobs()[0]["jobId"]
+    job = batch_job(job_id)
+    job.status, job.job_stopped = "RUNNING", False  # moto ends jobs at once; this one is still running
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0 and out.splitlines() == [f"train: running (job {job_id})"]
+    assert len(submitted(stack)) == 1
+
+
+def test_a_failed_training_job_is_an_error_naming_it_and_retry_submits_it_again(stack, capsys, monkeypatch):
+    upload_inputs(stack)
+    monkeypatch.setenv("MOTO_SIMPLE_BATCH_FAIL_AFTER", "0")  # moto's Batch fails jobs at once
+    finetune(stack, capsys)
+    job_id = stack.jobs()[0]["jobId"]
+    status, out, err = finetune(stack, capsys)
+    assert status == 1
+    assert f"finetune: train: failed (job {job_id}" in err
+    assert f"its log: make logs STACK=test JOB={job_id}; once fixed, RETRY=1 submits it again" in err
+    assert len(submitted(stack)) == 1
+    monkeypatch.delenv("MOTO_SIMPLE_BATCH_FAIL_AFTER")
+    status, out, err = finetune(stack, capsys, "--retry")
+    assert status == 0, err
+    assert out.startswith("train: submitted (job ") and len(submitted(stack)) == 2
+
+
+def test_a_stages_job_from_before_the_latest_training_is_submitted_again(stack, capsys):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    finetune(stack, capsys)
+    ids = {job["jobName"]: job["jobId"] for job in stack.jobs()}
+    train_id, stages_id = ids[RUN], ids[f"{RUN}-stages"]
+    batch_job(stages_id).job_created_at = batch_job(train_id).job_created_at.replace(year=2000)
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0 and out.splitlines()[1].startswith("stages: submitted (job ")
+    assert len(submitted(stack)) == 3
+
+
+def test_wait_follows_both_jobs_then_waits_for_the_bucket(stack, capsys):
+    upload_inputs(stack)
+    status, out, _ = finetune(stack, capsys, "--wait", "--export-timeout-s", "0")
+    lines = out.splitlines()
+    assert [line.split(" (job")[0] for line in lines[:4]] == [
+        "train: submitted", "train: succeeded", "stages: submitted", "stages: succeeded",
+    ]  # fmt: skip
+    assert status == 1 and "and did not within 0 s: check the data repository association" in lines[-1]
+
+
+def test_bad_input_is_refused_before_anything_is_submitted(stack, capsys, tmp_path):
+    status, _, err = finetune(stack, capsys)  # nothing uploaded
+    assert status == 2
+    assert (
+        "DATASET=chat: s3://trainstack-test-datasets/chat/chat.bin" in err and "make data STACK=test" in err
+    )
+    upload_inputs(stack)
+    status, _, err = finetune(stack, capsys, "--run", "bad name!")
+    assert status == 2 and "RUN='bad name!': use letters, digits" in err
+    status, _, err = finetune(stack, capsys, "--tag", "Prod!")
+    assert status == 2 and "--tag 'Prod!'" in err
+    status, _, err = finetune(stack, capsys, "--suite", str(tmp_path / "suite.yaml"))
+    assert status == 2 and "the image carries trainer/ only" in err
+    stack.client("s3").delete_object(Bucket=DATASETS, Key="sft/heldout.tasks.jsonl")
+    status, _, err = finetune(stack, capsys)
+    assert status == 2
+    assert (
+        "generation.0.file = '/fsx/datasets/sft/heldout.tasks.jsonl': s3://trainstack-test-datasets/sft"
+        in err
+    )
+    assert trainer_main(["finetune", "--stack", "nope", "--outputs", str(tmp_path / "none.json")]) == 2
+    assert "OUTPUTS=" in capsys.readouterr().err
+    assert submitted(stack) == []
+
+
+def test_a_published_dataset_version_is_read_from_its_latest_pointer(stack, capsys):
+    upload_inputs(stack, "chat/0123abcd/chat")  # what `make data STACK=` publishes: <name>/<version>/<name>
+    latest = {"version": "0123abcd", "prefix": "/fsx/datasets/chat/0123abcd/chat"}
+    stack.client("s3").put_object(Bucket=DATASETS, Key="chat/latest.json", Body=json.dumps(latest).encode())
+    status, _, err = finetune(stack, capsys)
+    assert status == 0, err
+    assert "data.prefixes=[/fsx/datasets/chat/0123abcd/chat]" in command_of(submitted(stack)[0])
+
+
+def test_make_finetune_on_a_stack_runs_the_driver(stack):
+    upload_inputs(stack)
+    arguments = ("DATASET=chat", f"RUN={RUN}", f"IMAGE={IMAGE_TAG}", f"ARGS={' '.join(TOKENIZER_ARGS)}")
+    result = stack.make("finetune", *arguments)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("train: submitted (job ")
+    result = stack.make("finetune", *arguments)
+    assert result.returncode == 0, result.stderr
+    assert "stages: submitted (job " in result.stdout
+    assert [r["jobName"] for r in submitted(stack)] == [RUN, f"{RUN}-stages"]
+
+
+def test_on_eks_the_stages_job_is_a_one_pod_jobset_the_pinned_schema_accepts(eks_stack, api_server, capsys):  # noqa: F811
+    upload_inputs(eks_stack)
+    status, out, err = finetune(eks_stack, capsys)
+    assert status == 0, err
+    assert out.splitlines()[0].startswith(f"train: submitted (job {RUN}): 4 x p5.48xlarge")
+    (train,) = api_server.received
+    api_server.jobsets[RUN]["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    status, out, err = finetune(eks_stack, capsys)
+    assert status == 0, err
+    assert out.splitlines()[0] == f"train: succeeded (job {RUN})"
+    assert out.splitlines()[1].startswith(f"stages: submitted (job {RUN}-stages)")
+    stages = api_server.received[1]
+    assert jobset_errors(stages) == []
+    job = stages["spec"]["replicatedJobs"][0]
+    assert job["replicas"] == 1 and job["template"]["spec"]["parallelism"] == 1
+    container = job["template"]["spec"]["template"]["spec"]["containers"][0]
+    train_container = train["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["image"] == train_container["image"]
+    assert container["args"][:4] == ["--skip-preflight", "--nproc-per-node", "1", "finetune-stages"]
+    status, out, _ = finetune(eks_stack, capsys)  # the stages JobSet has not finished
+    assert out.splitlines()[1] == f"stages: submitted (job {RUN}-stages)"  # the JobSet's state, not a new one
+    assert len(api_server.received) == 2
+
+
+def test_on_eks_a_failed_jobset_is_named(eks_stack, api_server, capsys):  # noqa: F811
+    upload_inputs(eks_stack)
+    finetune(eks_stack, capsys)
+    api_server.jobsets[RUN]["status"] = {
+        "conditions": [{"type": "Failed", "status": "True", "message": "jobset failed: node exit 1"}]
+    }
+    status, _, err = finetune(eks_stack, capsys)
+    assert status == 1 and f"train: failed (job {RUN}: Failed: jobset failed: node exit 1)" in err
+    assert len(api_server.received) == 1
+
+
+def test_on_eks_a_stale_stages_jobset_is_deleted_before_the_new_one(eks_stack, api_server, capsys):  # noqa: F811
+    upload_inputs(eks_stack)
+    finetune(eks_stack, capsys)
+    api_server.jobsets[RUN]["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    finetune(eks_stack, capsys)
+    stages = api_server.jobsets[f"{RUN}-stages"]
+    stages["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    stages["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    # The run trained again since (a later attempt of its JobSet ended after the stages job was created).
+    api_server.jobsets[RUN]["status"]["conditions"][0]["lastTransitionTime"] = "2026-02-01T00:00:00Z"
+    status, out, err = finetune(eks_stack, capsys)
+    assert status == 0, err
+    assert out.splitlines()[1].startswith(f"stages: submitted (job {RUN}-stages)")
+    assert [d["name"] for d in api_server.deletions] == [f"{RUN}-stages"]
+    assert [r["metadata"]["name"] for r in api_server.received] == [RUN, f"{RUN}-stages", f"{RUN}-stages"]
+
+
+def test_wait_polls_a_running_training_job_until_it_ends(stack, capsys):
+    upload_inputs(stack)
+    finetune(stack, capsys)
+    job_id = stack.jobs()[0]["jobId"]
+    job = batch_job(job_id)
+    job.status, job.job_stopped = "RUNNING", False
+
+    def ends_later() -> None:
+        time.sleep(0.5)
+        job.status, job.job_stopped = "SUCCEEDED", True  # what Batch reports once the main node exits 0
+
+    threading.Thread(target=ends_later, daemon=True).start()
+    status, out, _ = finetune(stack, capsys, "--wait", "--export-timeout-s", "0")
+    lines = out.splitlines()
+    assert lines[:2] == [f"train: running (job {job_id})", f"train: succeeded (job {job_id})"]
+    assert lines[2].startswith("stages: submitted (job ") and lines[3].startswith("stages: succeeded (job ")
+    assert status == 1 and len(submitted(stack)) == 2
+
+
+def test_outputs_older_than_the_training_job_are_not_its_own(stack, capsys, tmp_path):
+    upload_inputs(stack)
+    publish_stage_outputs(stack, tmp_path)  # an earlier training's, complete in the bucket
+    finetune(stack, capsys)
+    train = batch_job(stack.jobs()[0]["jobId"])
+    train.job_created_at = train.job_created_at.replace(year=train.job_created_at.year + 1)  # trained since
+    status, out, _ = finetune(stack, capsys)
+    assert status == 0 and out.splitlines()[1].startswith("stages: submitted (job ")
+    assert len(submitted(stack)) == 2

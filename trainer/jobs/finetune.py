@@ -1,0 +1,457 @@
+"""`python -m trainer finetune --stack <env>` (`make finetune STACK=<env>`): a fine-tune's stages on the cluster,
+resuming where the last call stopped.
+
+    finetune --stack ENV [--dataset NAME] [--config FILE] [--suite FILE] [--run NAME] [--nodes N] [--image TAG]
+             [--tag candidate] [--record NAME] [--wait] [--retry]
+
+1 dataset  with --dataset, the prepared chat dataset in the datasets bucket: its latest published version
+           (`NAME/latest.json`, written by `make data STACK=`), else NAME/NAME (`make data LOCAL=1`); the run trains on it
+2 train    the run's job, found by its name (Batch: the job named after the run; EKS: the JobSet of that name):
+           none -> submitted with every check of `make train STACK=` (trainer/jobs/submit.py); active -> said (--wait
+           polls until it ends); failed -> an error naming the job and `make logs` (--retry submits it again, which
+           resumes from the run's checkpoints); succeeded -> the next stage
+3 stages   evaluate -> promote -> export (`finetune-stages`, trainer/models/pipeline.py) in one one-node job named
+           <run>-stages with the same image, on /fsx/checkpoints/<run>; the same status logic. Its outputs reach the
+           checkpoints bucket through FSx's auto-export of /fsx/checkpoints: the evaluation beside the version
+           record, the tag event under model-tags/ (where `models list --stack` reads both) and the export under
+           <run>/export/<version>/ with its marker <version>.export.json. When the run's newest version in the
+           bucket has all three, the stage is done and nothing is submitted.
+
+One line per stage (`train: succeeded (job ...)`, `stages: submitted (job ...)`). Every check that needs no
+cluster runs before anything is looked up or submitted: the stack, the config and layout, the run name, the suite,
+the names of the tag and the evaluation, the dataset and the suite's files in the bucket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from botocore.exceptions import ClientError
+from pydantic import ValidationError
+
+from trainer.config import TrainConfig
+from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
+from trainer.evaluation.suite import Suite
+from trainer.jobs.aws import client
+from trainer.jobs.job import STATUSES, TERMINAL
+from trainer.jobs.jobset import RenderError
+from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs.request import Submission
+from trainer.jobs.residency import residency_problems
+from trainer.jobs.submit import (
+    FSX_DATASETS,
+    ROOT,
+    SubmitError,
+    aws_problems,
+    eks_problems,
+    git_commit,
+    image_problems,
+    orchestrator_problems,
+    plan,
+    submit,
+)
+from trainer.models.pipeline import DEFAULT_TAG, DTYPES, EXPORT, EXPORT_MARKER_SUFFIX, check_names
+from trainer.models.record import RecordError
+from trainer.models.registry import Registry, S3Store
+
+DEFAULT_CONFIG = Path("trainer/configs/llama3-8b-sft.yaml")
+DEFAULT_SUITE = Path("trainer/configs/suites/llama3-8b-sft.yaml")
+STAGES_SUFFIX = "-stages"
+ACTIVE = tuple(status for status in STATUSES if status not in TERMINAL)
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# What `prepare --format chat` writes for PREFIX (trainer/data/chat.py): tokens, the loss mask, and the record
+# written last.
+CHAT_SUFFIXES = (".bin", ".idx", "-mask.bin", "-mask.idx", ".chat.json")
+LATEST = "latest.json"  # `make data STACK=`'s pointer to a dataset's newest version (trainer/jobs/data.py)
+
+
+@functools.cache
+def _cached_client(service: str, region: str, endpoint: str | None) -> Any:
+    return client(service, region)
+
+
+def aws(service: str, region: str) -> Any:
+    """One client per service for this process (each boto3 session costs a fraction of a second to build)."""
+    return _cached_client(service, region, os.environ.get("AWS_ENDPOINT_URL"))
+
+
+class FinetuneError(RuntimeError):
+    """A stage that cannot go on: what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    """A job on either orchestrator, in Batch's words (trainer/jobs/eks.py jobset_status for a JobSet)."""
+
+    id: str
+    status: str
+    created: float  # epoch seconds
+    stopped: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Everything the stages need, checked: the run, its training submission and config, the stages' job."""
+
+    run: str
+    train: Submission
+    cfg: TrainConfig
+    stages: Submission
+    record: str
+    tag: str
+
+
+def _missing(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+            return True
+        raise
+    return False
+
+
+def dataset_prefix(outputs: StackOutputs, name: str) -> str:
+    """The chat dataset's prefix under /fsx/datasets: its latest published version, else NAME/NAME; every file
+    `prepare --format chat` writes must be in the bucket."""
+    if not DATASET_NAME.match(name):
+        raise SubmitError(
+            [f"DATASET={name!r}: a folder name in the datasets bucket: letters, digits, '.', '-' and '_'"]
+        )
+    s3, bucket = aws("s3", outputs.region), outputs["datasets_bucket"]
+    key = f"{name}/{name}"
+    if not _missing(s3, bucket, f"{name}/{LATEST}"):
+        latest = json.loads(s3.get_object(Bucket=bucket, Key=f"{name}/{LATEST}")["Body"].read())
+        key = str(latest["prefix"]).removeprefix(FSX_DATASETS)
+    absent = [f"s3://{bucket}/{key}{s}" for s in CHAT_SUFFIXES if _missing(s3, bucket, key + s)]
+    if absent:
+        raise SubmitError(
+            [
+                f"DATASET={name}: {', '.join(absent)} not found: prepare the chat data with `prepare --format chat` and "
+                f"upload it (make data STACK={outputs.stack} SRC=... NAME={name} LOCAL=1; docs/finetune.md)"
+            ]
+        )
+    return FSX_DATASETS + key
+
+
+def suite_problems(suite_path: Path, outputs: StackOutputs) -> list[str]:
+    """The suite is in the image (under trainer/), parses, and every file it names is in the datasets bucket."""
+    path = suite_path.resolve()
+    if not path.is_relative_to(ROOT / "trainer"):
+        return [
+            f"SUITE={suite_path}: the image carries trainer/ only; put the suite under trainer/configs/suites/"
+        ]
+    try:
+        suite = Suite.model_validate(yaml.safe_load(path.read_text()) or {})
+    except OSError as error:
+        return [f"SUITE={suite_path}: {error.strerror}"]
+    except (yaml.YAMLError, ValidationError) as error:
+        return [f"SUITE={suite_path}: not a suite ({error}); docs/evaluate.md gives its format"]
+    wanted: list[tuple[str, str, tuple[str, ...]]] = [
+        (f"perplexity.{i}.data", t.data, (".bin", ".idx")) for i, t in enumerate(suite.perplexity)
+    ]
+    wanted += [(f"generation.{i}.file", t.file, ("",)) for i, t in enumerate(suite.generation)]
+    s3, bucket, problems = aws("s3", outputs.region), outputs["datasets_bucket"], []
+    for key, value, suffixes in wanted:
+        if not value.startswith(FSX_DATASETS):
+            problems.append(
+                f"SUITE={suite_path}: {key} = {value!r}: the job reads {FSX_DATASETS} (the datasets bucket)"
+            )
+            continue
+        for suffix in suffixes:
+            if _missing(s3, bucket, value.removeprefix(FSX_DATASETS) + suffix):
+                problems.append(
+                    f"SUITE={suite_path}: {key} = {value!r}: s3://{bucket}/{value.removeprefix(FSX_DATASETS)}{suffix} "
+                    f"not found; upload the held-out data (make data STACK={outputs.stack} ... LOCAL=1)"
+                )
+    return problems
+
+
+def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipeline:
+    """Every check that submits nothing: config, layout, run name, names, dataset and suite in the bucket."""
+    record = args.record or args.suite.stem
+    try:
+        check_names(record, args.tag)
+    except RecordError as error:
+        raise SubmitError([str(error)]) from None
+    overrides = list(args.overrides)
+    if args.dataset:
+        overrides.append(f"data.prefixes=[{dataset_prefix(outputs, args.dataset)}]")
+    train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run)
+    stage_args = ["--run", train.run_dir, "--suite", str(args.suite), "--record", record, "--tag", args.tag]
+    stage_args += [
+        "--tokenizer",
+        cfg.data.tokenizer_path,
+        "--dtype",
+        args.dtype,
+        "--tags-root",
+        CHECKPOINTS_DIR,
+    ]
+    stages = Submission(
+        run=train.run + STAGES_SUFFIX,
+        # On Batch the stack's multi-node definition with numNodes 1: allowed since its node range `0:` is open and
+        # its main node is 0 (Batch API Reference, NodeOverrides numNodes); on EKS a JobSet of one pod.
+        nodes=1,
+        gpus_per_node=outputs.gpus_per_node,
+        image=train.image,
+        # The entrypoint runs `trainer launch <command>`: one process (evaluate and export run at TP=1, PP=1), and
+        # no preflight (its all-reduce and EFA checks guard multi-node training, not one process reading /fsx).
+        command=["--skip-preflight", "--nproc-per-node", "1", "finetune-stages", *stage_args],
+        environment={"TRAINSTACK_RUN": train.run, IMAGE_TAG_ENV: tag},
+    )
+    if (
+        problems := eks_problems(train, outputs)
+        + eks_problems(stages, outputs)
+        + suite_problems(args.suite, outputs)
+    ):
+        raise SubmitError(problems)
+    return Pipeline(train.run, train, cfg, stages, record, args.tag)
+
+
+def _epoch(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
+    """The newest job named `name` in the stack's queue (Batch), or the JobSet of that name (EKS); None if none."""
+    if outputs.orchestrator == "eks":
+        from trainer.jobs.eks import connect, jobset_status, status_reason
+
+        for js in connect(outputs).jobsets():
+            if js["metadata"]["name"] == name:
+                # When it ended: its Completed or Failed condition's lastTransitionTime (required in status.conditions
+                # of the pinned JobSet v0.12.0 CRD, ../shared/k8s-crds/).
+                ended = [
+                    c.get("lastTransitionTime")
+                    for c in js.get("status", {}).get("conditions", [])
+                    if c.get("type") in ("Completed", "Failed") and c.get("status") == "True"
+                ]
+                created = _epoch(js["metadata"].get("creationTimestamp")) or 0.0
+                return ClusterJob(
+                    name, jobset_status(js), created, _epoch(next(iter(ended), None)), status_reason(js)
+                )
+        return None
+    # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
+    # Reference, ListJobs `filters`): the exact name is kept here.
+    pages = (
+        aws("batch", outputs.region)
+        .get_paginator("list_jobs")
+        .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [name]}])
+    )
+    named = [job for page in pages for job in page["jobSummaryList"] if job["jobName"] == name]
+    return _batch_job(max(named, key=lambda j: j["createdAt"])) if named else None
+
+
+def _batch_job(job: dict[str, Any]) -> ClusterJob:
+    """A Batch job from ListJobs' summary or DescribeJobs' detail (the same keys: milliseconds since the epoch)."""
+    stopped = job.get("stoppedAt")
+    return ClusterJob(
+        job["jobId"],
+        job["status"],
+        job["createdAt"] / 1000,
+        stopped / 1000 if stopped else None,
+        job.get("statusReason"),
+    )
+
+
+def job_by_id(outputs: StackOutputs, job_id: str) -> ClusterJob | None:
+    """The job just submitted, by its id (DescribeJobs), or on EKS the JobSet of that name."""
+    if outputs.orchestrator == "eks":
+        return find_job(outputs, job_id)
+    found = aws("batch", outputs.region).describe_jobs(jobs=[job_id])["jobs"]
+    return _batch_job(found[0]) if found else None
+
+
+class RunBucket(S3Store):
+    """The checkpoints bucket as `models --stack` reads it, its versions listed under the run's prefix only."""
+
+    def __init__(self, outputs: StackOutputs, run: str):
+        super().__init__(
+            aws("s3", outputs.region),
+            aws("sts", outputs.region),
+            outputs["checkpoints_bucket"],
+            outputs["kms_key_arn"],
+        )
+        self.run = run
+
+    def _keys(self, prefix: str = "") -> list[str]:
+        return super()._keys(prefix or f"{self.run}/")
+
+
+def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tuple[str | None, list[str]]:
+    """The run's newest model version in the bucket and what of the stages' outputs it lacks there; a version
+    older than the training job is not its (its checkpoints have not reached the bucket yet)."""
+    store = RunBucket(outputs, p.run)
+    registry = Registry(store)
+    if not registry.versions:
+        return None, [f"any model version under s3://{store.bucket}/{p.run}/"]
+    newest = registry.versions[-1]
+    version, missing = newest.record.version, []
+    if datetime.fromisoformat(newest.record.created).timestamp() < train.created:
+        missing.append(f"a model version from training job {train.id} (the newest, {version}, predates it)")
+    if not any(e.get("name") == p.record for e in newest.evaluations):
+        missing.append(f"evaluation {p.record!r}")
+    if registry.tags().get(p.tag) != version:
+        missing.append(f"tag {p.tag!r}")
+    marker = f"{p.run}/{EXPORT}/{version}{EXPORT_MARKER_SUFFIX}"
+    if _missing(store.s3, store.bucket, marker):
+        missing.append(f"export marker s3://{store.bucket}/{marker}")
+    else:
+        files = json.loads(store.s3.get_object(Bucket=store.bucket, Key=marker)["Body"].read())["files"]
+        prefix = f"{p.run}/{EXPORT}/{version}/"
+        pages = store.s3.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix)
+        there = {
+            item["Key"].removeprefix(prefix): item["Size"]
+            for page in pages
+            for item in page.get("Contents", [])
+        }
+        if absent := [name for name, size in files.items() if there.get(name) != size]:
+            missing.append(
+                f"{len(absent)} of the export's {len(files)} files (e.g. s3://{store.bucket}/{prefix}{absent[0]})"
+            )
+    return version, missing
+
+
+def _submitted_line(label: str, job_id: str, submission: Submission, outputs: StackOutputs) -> str:
+    return (
+        f"{label}: submitted (job {job_id}): {submission.nodes} x {outputs['instance_type']} ({submission.image}); "
+        f"follow it: make logs STACK={outputs.stack} JOB={job_id} FOLLOW=1"
+    )
+
+
+def advance(
+    label: str,
+    submission: Submission,
+    checks: Callable[[], list[str]],
+    outputs: StackOutputs,
+    args: argparse.Namespace,
+    after: float | None = None,
+) -> ClusterJob | None:
+    """One stage's job: submitted when there is none (or none since `after`, or --retry and it failed), waited for
+    with --wait; the job once it succeeded, None while it is not done (one line says so)."""
+    job = find_job(outputs, submission.run)
+    stale = job is not None and job.status in TERMINAL and after is not None and job.created < after
+    if job is None or stale or (job.status == "FAILED" and args.retry):
+        if problems := checks():
+            raise SubmitError(problems)
+        if job is not None and outputs.orchestrator == "eks":  # a JobSet's name is unique in its namespace
+            from trainer.jobs.eks import connect
+
+            connect(outputs).delete_jobset(submission.run)
+        job_id = submit(submission, outputs)
+        print(_submitted_line(label, job_id, submission, outputs))
+        if not args.wait:
+            return None
+        job = ClusterJob(job_id, "SUBMITTED", time.time(), None, None)
+    elif job.status in ACTIVE:
+        print(f"{label}: {job.status.lower()} (job {job.id})")
+    while job.status in ACTIVE:
+        if not args.wait:
+            return None
+        time.sleep(args.poll_s)
+        if (found := job_by_id(outputs, job.id)) is None:
+            raise FinetuneError(f"{label}: job {job.id} is gone from the stack; run again to submit it anew")
+        job = found
+    if job.status == "FAILED":
+        raise FinetuneError(
+            f"{label}: failed (job {job.id}{': ' + job.reason if job.reason else ''}); its log: make logs "
+            f"STACK={outputs.stack} JOB={job.id}; once fixed, RETRY=1 submits it again (it resumes from the run's "
+            "checkpoints)"
+        )
+    print(f"{label}: succeeded (job {job.id})")
+    return job
+
+
+def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str) -> int:
+    train = advance("train", p.train, lambda: aws_problems(p.train, p.cfg, outputs, tag), outputs, args)
+    if train is None:
+        return 0
+    version, missing = stages_missing(outputs, p, train)
+    bucket = outputs["checkpoints_bucket"]
+    if version and not missing:
+        print(
+            f"stages: done ({version}: evaluated as {p.record!r}, tagged {p.tag!r}, exported to "
+            f"s3://{bucket}/{p.run}/{EXPORT}/{version}/)"
+        )
+        return 0
+
+    def checks() -> list[str]:
+        return residency_problems(outputs) + orchestrator_problems(outputs) + image_problems(outputs, tag)
+
+    stages = advance("stages", p.stages, checks, outputs, args, after=train.stopped)
+    if stages is None:
+        return 0
+    deadline = time.monotonic() + args.export_timeout_s
+    while True:
+        version, missing = stages_missing(outputs, p, train)
+        if not missing:
+            print(f"stages: done ({version}: in s3://{bucket}/{p.run}/)")
+            return 0
+        if not args.wait or time.monotonic() > deadline:
+            break
+        time.sleep(args.poll_s)
+    line = (
+        f"stages: the bucket lacks {', '.join(missing)} yet: FSx exports /fsx/checkpoints to s3://{bucket} "
+        "asynchronously"
+    )
+    if args.wait:
+        print(
+            f"{line}, and did not within {args.export_timeout_s:.0f} s: check the data repository association"
+        )
+        return 1
+    print(f"{line}; run again to see it done")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True, help="the stack to run on (dev, staging, prod, eks-dev)")
+    parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
+    parser.add_argument("--dataset", help="a prepared chat dataset's name in the stack's datasets bucket")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"default {DEFAULT_CONFIG}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--suite", type=Path, default=DEFAULT_SUITE, help=f"default {DEFAULT_SUITE}")
+    parser.add_argument("--record", help="the evaluation's name (default: the suite file's name)")
+    parser.add_argument(
+        "--tag", default=DEFAULT_TAG, help=f"the tag the evaluated version gets (default {DEFAULT_TAG})"
+    )
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="the export's dtype (default bf16)")
+    parser.add_argument("--run", help="run name: /fsx/checkpoints/<run> (default: the config's name)")
+    parser.add_argument(
+        "--nodes", type=int, help="nodes for the training job (default: the stack's node count)"
+    )
+    parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
+    parser.add_argument("--wait", action="store_true", help="wait for each job instead of returning at once")
+    parser.add_argument("--retry", action="store_true", help="submit a failed stage's job again")
+    parser.add_argument("--poll-s", type=float, default=60.0, help="seconds between looks with --wait")
+    parser.add_argument(
+        "--export-timeout-s", type=float, default=1800.0, help="with --wait: how long the bucket may lag FSx"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        outputs = load_outputs(args.stack, args.outputs)
+        tag = args.image or git_commit()
+        if not tag:
+            raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
+        return drive(pipeline(args, outputs, tag), outputs, args, tag)
+    except (StackError, SubmitError, RenderError) as error:
+        print(f"finetune: {error}", file=sys.stderr)
+        return 2
+    # A job that failed, or the EKS API server refused or could not be reached (trainer/jobs/eks.py).
+    except RuntimeError as error:
+        print(f"finetune: {error}", file=sys.stderr)
+        return 1
