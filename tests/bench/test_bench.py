@@ -4,12 +4,15 @@ throughput, memory against the planner), and the GPU suite's code on CPU through
 
 import email
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
+from trainer.bench.checkpointing import BACKGROUND_SAVES
 from trainer.bench.command import print_report, run_suite, write_report
 from trainer.bench.gpu import run_gpu_suite
+from trainer.bench.training import steady_blocking
 
 pytestmark = pytest.mark.slow  # multi-process runs (make test still runs them)
 
@@ -94,10 +97,18 @@ def test_checkpoint_throughput_counts_the_bytes_written(cpu_report):
     checkpoint = cpu_report[0]["details"]["checkpoint"]
     assert checkpoint["bytes"] > 100_000 and checkpoint["save_gbytes_per_s"] > 0
     # Each background save was published while steps went on; the first save loaded at another layout.
-    assert len(checkpoint["background_saves"]) == 3
+    assert len(checkpoint["background_saves"]) == BACKGROUND_SAVES
     assert all(save["steps_while_writing_seconds"] for save in checkpoint["background_saves"])
     assert checkpoint["background_saves"][-1]["publish_seconds"] > 0
     assert checkpoint["load_seconds_other_layout"] > 0
+
+
+def test_the_steady_state_stall_is_the_median_of_the_saves_that_reuse_the_plan(cpu_report):
+    report = cpu_report[0]
+    saves = [save["blocking_seconds"] for save in report["details"]["checkpoint"]["background_saves"]]
+    row = results(report)["checkpoint stall per background save, steady state"]
+    assert row["value"] == statistics.median(saves[2:])  # the first plans, the second checks the plan
+    assert steady_blocking({"background_saves": [{"blocking_seconds": s} for s in (9.0, 5.0, 0.3)]}) == 0.3
 
 
 def test_overhead_compares_the_trainers_loop_with_a_bare_megatron_loop(cpu_report):

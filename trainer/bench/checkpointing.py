@@ -8,8 +8,9 @@
   and publishing at a step boundary), each measured directly between barriers; how much slower the steps run while the writer
   works (their median against a plain step's, a ratio); and how long until it is published (steps keep running
   meanwhile). A run's first save of a format plans it, its second checks the plan again, the ones after reuse it
-  (trainer/checkpoint/megatron.py Plans): the last of BACKGROUND_SAVES is a steady-state save, the first a run's
-  first;
+  (trainer/checkpoint/megatron.py Plans): the first of BACKGROUND_SAVES is a run's first save, and a steady-state
+  save's stall is the median of the third and later ones (`steady_blocking`: one save's stall moves by several
+  times itself when the 2-core machine's scheduler or write-back holds a rank back);
 - a load at another layout, in a worker started at that layout (`--load`): weights, step and LR schedule (a
   dp_reshardable checkpoint's Adam moments load at its own TP x PP x VP only).
 """
@@ -32,7 +33,7 @@ from trainer.engines.megatron import MegatronEngine
 T = TypeVar("T")
 
 PLAIN_STEPS = 2  # steps without a save, the stall's baseline
-BACKGROUND_SAVES = 3  # plan, check the plan, reuse it
+BACKGROUND_SAVES = 7  # plan, check the plan, reuse it (five times)
 
 
 def _timed(call: Callable[[], T]) -> tuple[float, T]:
@@ -89,7 +90,13 @@ def _background_save(
     }
 
 
-def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: int | None = None) -> dict:
+def time_checkpoint(
+    run: MegatronEngine,
+    batches: list,
+    step: int,
+    keep_last: int | None = None,
+    background_saves: int = BACKGROUND_SAVES,
+) -> dict:
     """`keep_last`: prune to that many after each save, as a run's retention would (1 where disk is short, as for
     the GPU suite's 17 GB saves); None keeps every one (the first is loaded at another layout afterwards)."""
     _interval_saves(run)
@@ -114,7 +121,7 @@ def time_checkpoint(run: MegatronEngine, batches: list, step: int, keep_last: in
         # In order: a run's first background save, ..., a steady-state one (the last).
         "background_saves": [
             _background_save(run, writer, batches, step + 1 + i, plain, keep_last)
-            for i in range(BACKGROUND_SAVES)
+            for i in range(background_saves)
         ],
         "checkpoint": str(saved),
     }

@@ -38,6 +38,7 @@ from trainer.bench.training import (
     pipeline_idle,
     run_overhead,
     run_worker,
+    steady_blocking,
     step_seconds,
     tokens_per_s,
 )
@@ -239,7 +240,7 @@ def add_checkpoint_results(
         report,
         "checkpoint stall per background save, steady state",
         "s",
-        saved["background_saves"][-1]["blocking_seconds"],
+        steady_blocking(saved),
         "synchronous save",
         saved["save_seconds"],
     )

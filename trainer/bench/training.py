@@ -52,6 +52,7 @@ def run_worker(
     load: Path | None = None,
     timeout_s: int = 600,
     checkpoint_keep_last: int | None = None,
+    background_saves: int | None = None,
 ) -> MeasuredRun:
     """One measured run: torchrun starts `layout.processes` bench workers on this machine."""
     run_dir = out / layout.name
@@ -60,6 +61,7 @@ def run_worker(
     arguments = ["-m", "trainer.bench.worker", str(config), str(run_dir / "ranks"), "--steps", str(steps)]
     arguments += [*(["--checkpoint"] if checkpoint else []), *(["--load", str(load)] if load else [])]
     arguments += ["--checkpoint-keep-last", str(checkpoint_keep_last)] if checkpoint_keep_last else []
+    arguments += ["--background-saves", str(background_saves)] if background_saves else []
     arguments += [arg for o in overrides for arg in ("--set", o)]
     _torchrun(arguments, layout.processes, run_dir, layout.name, timeout_s)
     ranks = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(layout.processes)]
@@ -180,3 +182,10 @@ def checkpoint_throughput(run: MeasuredRun) -> dict:
         "save_gbytes_per_s": timing["bytes"] / timing["save_seconds"] / 1e9,
         "load_gbytes_per_s": timing["bytes"] / timing["load_seconds"] / 1e9,
     }
+
+
+def steady_blocking(saved: dict) -> float:
+    """A steady-state background save's stall: the median over the saves that reuse the run's plan (the third on;
+    the last one alone where fewer were made)."""
+    reusing = saved["background_saves"][2:] or saved["background_saves"][-1:]
+    return statistics.median(save["blocking_seconds"] for save in reusing)

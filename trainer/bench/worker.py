@@ -1,7 +1,7 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
-        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint [--checkpoint-keep-last N]] [--load CHECKPOINT]
+        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint [--checkpoint-keep-last N] [--background-saves N]] [--load CHECKPOINT]
 
 Each rank writes OUT/rank<R>.json with
 - memory: bytes of the weights, the gradient buffers and everything else allocated before the second step
@@ -27,7 +27,7 @@ from megatron.core import parallel_state
 from rich.console import Console
 
 from trainer.bench.allocations import AllocationTrace
-from trainer.bench.checkpointing import time_checkpoint, time_load
+from trainer.bench.checkpointing import BACKGROUND_SAVES, time_checkpoint, time_load
 from trainer.config import ParallelDims, load_config
 from trainer.data.loader import with_resolved_model
 from trainer.distributed import parallel
@@ -82,6 +82,7 @@ def measure(
     save_checkpoint: bool,
     load: Path | None = None,
     checkpoint_keep_last: int | None = None,
+    background_saves: int = BACKGROUND_SAVES,
 ) -> dict:
     device = parallel.device_type()
     waits = PipelineWaits()
@@ -116,7 +117,9 @@ def measure(
             {"seconds": time.perf_counter() - started, "pipeline_wait_seconds": waits.seconds}
         )
     if save_checkpoint:
-        result["checkpoint"] = time_checkpoint(run, batches, TRACED_STEPS, checkpoint_keep_last)
+        result["checkpoint"] = time_checkpoint(
+            run, batches, TRACED_STEPS, checkpoint_keep_last, background_saves
+        )
     if load is not None:
         result["load"] = time_load(run, load)
     return result
@@ -135,12 +138,26 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint-keep-last", type=int, help="checkpoints kept while timing saves (default: all of them)"
     )
+    parser.add_argument(
+        "--background-saves",
+        type=int,
+        default=BACKGROUND_SAVES,
+        help=f"background saves timed after the synchronous one (default {BACKGROUND_SAVES})",
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     dims = parallel.initialize(cfg)
     Console(stderr=True, quiet=torch.distributed.get_rank() != 0).print(f"bench worker: {cfg.name} at {dims}")
     try:
-        result = measure(cfg, dims, args.steps, args.checkpoint, args.load, args.checkpoint_keep_last)
+        result = measure(
+            cfg,
+            dims,
+            args.steps,
+            args.checkpoint,
+            args.load,
+            args.checkpoint_keep_last,
+            args.background_saves,
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
     finally:

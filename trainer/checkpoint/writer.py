@@ -166,6 +166,7 @@ class StagedCaller(AsyncCaller):
         self._busy = False
         self._outcome: Any = None  # the write's results (or exception) once the writer sent them
         self._sending: threading.Thread | None = None
+        self._released = True  # whether the write in flight may start
         # Closed before multiprocessing's own exit hook, which joins every child it started and would wait forever.
         atexit.register(self.close)
 
@@ -188,9 +189,19 @@ class StagedCaller(AsyncCaller):
         for (_item, tensor), slot in zip(_tensors(buckets), slots, strict=True):
             slot.view(self._staged).copy_(tensor.detach())
         self._send(("write", async_req.async_fn, rank, plan, async_req.async_fn_kwargs["step"]))
-        self._outcome, self._busy = None, True
+        self._outcome, self._busy, self._released = None, True, False
+
+    def _release(self) -> None:
+        """Let the writer start: at the first check after the save, a step later, once every rank's save is
+        through. A writer that starts while the other ranks still copy and plan holds them back: 0.3 s steady
+        against 0.09 s released a step later (docs/bench.md)."""
+        if not self._released:
+            self._send(("go",))
+            self._released = True
 
     def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        if self._busy and self._outcome is None:
+            self._release()
         if self._busy and self._outcome is None and (blocking or self._conn.poll()):
             self._outcome = self._receive("written")
         is_alive = int(self._busy and self._outcome is None)
@@ -333,6 +344,11 @@ def serve(conn: Connection, rank_pid: int) -> None:
             continue
         _kind, write, rank, plan, step = message
         assert buffer is not None
+        try:  # the rank's go, at its first check after the save (StagedCaller._release)
+            if conn.recv()[0] != "go":
+                return
+        except (EOFError, OSError):
+            return
         buckets = [
             (file_name, key, (bytes_data, [(item, slot.tensor(buffer)) for item, slot in placed]))
             for file_name, key, (bytes_data, placed) in plan
