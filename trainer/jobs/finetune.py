@@ -56,8 +56,8 @@ from trainer.jobs.submit import (
     SubmitError,
     aws_problems,
     eks_problems,
-    git_commit,
     image_problems,
+    image_tag,
     orchestrator_problems,
     plan,
     submit,
@@ -444,9 +444,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
-        tag = args.image or git_commit()
-        if not tag:
-            raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
+        tag = image_tag(args.image)
         return drive(pipeline(args, outputs, tag), outputs, args, tag)
     except (StackError, SubmitError, RenderError) as error:
         print(f"finetune: {error}", file=sys.stderr)

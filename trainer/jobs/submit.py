@@ -362,12 +362,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def image_tag(image: str | None) -> str:
+    """The image tag a submission runs: IMAGE= where given, else this checkout's commit."""
+    tag = image or git_commit()
+    if not tag:
+        raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
+    return tag
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
-        tag = args.image or git_commit()
-        if not tag:
-            raise SubmitError(["IMAGE is not given and this is not a git checkout; give IMAGE=<tag>"])
+        tag = image_tag(args.image)
         submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run)
         if problems := team_problems(outputs, args.team, submission.nodes):
             raise SubmitError(problems)
