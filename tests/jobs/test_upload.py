@@ -60,6 +60,29 @@ def test_upload_cli_writes_every_dataset_file_encrypted_with_the_stack_key(stack
         assert stored["SSEKMSKeyId"] == stack.outputs["kms_key_arn"]
 
 
+def test_a_chat_dataset_goes_up_with_its_loss_mask(stack: Stack, tmp_path):
+    prefix = tmp_path / "chat"
+    write_dataset(prefix, documents=4, tokens_per_document=50)
+    (tmp_path / "chat.chat.json").write_text("{}")  # prepare --format chat marks its mask complete with it
+    with pytest.raises(upload_module.UploadError, match=r"chat-mask\.bin and .*chat-mask\.idx not found"):
+        upload_module.dataset_files(prefix)
+    write_dataset(tmp_path / "chat-mask", documents=4, tokens_per_document=50)
+    keys = upload_module.upload(load_outputs("test", stack.outputs_file), prefix, "chat-v1")
+    assert sorted(keys) == [
+        f"chat-v1/{name}"
+        for name in (
+            "chat-mask.bin",
+            "chat-mask.idx",
+            "chat.bin",
+            "chat.chat.json",
+            "chat.idx",
+            "chat.tokenizer.json",
+        )
+    ]
+    stored = stack.client("s3").get_object(Bucket="trainstack-test-datasets", Key="chat-v1/chat-mask.bin")
+    assert stored["Body"].read() == (tmp_path / "chat-mask.bin").read_bytes()
+
+
 def test_large_shards_go_up_in_parts(stack: Stack, tmp_path, monkeypatch):
     prefix = tmp_path / "big"
     write_dataset(prefix, documents=60, tokens_per_document=100_000)  # 12 MB of uint16 tokens

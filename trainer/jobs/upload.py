@@ -1,5 +1,5 @@
 """`python -m trainer upload --stack <env> --prefix PATH`: put a prepared dataset (PREFIX.bin, PREFIX.idx and the
-files prepared beside them, such as the tokenizer) into the stack's datasets bucket, where FSx's data repository
+files prepared beside them, such as the tokenizer, and a chat dataset's loss mask PREFIX-mask.bin/.idx) into the stack's datasets bucket, where FSx's data repository
 association shows them under /fsx/datasets. Multipart, encrypted with the stack's KMS key, with progress."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from boto3.s3.transfer import TransferConfig
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+from trainer.data.chat import chat_manifest_path, mask_prefix
 from trainer.jobs.aws import client
 from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import FSX_DATASETS
@@ -23,15 +24,20 @@ class UploadError(RuntimeError):
 
 
 def dataset_files(prefix: Path) -> list[Path]:
-    """PREFIX.bin and PREFIX.idx (required) and every other PREFIX.* file prepared with them."""
-    missing = [str(prefix) + s for s in (".bin", ".idx") if not Path(str(prefix) + s).is_file()]
+    """PREFIX.bin and PREFIX.idx (required) and every other PREFIX.* file prepared with them; for chat data
+    (PREFIX.chat.json) also its loss mask, PREFIX-mask.bin and .idx (required: training reads them)."""
+    required = [Path(str(prefix) + suffix) for suffix in (".bin", ".idx")]
+    if chat_manifest_path(str(prefix)).is_file():
+        required += [Path(mask_prefix(str(prefix)) + suffix) for suffix in (".bin", ".idx")]
+    missing = [str(path) for path in required if not path.is_file()]
     if missing:
         raise UploadError(
             f"{' and '.join(missing)} not found; prepare the dataset first (python -m trainer prepare)"
         )
-    return sorted(
+    prepared = (
         p for p in prefix.parent.glob(prefix.name + ".*") if p.is_file() and not p.name.endswith(".tmp")
     )
+    return sorted({*prepared, *required})
 
 
 def upload(outputs: StackOutputs, prefix: Path, name: str) -> list[str]:
