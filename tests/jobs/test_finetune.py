@@ -31,9 +31,9 @@ TOKENIZER_ARGS = ("--set", f"data.tokenizer_path={TOKENIZER}")
 
 
 def upload_inputs(stack: Stack, prefix: str = "chat/chat") -> None:
-    """What `make data ... LOCAL=1` leaves in the datasets bucket for a chat dataset, and the default suite's files."""
+    """What `trainer upload` leaves in the datasets bucket for a chat dataset, and the default suite's files."""
     s3 = stack.client("s3")
-    for suffix in (".bin", ".idx", "-mask.bin", "-mask.idx", ".chat.json"):
+    for suffix in (".bin", ".idx", "-mask.bin", "-mask.idx", ".tokenizer.json", ".chat.json"):
         s3.put_object(Bucket=DATASETS, Key=f"{prefix}{suffix}", Body=b"x")
     for key in ("sft/heldout.bin", "sft/heldout.idx", "sft/heldout.tasks.jsonl"):
         s3.put_object(Bucket=DATASETS, Key=key, Body=b"x")
@@ -250,6 +250,16 @@ def test_a_published_dataset_version_is_read_from_its_latest_pointer(stack, caps
     status, _, err = finetune(stack, capsys)
     assert status == 0, err
     assert "data.prefixes=[/fsx/datasets/chat/0123abcd/chat]" in command_of(submitted(stack)[0])
+
+
+def test_the_training_job_reads_the_tokenizer_its_dataset_was_prepared_with(stack, capsys):
+    upload_inputs(stack)
+    status = trainer_main(
+        ["finetune", "--stack", "test", "--outputs", str(stack.outputs_file), "--image", IMAGE_TAG, "--run", RUN,
+         "--dataset", "chat"]
+    )  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    assert "data.tokenizer_path=/fsx/datasets/chat/chat.tokenizer.json" in command_of(submitted(stack)[0])
 
 
 def test_make_finetune_on_a_stack_runs_the_driver(stack):

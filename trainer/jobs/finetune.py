@@ -5,7 +5,8 @@ resuming where the last call stopped.
              [--tag candidate] [--record NAME] [--wait] [--retry]
 
 1 dataset  with --dataset, the prepared chat dataset in the datasets bucket: its latest published version
-           (`NAME/latest.json`, written by `make data STACK=`), else NAME/NAME (`make data LOCAL=1`); the run trains on it
+           (`NAME/latest.json`, written by `make data STACK=`), else NAME/NAME (`trainer upload`); the run trains on
+           it, with the tokenizer prepare copied beside it (NAME.tokenizer.json)
 2 train    the run's job, found by its name (Batch: the job named after the run; EKS: the JobSet of that name):
            none -> submitted with every check of `make train STACK=` (trainer/jobs/submit.py); active -> said (--wait
            polls until it ends); failed -> an error naming the job and `make logs` (--retry submits it again, which
@@ -71,9 +72,9 @@ DEFAULT_SUITE = Path("trainer/configs/suites/llama3-8b-sft.yaml")
 STAGES_SUFFIX = "-stages"
 ACTIVE = tuple(status for status in STATUSES if status not in TERMINAL)
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-# What `prepare --format chat` writes for PREFIX (trainer/data/chat.py): tokens, the loss mask, and the record
-# written last.
-CHAT_SUFFIXES = (".bin", ".idx", "-mask.bin", "-mask.idx", ".chat.json")
+# What `prepare --format chat` writes for PREFIX (trainer/data/chat.py): tokens, the loss mask, the tokenizer it
+# tokenized with, and the record written last.
+CHAT_SUFFIXES = (".bin", ".idx", "-mask.bin", "-mask.idx", ".tokenizer.json", ".chat.json")
 LATEST = "latest.json"  # `make data STACK=`'s pointer to a dataset's newest version (trainer/jobs/data.py)
 
 
@@ -140,8 +141,10 @@ def dataset_prefix(outputs: StackOutputs, name: str) -> str:
     if absent:
         raise SubmitError(
             [
-                f"DATASET={name}: {', '.join(absent)} not found: prepare the chat data with `prepare --format chat` and "
-                f"upload it (make data STACK={outputs.stack} SRC=... NAME={name} LOCAL=1; docs/finetune.md)"
+                f"DATASET={name}: {', '.join(absent)} not found: prepare the chat data here with `python -m trainer "
+                f"prepare --format chat ... --output data/{name}/{name}` and upload it with `python -m trainer upload "
+                f"--stack {outputs.stack} --prefix data/{name}/{name} --name {name}` (docs/finetune.md; make data "
+                f"STACK={outputs.stack} publishes text corpora only)"
             ]
         )
     return FSX_DATASETS + key
@@ -187,9 +190,11 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
         check_names(record, args.tag)
     except RecordError as error:
         raise SubmitError([str(error)]) from None
-    overrides = list(args.overrides)
-    if args.dataset:
-        overrides.append(f"data.prefixes=[{dataset_prefix(outputs, args.dataset)}]")
+    overrides = []
+    if args.dataset:  # its tokens and the tokenizer they were made with; the user's --set still wins
+        prefix = dataset_prefix(outputs, args.dataset)
+        overrides += [f"data.prefixes=[{prefix}]", f"data.tokenizer_path={prefix}.tokenizer.json"]
+    overrides += args.overrides
     train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run)
     stage_args = ["--run", train.run_dir, "--suite", str(args.suite), "--record", record, "--tag", args.tag]
     stage_args += [
