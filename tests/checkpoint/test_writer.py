@@ -86,6 +86,16 @@ def test_a_background_save_holds_the_state_of_its_step_while_training_changes_it
         assert torch.equal(tensor, weights[name]), name
 
 
+def test_the_writer_starts_at_its_ranks_first_check_after_the_save(tmp_path, single_process_group, writer):
+    # Not while the other ranks still copy and plan their own saves (docs/bench.md): one step later.
+    weights = {"w": torch.randn(256, 256)}
+    write = _save(writer, tmp_path, 10, weights)
+    time.sleep(1.0)  # a writer started at once writes 256 KB in milliseconds
+    assert not list(write.staging.glob("*.distcp"))
+    published = write.finish()  # the check that releases it, then waits
+    assert [path.name for path in published.glob("*.distcp")] == ["__0_0.distcp"]
+
+
 def test_a_grown_plan_gets_a_larger_staging_buffer_and_the_writer_maps_it(
     tmp_path, single_process_group, writer
 ):

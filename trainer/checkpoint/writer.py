@@ -234,8 +234,13 @@ class StagedCaller(AsyncCaller):
         the niced writer reads it when the CPUs let it, which training should not wait for."""
         self._sent()
         payload = ForkingPickler.dumps(message)
-        self._sending = threading.Thread(target=self._conn.send_bytes, args=(payload,), daemon=True)
+        self._sending = threading.Thread(target=self._write, args=(payload,), daemon=True)
         self._sending.start()
+
+    def _write(self, payload: bytes) -> None:
+        # A writer that is gone is read as such at the next check (`_receive`): the save fails on every rank.
+        with contextlib.suppress(OSError):
+            self._conn.send_bytes(payload)
 
     def _sent(self) -> None:
         """Wait until the message before is written (messages go in order)."""
