@@ -39,6 +39,7 @@ from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 from trainer.distributed import parallel
+from trainer.evaluation.jsonl import string_records
 from trainer.launch import local
 from trainer.model import llama
 from trainer.model.weights import model_only_config
@@ -223,17 +224,11 @@ def check_vocabulary(tokenizer: HuggingFaceTokenizer, record: ModelRecord) -> No
 def read_prompts(path: Path) -> list[str]:
     if not path.is_file():
         raise GenerateError(f"--prompts {path}: no such file")
-    prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise GenerateError(f"--prompts {path} line {number}: not JSON ({error})") from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
-            raise GenerateError(f'--prompts {path} line {number}: give an object with a string "prompt"')
-        prompts.append(entry["prompt"])
+    shape = 'give an object with a string "prompt"'
+    prompts = [
+        entry["prompt"]
+        for entry in string_records(path, ("prompt",), f"--prompts {path}", shape, GenerateError)
+    ]
     if not prompts:
         raise GenerateError(f'--prompts {path}: no prompts; give one {{"prompt": TEXT}} per line')
     return prompts

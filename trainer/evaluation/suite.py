@@ -18,7 +18,6 @@ Paths are relative to the working directory, as a training config's are.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from trainer.evaluation.jsonl import string_records
 
 # The two-sided 95 % normal quantile, Phi^-1(0.975), for both intervals.
 Z_95 = 1.959963984540054
@@ -120,23 +121,9 @@ def read_examples(task: GenerationTask, where: str) -> list[Example]:
     path = Path(task.file)
     if not path.is_file():
         raise SuiteError(f"{where} = {task.file!r}: no such file")
-    examples = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SuiteError(f"{where}: {task.file} line {number}: not JSON ({error})") from None
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("prompt"), str)
-            and isinstance(entry.get("reference"), str)
-        ):
-            raise SuiteError(
-                f'{where}: {task.file} line {number}: give an object with string "prompt" and "reference"'
-            )
-        examples.append(Example(entry["prompt"], entry["reference"]))
+    shape = 'give an object with string "prompt" and "reference"'
+    entries = string_records(path, ("prompt", "reference"), f"{where}: {task.file}", shape, SuiteError)
+    examples = [Example(entry["prompt"], entry["reference"]) for entry in entries]
     if not examples:
         raise SuiteError(
             f'{where}: {task.file} holds no examples; give one {{"prompt", "reference"}} per line'
