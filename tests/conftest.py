@@ -1,5 +1,5 @@
 """Shared test setup: the repository root is importable (trainer, infra, policy packages); free local ports; a local
-IMDSv2; and the training fixtures (tests/support/training.py: a tiny corpus and config, multi-process runs)."""
+IMDSv2; no AWS credentials (`no_credentials`); and the training fixtures (tests/support/training.py: a tiny corpus and config, multi-process runs)."""
 
 import functools
 import socket
@@ -95,3 +95,27 @@ def stack_plan(stack: str, changes: tuple[tuple[str, Any], ...] = ()) -> Any:
     from infra.preview import run_program
 
     return run_program(stack, {**read_stack_file(stack), **dict(changes)})
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """No AWS credentials anywhere (environment, files, instance metadata): prices come from the checked-in
+    snapshot, as on a laptop."""
+    from trainer.cost.pricing import clients_for
+
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    clients_for.cache_clear()  # a Region's clients are found once per process
+    yield
+    clients_for.cache_clear()  # nor kept for the tests after this one

@@ -19,7 +19,6 @@ from trainer.cost.pricing import (
     AwsClients,
     PriceUnavailable,
     capacity_block_hours,
-    clients_for,
     hourly_price,
     snapshot_price,
     transfer_rates,
@@ -195,24 +194,6 @@ def test_a_denied_live_lookup_falls_back_to_the_snapshot_and_says_why(clients):
     assert not price.live and price.usd_per_hour == 55.04
     assert price.source.startswith("snapshot 2026-12-04 (live lookup failed:")
     assert "AccessDeniedException" in price.source
-
-
-@pytest.fixture
-def no_credentials(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    clients_for.cache_clear()  # a Region's clients are found once per process
-    yield
-    clients_for.cache_clear()
-    for name in (
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-    ):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_without_credentials_the_snapshot_answers_with_its_date_and_source(no_credentials):

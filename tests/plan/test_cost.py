@@ -13,7 +13,7 @@ from botocore.stub import ANY, Stubber
 from trainer.__main__ import main as trainer_main
 from trainer.contract.catalog import instance_type
 from trainer.cost.energy import PUE
-from trainer.cost.pricing import AwsClients, clients_for, hourly_price
+from trainer.cost.pricing import AwsClients, hourly_price
 from trainer.plan.cost import cheapest, dataset_gigabytes, energy_estimate, purchase_options, transfer_costs
 
 from .conftest import LLAMA3_8B
@@ -24,16 +24,8 @@ SMALL_SEARCH = ["--set", "schedule.micro_batch_size=auto"]
 
 
 @pytest.fixture(autouse=True)
-def no_credentials(monkeypatch, tmp_path):
-    """No AWS credentials anywhere: the prices come from the checked-in snapshot, as on a laptop."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    clients_for.cache_clear()
-    yield
-    clients_for.cache_clear()
+def _offline(no_credentials):
+    """Every test here plans offline (tests/conftest.py no_credentials)."""
 
 
 def test_each_option_costs_its_hourly_price_times_node_hours_from_the_snapshot():
