@@ -41,6 +41,7 @@ from trainer.data.manifest import (
     read_manifest,
     sampled_sha256,
     write_manifest,
+    written_files,
 )
 from trainer.data.tokenizer import eod_id, file_sha256, read_tokenizer
 
@@ -448,10 +449,7 @@ def prepare_chat(
             documents=len(encoded),
             tokens=int(tokens.size),
             max_token_id=int(tokens.max(initial=0)),
-            bin_bytes=temporary[files.bin].stat().st_size,
-            idx_bytes=temporary[files.idx].stat().st_size,
-            idx_sha256=file_sha256(temporary[files.idx]),
-            bin_sampled_sha256=sampled_sha256(temporary[files.bin]),
+            **written_files(temporary[files.bin], temporary[files.idx]),
         )
         manifest = ChatManifest(
             request=request,

@@ -73,6 +73,17 @@ def sampled_sha256(path: Path, *, blocks: int = SAMPLE_BLOCKS, block_bytes: int 
     return digest.hexdigest()
 
 
+def written_files(bin_path: Path, idx_path: Path) -> dict[str, int | str]:
+    """What a manifest records of a dataset's .bin and .idx as written (the fields `Manifest.check_files` checks):
+    their sizes, the whole index's sha256 and the .bin's sampled sha256."""
+    return {
+        "bin_bytes": bin_path.stat().st_size,
+        "idx_bytes": idx_path.stat().st_size,
+        "idx_sha256": file_sha256(idx_path),
+        "bin_sampled_sha256": sampled_sha256(bin_path),
+    }
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

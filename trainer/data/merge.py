@@ -34,7 +34,7 @@ from trainer.data.manifest import (
     Request,
     publish_dataset,
     read_manifest,
-    sampled_sha256,
+    written_files,
 )
 from trainer.data.tokenizer import file_sha256
 from trainer.data.validate import (
@@ -202,10 +202,7 @@ def merge_datasets(
             documents=len(kept_digests),
             tokens=tokens,
             max_token_id=max_token_id,
-            bin_bytes=temporary[files.bin].stat().st_size,
-            idx_bytes=temporary[files.idx].stat().st_size,
-            idx_sha256=file_sha256(temporary[files.idx]),
-            bin_sampled_sha256=sampled_sha256(temporary[files.bin]),
+            **written_files(temporary[files.bin], temporary[files.idx]),
             validation=report,
             merged_from=merged_from,
         )

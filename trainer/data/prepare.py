@@ -45,7 +45,7 @@ from trainer.data.manifest import (
     TokenizerRecord,
     publish_dataset,
     read_manifest,
-    sampled_sha256,
+    written_files,
 )
 from trainer.data.sources import (
     DEFAULT_GLOBS,
@@ -499,9 +499,6 @@ def _encode(
         documents=documents,
         tokens=tokens,
         max_token_id=max_token_id,
-        bin_bytes=temporary[files.bin].stat().st_size,
-        idx_bytes=temporary[files.idx].stat().st_size,
-        idx_sha256=file_sha256(temporary[files.idx]),
-        bin_sampled_sha256=sampled_sha256(temporary[files.bin]),
+        **written_files(temporary[files.bin], temporary[files.idx]),
     )
     return manifest, EncodeTiming(seconds, worker_cpu_seconds), template
