@@ -51,6 +51,7 @@ from trainer.data.sources import (
     DEFAULT_GLOBS,
     Piece,
     find_input_files,
+    read_records,
     split_into_pieces,
     stdlib_sources,
 )
@@ -71,7 +72,6 @@ from trainer.data.validate import (
     ValidationLimits,
     Verdict,
     check_limits,
-    read_records,
     validate_pieces,
     write_digests,
 )

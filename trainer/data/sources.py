@@ -100,37 +100,61 @@ class PieceError(Exception):
         self.message = message
 
 
-def _decode(raw: bytes, line: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise PieceError(line, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
+@dataclass(frozen=True)
+class Record:
+    """One record of a piece: its line (1-based within the piece; 0 for a text file), its text when it is a
+    well-formed document, and why not otherwise."""
+
+    line: int
+    text: str | None
+    problem: str = ""
 
 
-def read_documents(piece: Piece, text_key: str) -> Iterator[str]:
-    """The documents of a piece, in order. Blank JSONL lines are skipped; bad ones raise PieceError."""
+def read_records(piece: Piece, text_key: str) -> Iterator[Record]:
+    """Every record of a piece in order, bad ones included (with the reason); blank JSONL lines are no record."""
     with open(piece.path, "rb") as stream:
         stream.seek(piece.start)
         raw = stream.read(piece.end - piece.start)
     if not is_jsonl(piece.path):
-        yield _decode(raw, 0)
+        yield _decoded(raw, 0)
         return
     for line, raw_line in enumerate(raw.split(b"\n"), start=1):
-        if not raw_line.strip():
-            continue
-        try:
-            record = json.loads(_decode(raw_line, line))
-        except json.JSONDecodeError as error:
-            raise PieceError(line, f"not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(record, dict):
-            raise PieceError(line, f"expected a JSON object, got {type(record).__name__}")
-        if text_key not in record:
-            keys = ", ".join(repr(key) for key in record) or "none"
-            raise PieceError(line, f"no {text_key!r} key (keys present: {keys}); choose one with --text-key")
-        text = record[text_key]
-        if not isinstance(text, str):
-            raise PieceError(line, f"{text_key!r} is {type(text).__name__}, expected a string")
-        yield text
+        if raw_line.strip():
+            yield _json_record(_decoded(raw_line, line), text_key)
+
+
+def _decoded(raw: bytes, line: int) -> Record:
+    try:
+        return Record(line, raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return Record(line, None, f"not UTF-8 text ({error.reason} at byte {error.start})")
+
+
+def _json_record(decoded: Record, text_key: str) -> Record:
+    if decoded.text is None:
+        return decoded
+    line = decoded.line
+    try:
+        record = json.loads(decoded.text)
+    except json.JSONDecodeError as error:
+        return Record(line, None, f"not valid JSON ({error.msg} at column {error.colno})")
+    if not isinstance(record, dict):
+        return Record(line, None, f"expected a JSON object, got {type(record).__name__}")
+    if text_key not in record:
+        keys = ", ".join(repr(key) for key in record) or "none"
+        return Record(line, None, f"no {text_key!r} key (keys present: {keys}); choose one with --text-key")
+    text = record[text_key]
+    if not isinstance(text, str):
+        return Record(line, None, f"{text_key!r} is {type(text).__name__}, expected a string")
+    return Record(line, text)
+
+
+def read_documents(piece: Piece, text_key: str) -> Iterator[str]:
+    """The documents of a piece, in order. Blank JSONL lines are skipped; bad ones raise PieceError."""
+    for record in read_records(piece, text_key):
+        if record.text is None:
+            raise PieceError(record.line, record.problem)
+        yield record.text
 
 
 def count_lines(piece: Piece) -> int:

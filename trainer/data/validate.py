@@ -14,15 +14,14 @@ one `prepare` of the whole corpus would.
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.data import DataError
-from trainer.data.sources import Piece, count_lines, is_jsonl
+from trainer.data.sources import Piece, Record, count_lines, read_records
 
 Rejection = Literal["invalid_utf8", "malformed", "empty", "too_short", "too_long", "duplicate"]
 REJECTIONS: tuple[Rejection, ...] = (
@@ -92,55 +91,6 @@ class ValidationReport(_Strict):
 
 def document_digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
-
-
-@dataclass(frozen=True)
-class Record:
-    """One record of a piece: its line (1-based within the piece; 0 for a text file), its text when it is a
-    well-formed document, and why not otherwise."""
-
-    line: int
-    text: str | None
-    problem: str = ""
-
-
-def read_records(piece: Piece, text_key: str) -> Iterator[Record]:
-    """Every record of a piece in order, bad ones included (with the reason); blank JSONL lines are no record."""
-    with open(piece.path, "rb") as stream:
-        stream.seek(piece.start)
-        raw = stream.read(piece.end - piece.start)
-    if not is_jsonl(piece.path):
-        yield _decoded(raw, 0)
-        return
-    for line, raw_line in enumerate(raw.split(b"\n"), start=1):
-        if raw_line.strip():
-            yield _json_record(_decoded(raw_line, line), text_key)
-
-
-def _decoded(raw: bytes, line: int) -> Record:
-    try:
-        return Record(line, raw.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        return Record(line, None, f"not UTF-8 text ({error.reason} at byte {error.start})")
-
-
-def _json_record(decoded: Record, text_key: str) -> Record:
-    if decoded.text is None:
-        return decoded
-    line = decoded.line
-    try:
-        record = json.loads(decoded.text)
-    except json.JSONDecodeError as error:
-        return Record(line, None, f"not valid JSON ({error.msg} at column {error.colno})")
-    if not isinstance(record, dict):
-        return Record(line, None, f"expected a JSON object, got {type(record).__name__}")
-    if text_key not in record:
-        keys = ", ".join(repr(key) for key in record) or "none"
-        return Record(line, None, f"no {text_key!r} key (keys present: {keys}); choose one with --text-key")
-    text = record[text_key]
-    if not isinstance(text, str):
-        return Record(line, None, f"{text_key!r} is {type(text).__name__}, expected a string")
-    return Record(line, text)
 
 
 @dataclass(frozen=True)
