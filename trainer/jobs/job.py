@@ -92,31 +92,34 @@ def print_status(outputs: StackOutputs, job_id: str | None) -> None:
     print(f"  cost:     {cost_line(outputs, job)}")
 
 
+def _run_file(outputs: StackOutputs, job: dict[str, Any], name: str) -> tuple[str, Any]:
+    """A JSON file rank 0 writes into the job's run directory, as the checkpoints bucket holds it (submit names the
+    job after its run): its S3 address, and its contents or None while it is not there."""
+    bucket, key = outputs["checkpoints_bucket"], f"{job['jobName']}/{name}"
+    try:
+        body = client("s3", outputs.region).get_object(Bucket=bucket, Key=key)["Body"]
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("NoSuchKey", "404"):
+            return f"s3://{bucket}/{key}", None
+        raise
+    return f"s3://{bucket}/{key}", json.loads(body.read())
+
+
 def health_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
     """What the run's health checks found (stragglers by rank, host and instance; a hang), from the health.json
     rank 0 writes into the run directory /fsx/checkpoints/<run>, which FSx exports to the checkpoints bucket as
     <run>/health.json (the data repository association maps /checkpoints to the bucket's root: infra/lustre.py)."""
-    key = f"{job['jobName']}/{HEALTH_FILE}"  # submit names the job after its run
-    try:
-        body = client("s3", outputs.region).get_object(Bucket=outputs["checkpoints_bucket"], Key=key)["Body"]
-    except ClientError as error:
-        if error.response["Error"]["Code"] in ("NoSuchKey", "404"):
-            return f"no health report yet (s3://{outputs['checkpoints_bucket']}/{key})"
-        raise
-    return summary(json.loads(body.read()))
+    where, report = _run_file(outputs, job, HEALTH_FILE)
+    return summary(report) if report is not None else f"no health report yet ({where})"
 
 
 def cost_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
     """The run's ledger as rank 0 last wrote it into its run directory (exported like health.json): dollars,
     node-hours, goodput (trainer/cost/ledger.py)."""
-    key = f"{job['jobName']}/{LEDGER_FILE}"
-    try:
-        body = client("s3", outputs.region).get_object(Bucket=outputs["checkpoints_bucket"], Key=key)["Body"]
-    except ClientError as error:
-        if error.response["Error"]["Code"] in ("NoSuchKey", "404"):
-            return f"no ledger yet (s3://{outputs['checkpoints_bucket']}/{key})"
-        raise
-    ledger = Ledger.from_dict(json.loads(body.read()))
+    where, values = _run_file(outputs, job, LEDGER_FILE)
+    if values is None:
+        return f"no ledger yet ({where})"
+    ledger = Ledger.from_dict(values)
     return cost_report(ledger).splitlines()[0].removeprefix("cost: ") + f", goodput {ledger.goodput:.1%}"
 
 
