@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import mmap
 import multiprocessing
 import os
@@ -124,7 +125,7 @@ class _Slot:
 
     @property
     def nbytes(self) -> int:
-        return _nbytes(self.dtype, self.shape)
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def view(self, staged: torch.Tensor) -> torch.Tensor:
         """This slot of the staging buffer (a view into it)."""
@@ -135,13 +136,6 @@ class _Slot:
         part)."""
         count = self.nbytes // self.dtype.itemsize
         return torch.frombuffer(buffer, dtype=self.dtype, count=count, offset=self.offset).view(self.shape)
-
-
-def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count * dtype.itemsize
 
 
 class StagedCaller(AsyncCaller):
