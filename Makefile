@@ -5,7 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt
+# Pinned installs (requirements/lock.txt constrains every one): with uv, pip's own settings handed over, else pip.
+INSTALL := $(PY) requirements/install.py
 
 STACK   ?=
 FORMAT  ?= table
@@ -19,16 +20,16 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.train-installed: requirements/train.txt requirements/lock.txt | $(PY)
-	$(PIP) -r requirements/train.txt
+	$(INSTALL) -r requirements/train.txt
 	touch $@
 
 $(VENV)/.infra-installed: requirements/infra.txt requirements/lock.txt | $(PY)
-	$(PIP) -r requirements/infra.txt
+	$(INSTALL) -r requirements/infra.txt
 	touch $@
 
 # dev.txt includes train.txt and infra.txt: its install satisfies their stamps too (make venv, then make train).
 $(VENV)/.dev-installed: requirements/dev.txt requirements/train.txt requirements/infra.txt requirements/lock.txt | $(PY)
-	$(PIP) -r requirements/dev.txt
+	$(INSTALL) -r requirements/dev.txt
 	touch $@ $(VENV)/.train-installed $(VENV)/.infra-installed
 
 .PHONY: venv

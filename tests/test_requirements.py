@@ -1,7 +1,10 @@
 """Every dependency is pinned exactly, and the full lock agrees with each requirements file."""
 
+import importlib.util
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,73 @@ def test_make_venv_satisfies_make_trains_and_the_infra_verbs_install_stamps(tmp_
         [*make, "-q", f"{venv}/.train-installed", f"{venv}/.infra-installed"], cwd=root
     )
     assert up_to_date.returncode == 0  # make train after make venv installs nothing again
+
+
+def _install_script():
+    spec = importlib.util.spec_from_file_location("install", REQUIREMENTS / "install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# `pip config list` as pip 23.2 prints it on a machine with /etc/pip.conf and PIP_* variables (its files merged,
+# each key under its section, variables under ":env:"), plus an [install] and a [download] section.
+PIP_CONFIG_LIST = """\
+:env:.cert='/etc/ssl/certs/ca-certificates.crt'
+:env:.default-timeout='180'
+:env:.find-links='/opt/wheels'
+download.index-url='https://download-only.example/simple'
+global.constraint='/etc/xdg/pip/constraints.txt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
+global.find-links='/srv/ignored-wheels'
+global.index-url='https://global.example/simple'
+install.index-url='https://install.example/simple'
+"""
+
+
+def test_pip_settings_are_what_pip_install_uses():
+    settings = _install_script().pip_settings(PIP_CONFIG_LIST)
+    assert settings == {
+        "cert": "/etc/ssl/certs/ca-certificates.crt",
+        "default-timeout": "180",
+        "find-links": "/opt/wheels",  # PIP_FIND_LINKS over the files' [global]
+        "constraint": "/etc/xdg/pip/constraints.txt",
+        "extra-index-url": "file:///opt/pypi/simple file:///opt/pypi-more/simple",
+        "index-url": "https://install.example/simple",  # [install] over [global]; not [download]
+    }
+
+
+def test_pip_settings_parse_what_this_pip_prints_for_its_variables(tmp_path):
+    # The real pip: with PIP_CONFIG_FILE=os.devnull it loads no file (pip's "Configuration" guide), so only these count.
+    env = {
+        "PATH": os.environ["PATH"],
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "https://mirror.example/simple",
+        "PIP_FIND_LINKS": f"{tmp_path}/a {tmp_path}/b",
+    }
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    install = _install_script()
+    args, _ = install.uv_arguments(install.pip_settings(listing))
+    assert args == [
+        "--find-links", f"{tmp_path}/a", "--find-links", f"{tmp_path}/b",
+        "--index-url", "https://mirror.example/simple",
+        "--index-strategy", "unsafe-best-match",
+    ]  # fmt: skip
+
+
+def test_uv_gets_every_source_pip_would_use_and_pip_installs_what_uv_cannot_be_told():
+    install = _install_script()
+    args, env = install.uv_arguments(install.pip_settings(PIP_CONFIG_LIST))
+    assert args == [
+        "--find-links", "/opt/wheels",
+        "--constraint", "/etc/xdg/pip/constraints.txt",
+        "--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url", "file:///opt/pypi-more/simple",
+        "--index-url", "https://install.example/simple",
+        # pip takes the best match over every index; uv, asked to
+        "--index-strategy", "unsafe-best-match",
+    ]  # fmt: skip
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
+    with pytest.raises(install.Unsupported, match="prefer-binary"):
+        install.uv_arguments({"prefer-binary": "1"})

@@ -80,7 +80,7 @@ def test_world_size_not_a_multiple_of_the_model_parallel_size():
 
 
 def test_global_batch_not_divisible_by_micro_batch_times_dp():
-    problems = layout_problems(local("schedule.global_batch_size=24"), 8, "cpu")
+    problems = layout_problems(local("schedule.micro_batch_size=8", "schedule.global_batch_size=24"), 8, "cpu")
     assert problems == [
         "schedule.global_batch_size = 24 is not divisible by schedule.micro_batch_size x data parallel size = 8 x 2"
     ]
@@ -90,7 +90,8 @@ def test_interleaved_schedule_needs_micro_batches_in_multiples_of_pp():
     cfg = local(
         "model.num_layers=8",
         "parallel.virtual_pipeline_model_parallel_size=2",
-        "schedule.global_batch_size=24",
+        "schedule.micro_batch_size=8",
+        "schedule.global_batch_size=24",  # 3 micro-batches
     )
     assert (
         "to be a multiple of parallel.pipeline_model_parallel_size = 2" in layout_problems(cfg, 4, "cpu")[0]

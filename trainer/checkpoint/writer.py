@@ -152,6 +152,11 @@ class StagedCaller(AsyncCaller):
             target=serve, args=(child, os.getpid()), name="checkpoint-writer", daemon=False
         )
         self._process.start()
+        # Niced from its first instruction, not once its imports are done: on a host with few cores the spawned
+        # interpreter's imports (torch, megatron-core) would otherwise take CPU from the ranks' first steps.
+        os.setpriority(
+            os.PRIO_PROCESS, self._process.pid, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICENESS
+        )
         child.close()
         self._started = False
         self._fd: int | None = None
@@ -319,7 +324,6 @@ def serve(conn: Connection, rank_pid: int) -> None:
     from trainer import faults
     from trainer.checkpoint import digest
 
-    os.nice(WRITER_NICENESS)
     # A stop signal to the process group (Ctrl-C, SIGTERM) is the rank's to handle: a write in flight finishes, and
     # the rank publishes it before its stop save; the writer ends when its rank closes it or is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
