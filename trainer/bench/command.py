@@ -65,7 +65,7 @@ MEMORY_LAYOUTS = (
             "schedule.micro_batch_size=4",
         ),
     ),
-    Layout("dp2", 2, SINGLE),
+    Layout("dp2", 2, (*SINGLE, "schedule.micro_batch_size=8")),  # local.yaml's one micro-batch of 16, split
     Layout(
         "seq512-selective",
         1,
