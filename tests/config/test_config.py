@@ -80,7 +80,9 @@ def test_world_size_not_a_multiple_of_the_model_parallel_size():
 
 
 def test_global_batch_not_divisible_by_micro_batch_times_dp():
-    problems = layout_problems(local("schedule.micro_batch_size=8", "schedule.global_batch_size=24"), 8, "cpu")
+    problems = layout_problems(
+        local("schedule.micro_batch_size=8", "schedule.global_batch_size=24"), 8, "cpu"
+    )
     assert problems == [
         "schedule.global_batch_size = 24 is not divisible by schedule.micro_batch_size x data parallel size = 8 x 2"
     ]
