@@ -5,9 +5,10 @@ with uv where it can honour pip's settings, else with pip:
 
 uv downloads, unpacks and byte-compiles in parallel: requirements/train.txt installs in about half pip's time on 2
 cores, dev.txt in 43 % of it (docs/bench.md, "`make train` from a fresh clone"). uv reads neither pip.conf nor PIP_*
-variables (docs.astral.sh/uv/pip/compatibility, "Configuration files and environment variables"), so the settings that say where packages come from are read with
-`pip config list` and handed over as uv's options. A setting this cannot hand over, or no uv to be had, installs
-with pip instead, and says why. Stdlib only: it runs before anything is installed."""
+variables (docs.astral.sh/uv/pip/compatibility, "Configuration files and environment variables"), so the settings
+that say where packages come from are read with `pip config list` and handed over as uv's options. A setting this
+cannot hand over, or no uv to be had, installs with pip instead, and says why. Stdlib only: it runs before anything
+is installed."""
 
 from __future__ import annotations
 
