@@ -37,6 +37,12 @@ def test_every_requirement_is_an_exact_pin_that_the_lock_agrees_with(name):
         )
 
 
+@pytest.mark.parametrize("name", ["train.txt", "infra.txt", "dev.txt", "lock.txt"])
+def test_each_package_is_pinned_once_per_file(name):
+    names = [PIN.match(line).group(1).lower() for line in requirement_lines(REQUIREMENTS / name)]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
 def test_torch_and_megatron_core_pins():
     assert lock()["torch"] == "2.13.0"
     assert lock()["megatron-core"] == "0.16.1"
