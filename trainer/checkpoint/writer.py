@@ -154,6 +154,7 @@ class StagedCaller(AsyncCaller):
         self._process.start()
         # Niced from its first instruction, not once its imports are done: on a host with few cores the spawned
         # interpreter's imports (torch, megatron-core) would otherwise take CPU from the ranks' first steps.
+        assert self._process.pid is not None  # started
         os.setpriority(
             os.PRIO_PROCESS, self._process.pid, os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICENESS
         )
