@@ -89,4 +89,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.launch.quick_exit import quick_exit
+
+    quick_exit(main())

@@ -7,4 +7,5 @@ jobset      a JobSet pod's variables on EKS -> a rendezvous (the leader's DNS na
 node        `python -m trainer launch`: one node's share of a job (rendezvous, preflight, supervised torchrun)
 local       training on the machine at hand: `train` outside torchrun starts torchrun here
 imds        this EC2 instance's metadata (IMDSv2): its id and region, for the health report and quarantine
+quick_exit  ending a process without the interpreter's last full collection (a second each with torch imported)
 """

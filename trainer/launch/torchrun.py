@@ -203,4 +203,6 @@ def run_torchrun() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_torchrun())
+    from trainer.launch.quick_exit import quick_exit
+
+    quick_exit(run_torchrun())
