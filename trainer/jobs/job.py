@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -231,47 +233,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follow", action="store_true", help="logs: keep printing until the job ends")
 
 
+@dataclass(frozen=True)
+class _Backend:
+    """One orchestrator's status, logs and cancel, and how its jobs are named and stopped."""
+
+    status: Callable[[StackOutputs, str | None], None]
+    logs: Callable[[StackOutputs, str | None, bool], None]
+    cancel: Callable[[StackOutputs, str], str]
+    job: str  # what JOB= is on this orchestrator
+    stopping: str  # after a cancel, with {was}
+    errors: tuple[type[Exception], ...]  # its client's failures, reported as one line
+
+
+def _backend(orchestrator: str) -> _Backend:
+    if orchestrator == "eks":
+        from trainer.jobs.eks import ClusterError  # the Kubernetes client: only EKS stacks pay its import
+
+        return _Backend(
+            print_jobset_status,
+            print_jobset_logs,
+            cancel_jobset,
+            "name",
+            "deletion requested (was {was}); each pod gets SIGTERM, then SIGKILL after its termination grace",
+            (ClusterError,),
+        )
+    return _Backend(
+        print_status,
+        print_logs,
+        cancel,
+        "id",
+        "termination requested (was {was}); Batch sends SIGTERM, then SIGKILL",
+        (),
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
-        if outputs.orchestrator == "eks":
-            return jobset_main(outputs, args)
-        if args.action == "status":
-            print_status(outputs, args.job)
-        elif args.action == "logs":
-            print_logs(outputs, args.job, args.follow)
-        else:
-            if not args.job:
-                raise JobError(
-                    "cancel needs the job: make cancel STACK=<env> JOB=<id> (make status lists them)"
-                )
-            was = cancel(outputs, args.job)
-            print(f"job {args.job}: termination requested (was {was}); Batch sends SIGTERM, then SIGKILL")
-    except (StackError, JobError) as error:
+        backend = _backend(outputs.orchestrator)
+    except StackError as error:
         print(f"{args.action}: {error}", file=sys.stderr)
         return 2
-    return 0
-
-
-def jobset_main(outputs: StackOutputs, args: argparse.Namespace) -> int:
-    from trainer.jobs.eks import ClusterError
-
+    reported: tuple[type[Exception], ...] = (StackError, JobError, *backend.errors)
     try:
         if args.action == "status":
-            print_jobset_status(outputs, args.job)
+            backend.status(outputs, args.job)
         elif args.action == "logs":
-            print_jobset_logs(outputs, args.job, args.follow)
+            backend.logs(outputs, args.job, args.follow)
         else:
             if not args.job:
                 raise JobError(
-                    "cancel needs the job: make cancel STACK=<env> JOB=<name> (make status lists them)"
+                    f"cancel needs the job: make cancel STACK=<env> JOB=<{backend.job}> (make status lists them)"
                 )
-            was = cancel_jobset(outputs, args.job)
-            print(
-                f"job {args.job}: deletion requested (was {was}); each pod gets SIGTERM, then SIGKILL after "
-                "its termination grace"
-            )
-    except (JobError, ClusterError) as error:
+            was = backend.cancel(outputs, args.job)
+            print(f"job {args.job}: {backend.stopping.format(was=was)}")
+    except reported as error:
         print(f"{args.action}: {error}", file=sys.stderr)
         return 2
     return 0
