@@ -1,5 +1,6 @@
 """Shared test setup: the repository root is importable (trainer, infra, policy packages); free local ports; a local
-IMDSv2; no AWS credentials (`no_credentials`); and the training fixtures (tests/support/training.py: a tiny corpus and config, multi-process runs)."""
+IMDSv2; no AWS credentials (`no_credentials`); and the training fixtures (tests/support/training.py: a tiny corpus
+and config, multi-process runs)."""
 
 import functools
 import socket

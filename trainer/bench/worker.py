@@ -1,7 +1,8 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
-        CONFIG OUT [--set key=value ...] [--steps N] [--checkpoint [--checkpoint-keep-last N] [--background-saves N]] [--load CHECKPOINT]
+        CONFIG OUT [--set key=value ...] [--steps N] [--load CHECKPOINT]
+        [--checkpoint [--checkpoint-keep-last N] [--background-saves N]]
 
 Each rank writes OUT/rank<R>.json with
 - memory: bytes of the weights, the gradient buffers and everything else allocated before the second step

@@ -1,6 +1,7 @@
 """`python -m trainer upload --stack <env> --prefix PATH`: put a prepared dataset (PREFIX.bin, PREFIX.idx and the
-files prepared beside them, such as the tokenizer, and a chat dataset's loss mask PREFIX-mask.bin/.idx) into the stack's datasets bucket, where FSx's data repository
-association shows them under /fsx/datasets. Multipart, encrypted with the stack's KMS key, with progress."""
+files prepared beside them, such as the tokenizer, and a chat dataset's loss mask PREFIX-mask.bin/.idx) into the
+stack's datasets bucket, where FSx's data repository association shows them under /fsx/datasets. Multipart,
+encrypted with the stack's KMS key, with progress."""
 
 from __future__ import annotations
 
