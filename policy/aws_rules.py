@@ -45,7 +45,7 @@ MAX_SECURITY_GROUPS = 5
 ECS_DEFAULT_STOP_TIMEOUT_SECONDS = 30.0
 # Batch API JobTimeout.attemptDurationSeconds: "The minimum value for the timeout is 60 seconds."
 MIN_ATTEMPT_DURATION_SECONDS = 60
-# The variable that carries the trainer's SIGTERM grace (trainer/launch/torchrun.py --stop-grace-seconds).
+# The variable that carries the trainer's SIGTERM grace (trainer/distributed/torchrun.py --stop-grace-seconds).
 STOP_GRACE_VARIABLE = "TRAINSTACK_STOP_GRACE_SECONDS"
 
 

@@ -80,6 +80,106 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# The trainer's floors, bottom to top (docs/architecture.md, "Floors"): a package or top-level module imports only
+# those on floors below its own, lazy imports inside functions included, so no two packages reach each other.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("contract", "arguments"),
+    ("aws", "monitoring"),
+    ("config",),
+    ("cost", "distributed"),
+    ("data", "model", "faults"),
+    ("plan", "checkpoint"),
+    ("engines",),
+    ("interop",),
+    ("evaluation",),
+    ("models",),
+    ("metrics", "health", "preflight"),
+    ("launch",),
+    ("jobs",),
+    ("train",),
+    ("bench", "__main__"),
+)
+
+
+def _floor_of(module: str) -> str | None:
+    """The trainer package or top-level module a module belongs to (None: the `trainer` package itself, whose
+    __init__ every import runs)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainer" and len(parts) > 1 else None
+
+
+def _floor_violations(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    level = {name: i for i, floor in enumerate(floors) for name in floor}
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = _floor_of(module)
+        if source is None or not module.startswith("trainer"):
+            continue
+        for target in sorted(targets):
+            below = _floor_of(target)
+            if below is None or below == source or not target.startswith("trainer"):
+                continue
+            if source not in level or below not in level:
+                found.append(
+                    f"{module} -> {target}: {source if source not in level else below} is on no floor"
+                )
+            elif level[below] >= level[source]:
+                found.append(
+                    f"{module} -> {target}: {source} (floor {level[source] + 1}) imports {below} "
+                    f"(floor {level[below] + 1}), which is not below it"
+                )
+    return found
+
+
+def test_each_trainer_package_imports_only_the_floors_below_it():
+    assert _floor_violations(_graph(), FLOORS) == []
+
+
+def test_every_trainer_package_and_module_has_one_floor():
+    names = [name for floor in FLOORS for name in floor]
+    present = {p.stem if p.is_file() else p.name for p in (ROOT / "trainer").iterdir()}
+    packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
+    modules = {p.stem for p in (ROOT / "trainer").glob("*.py")} - {"__init__"}
+    assert len(names) == len(set(names))
+    assert set(names) == packages | modules, "add the new package to FLOORS and docs/architecture.md"
+    assert set(names) <= present
+
+
+def test_the_floor_rule_names_an_import_that_points_up():
+    graph = {"trainer.model.llama": {"trainer.plan.memory"}, "trainer.plan.memory": {"trainer.model.flops"}}
+    floors = (("model",), ("plan",))
+    assert _floor_violations(graph, floors) == [
+        "trainer.model.llama -> trainer.plan.memory: model (floor 1) imports plan (floor 2), which is not below it"
+    ]
+    assert _floor_violations(graph, (("model", "plan"),)) == [
+        "trainer.model.llama -> trainer.plan.memory: model (floor 1) imports plan (floor 1), which is not below it",
+        "trainer.plan.memory -> trainer.model.flops: plan (floor 1) imports model (floor 1), which is not below it",
+    ]
+
+
+def test_the_trainer_packages_form_no_import_cycle():
+    packages: dict[str, set[str]] = {}
+    for module, targets in _graph().items():
+        source = _floor_of(module)
+        if source is not None and module.startswith("trainer"):
+            packages.setdefault(source, set()).update(
+                floor for target in targets if (floor := _floor_of(target)) not in (None, source)
+            )
+    names = set(packages).union(*packages.values())
+    assert _cycles({name: packages.get(name, set()) for name in names}) == []
+
+
+def test_docs_architecture_shows_the_floors_bottom_to_top():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Floors", 1)[1].split("\n## ", 1)[0]
+    shown = tuple(
+        tuple(re.findall(r"`([\w]+)`", line.split(":", 1)[0]))
+        for line in section.splitlines()
+        if re.match(r"\d+\. ", line)
+    )
+    assert shown == FLOORS
+
+
 def test_infra_and_policy_reach_the_trainer_only_through_its_contract():
     crossings = {
         f"{module} -> {target}"

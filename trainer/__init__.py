@@ -1,27 +1,31 @@
-"""trainstack's trainer: `python -m trainer <verb>` (__main__.py lists the verbs; docs/architecture.md the layers).
+"""trainstack's trainer: `python -m trainer <verb>` (__main__.py lists the verbs; docs/architecture.md the floors).
 
-train       the `train` command and the engine-agnostic training loop
-metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
-faults      SIGTERM agreement, skipped steps, collective failures, and the tests' fault hook
-arguments   argument types shared by the verbs
-config      the typed config tree, its checks, the layout (ParallelDims) and the YAML/--set loader
-engines     what does a step, evaluates, saves and loads: megatron, deepspeed
-checkpoint  the checkpointer the loop calls, the background writer, the directory protocol, each format
-model       the Llama model, its arithmetic, loss and precision
-distributed process groups, optimizer, the fast path, megatron-core's CPU bridges
-data        prepare, tokenizers, indexed datasets, samples and micro-batch streams
-evaluation  measuring a trained model (score)
-interop     Hugging Face and DeepSpeed checkpoints in and out
-models      model versions: each checkpoint's lineage record, evaluations, tags (`models`)
-launch      torchrun, each backend's rendezvous, the supervisor
-preflight   the checks every node passes before training
-health      straggler windows and the hang watchdog
-monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
+By floor, bottom to top; a package imports only the floors below it (tests/test_structure.py):
+
 contract    what infra/, image/ and the trainer share
-jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
+arguments   argument types shared by the verbs
+aws         AWS clients with the project's retries, the instance metadata, a stack's outputs
+monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
+config      the typed config tree, its checks, the layout (ParallelDims), precision and the YAML/--set loader
+cost        prices from AWS (or a dated snapshot), energy and emissions estimates, the ledger
+distributed torchrun and its supervisor, process groups, optimizer, the fast path, megatron-core's CPU bridges
+data        prepare, tokenizers, indexed datasets, samples and micro-batch streams
+model       the Llama model, its arithmetic and loss
+faults      SIGTERM agreement, skipped steps, collective failures, and the tests' fault hook
 plan        the planner: layouts, memory, step time, cost
+checkpoint  the checkpointer the loop calls, the background writer, the directory protocol, each format, the
+            model version record
+engines     what does a step, evaluates, saves and loads: megatron, deepspeed
+interop     Hugging Face and DeepSpeed checkpoints in and out
+evaluation  measuring a trained model (score, generate, suites)
+models      model versions: registry, tags, the fine-tune's last stages (`models`, `finetune-stages`)
+metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
+health      straggler windows and the hang watchdog
+preflight   the checks every node passes before training
+launch      a cluster node's share of a job: each backend's rendezvous, preflight, torchrun
+jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
+train       the `train` command and the engine-agnostic training loop
 bench       `make bench` and `make bench-gpu`
-cost        prices from AWS (or a dated snapshot), energy and emissions estimates
 """
 
 import warnings

@@ -89,6 +89,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.launch.quick_exit import quick_exit
+    from trainer.distributed.quick_exit import quick_exit
 
     quick_exit(main())

@@ -1,7 +1,7 @@
 """`python -m trainer train`: the command, and the training loop every engine runs under.
 
 Outside torchrun, the command checks the config against the processes it will start and runs torchrun under
-the supervisor (trainer/launch/local.py); under torchrun, each process checks it again (the same checks, on the
+the supervisor (trainer/distributed/local.py); under torchrun, each process checks it again (the same checks, on the
 launched world), starts the process groups and runs `train()`: build the engine, resume from the newest
 checkpoint, then loop: one optimizer step over a global batch (skipped when its loss or gradient norm is not
 finite), log, evaluate, save, and stop at a step boundary when any rank got SIGTERM (trainer/faults.py).
@@ -30,23 +30,22 @@ from trainer.config import (
     ParallelDims,
     TrainConfig,
     accelerator_problems,
-    data_problems,
     layout_problems,
     load_config,
 )
+from trainer.config.precision import precision_note
 from trainer.cost.ledger import LEDGER_FILE, Meter, budget_problems
+from trainer.data.datasets import data_problems
 from trainer.data.loader import with_resolved_model
-from trainer.distributed import fast_path, parallel
+from trainer.distributed import fast_path, local, parallel
+from trainer.distributed.torchrun import add_supervision_arguments
 from trainer.engines import Engine
 from trainer.evaluation.during_training import IntervalEvaluation, evaluation_problems
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
-from trainer.launch import local
-from trainer.launch.torchrun import add_supervision_arguments
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.model import llama
 from trainer.model.flops import model_flops_per_sequence
-from trainer.model.precision import precision_note
 from trainer.monitoring import exporters
 from trainer.plan.fit import DeviceMemoryError, check_device_memory
 from trainer.plan.search import vocab_size

@@ -7,18 +7,14 @@ peak of each training step and of the final evaluation.
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from rich.console import Console
 
-from rich.console import Console  # noqa: E402
-
-from trainer import engines, train  # noqa: E402
-from trainer.bench.allocations import AllocationTrace  # noqa: E402
-from trainer.config import load_config  # noqa: E402
-from trainer.distributed import parallel  # noqa: E402
+from trainer import engines, train
+from trainer.bench.allocations import AllocationTrace
+from trainer.config import load_config
+from trainer.distributed import parallel
 
 
 def main() -> None:

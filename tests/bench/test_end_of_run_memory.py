@@ -6,12 +6,11 @@ on CPU the same counts torch.cuda.max_memory_allocated reports on a GPU)."""
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.bench import end_of_run_worker
+from tests.conftest import ROOT
+from tests.support.training import torchrun
 
 pytestmark = pytest.mark.slow  # one torchrun launch of the whole loop
 
@@ -19,8 +18,7 @@ pytestmark = pytest.mark.slow  # one torchrun launch of the whole loop
 def test_final_evaluation_with_a_background_save_in_flight_peaks_no_higher_than_a_training_step(
     tiny_config, tmp_path
 ):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
-    command += [end_of_run_worker.__file__, str(tiny_config), str(tmp_path)]
+    command = torchrun(1, "tests.bench.end_of_run_worker", str(tiny_config), str(tmp_path))
     overrides = [
         f"logging.run_dir={tmp_path / 'run'}",
         "schedule.train_iters=6",
@@ -29,10 +27,9 @@ def test_final_evaluation_with_a_background_save_in_flight_peaks_no_higher_than_
         "checkpoint.async_save=true",
     ]
     command += [arg for o in overrides for arg in ("--set", o)]
-    root = Path(end_of_run_worker.__file__).resolve().parents[2]
     done = subprocess.run(
         command,
-        cwd=root,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,

@@ -24,8 +24,8 @@ from trainer.checkpoint.store import (
     verify,
     write_manifest,
 )
+from trainer.checkpoint.version import RECORD, read_record
 from trainer.config import load_config
-from trainer.models.record import RECORD, read_record
 
 
 @pytest.mark.slow

@@ -5,17 +5,15 @@ by giving the local model's attention modules an extra state as TE's have (tests
 import json
 import os
 import subprocess
-import sys
 
 from tests.conftest import ROOT
-
-WORKER = ROOT / "tests" / "support" / "extra_state_worker.py"
+from tests.support.training import torchrun
 
 
 def test_checkpoints_load_across_layer_specs_and_only_extra_state_may_be_absent(tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     done = subprocess.run(
-        [*command, str(WORKER), str(tmp_path)],
+        torchrun(1, "tests.support.extra_state_worker", str(tmp_path)),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.config import ConfigError, ParallelDims, data_problems, layout_problems, load_config
+from trainer.config import ConfigError, ParallelDims, layout_problems, load_config
+from trainer.data.datasets import data_problems
 from trainer.data.tokenizer import train_bpe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"

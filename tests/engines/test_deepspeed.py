@@ -79,7 +79,7 @@ def test_zero3_saves_deepspeed_checkpoints_under_the_trainer_discipline(zero3):
     # DeepSpeed's own layout: per-rank ZeRO-3 model and optimizer shards; sealed by the trainer's manifest.
     assert sorted(p.name for p in (checkpoints / "iter_0000006").iterdir()) == [
         "manifest.json",
-        "model_version.json",  # written after the seal (trainer/models/record.py)
+        "model_version.json",  # written after the seal (trainer/checkpoint/version.py)
         *(
             f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
             for rank in (0, 1)

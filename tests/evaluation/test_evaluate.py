@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from trainer.__main__ import main as trainer_main
+from trainer.checkpoint.version import EVALUATIONS, RECORD, read_evaluations
 from trainer.data.tokenizer import load_tokenizer
 from trainer.evaluation.score import _windows
-from trainer.models.record import EVALUATIONS, RECORD, read_evaluations
 
 Z = 1.959963984540054
 PROMPTS = ["def parse(self, ", "import email\n", "class Message"]

@@ -23,7 +23,7 @@ from infra.keys import ADMIN_ACTIONS
 from infra.lustre import LUSTRE_PORTS
 from infra.node_bootstrap import ECS_CONFIG, FSTAB, FSX_MOUNT, ecs_stop_timeout_seconds, node_script
 from policy.aws_rules import configured_stop_timeout, user_data_script
-from trainer.launch.torchrun import add_supervision_arguments
+from trainer.distributed.torchrun import add_supervision_arguments
 
 # --- defect 3: security groups on the interfaces only; the job containers' default group ------------------------
 

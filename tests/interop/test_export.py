@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+from trainer.checkpoint.version import RECORD, add_evaluation, read_record
 from trainer.data.chat_template import CHAT_TEMPLATE
 from trainer.data.tokenizer import EOD_TOKEN, train_bpe
 from trainer.interop import export, hf
 from trainer.interop.hf import HuggingFaceCheckpoint, HuggingFaceError
-from trainer.models.record import RECORD, add_evaluation, read_record
 
 VOCAB = 320
 SHAPE = dict(

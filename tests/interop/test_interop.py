@@ -13,12 +13,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.conftest import ROOT
-from tests.support.training import sealed_checkpoint
+from tests.support.training import sealed_checkpoint, torchrun
 from trainer.__main__ import main as trainer_main
 from trainer.config import ConfigError, load_config
 
-LOGITS_WORKER = ROOT / "tests" / "support" / "logits_worker.py"
 VOCAB = 520  # above the tiny corpus's 512 (fine-tuning reads it), and padded to 640: padding is exercised
 TOKENS = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3)).tolist()
 SEQUENCES = [
@@ -143,8 +141,7 @@ def test_tp2_pp2_logits_match_transformers(name, hf_llamas, converted, launcher)
     if not out.exists():  # one launch loads both models
         out.mkdir()
         (out / "tokens.json").write_text(json.dumps(TOKENS))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-        command += [str(LOGITS_WORKER), "2", "2", str(out / "tokens.json"), str(out)]
+        command = torchrun(4, "tests.support.logits_worker", "2", "2", str(out / "tokens.json"), str(out))
         launcher.run("logits", command + [f"{n}={path}" for n, path in converted.items()])
     with torch.no_grad():
         want = transformers_model(hf_llamas[name])(torch.tensor(TOKENS)).logits
@@ -336,7 +333,7 @@ def edit_config(directory: Path, **changes) -> None:
 @pytest.fixture
 def no_launch(monkeypatch):
     """Verbs run in this process must refuse before starting torchrun (which would replace or outlive pytest)."""
-    from trainer.launch import local as standalone
+    from trainer.distributed import local as standalone
 
     def refuse(*args, **kwargs):
         raise AssertionError("the verb passed its checks and tried to start torchrun")

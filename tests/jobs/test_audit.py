@@ -16,8 +16,8 @@ import pytest
 from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
+from trainer.aws.outputs import StackOutputs
 from trainer.jobs import audit
-from trainer.jobs.outputs import StackOutputs
 
 ACCOUNT = "111122223333"
 REGION = "us-east-1"

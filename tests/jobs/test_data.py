@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from botocore.stub import Stubber
 
+from trainer.aws.clients import client
+from trainer.aws.outputs import load_outputs
 from trainer.data.prepare import prepare_dataset
 from trainer.data.validate import ValidationLimits
-from trainer.jobs.aws import client
 from trainer.jobs.data import (
     DataJobError,
     SourceObject,
@@ -24,7 +25,6 @@ from trainer.jobs.data import (
     submit_data,
     vcpu_hours,
 )
-from trainer.jobs.outputs import load_outputs
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DATA_VCPUS = 8

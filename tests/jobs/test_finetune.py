@@ -13,13 +13,13 @@ from pathlib import Path
 
 from moto.batch.models import batch_backends
 
-from tests.models.test_record import config, prepared
+from tests.checkpoint.test_version import config, prepared
 from tests.support.training import sealed_checkpoint
 from trainer.__main__ import main as trainer_main
+from trainer.checkpoint.version import Lineage, add_evaluation, write_record
 from trainer.contract.container import IMAGE_DIGEST_ENV
 from trainer.launch import node
 from trainer.models import pipeline
-from trainer.models.record import Lineage, add_evaluation, write_record
 
 from .conftest import IMAGE_TAG, REGION, TOKENIZER, Stack
 from .jobset_schema import jobset_errors

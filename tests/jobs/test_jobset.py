@@ -8,9 +8,11 @@ import json
 
 import pytest
 
+from trainer.aws.outputs import StackOutputs
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import FSX_MOUNT, STOP_GRACE_SECONDS
 from trainer.contract.image import efa_environment
+from trainer.contract.jobset import leader_host
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 from trainer.jobs.jobset import (
     EFA_RESOURCE,
@@ -19,9 +21,7 @@ from trainer.jobs.jobset import (
     JobSettings,
     RenderError,
     jobset_manifest,
-    leader_host,
 )
-from trainer.jobs.outputs import StackOutputs
 
 from .jobset_schema import jobset_errors
 

@@ -12,10 +12,10 @@ import yaml
 from policy.eks import jobset_problems
 from tests.conftest import ROOT
 from trainer.__main__ import main as trainer_main
+from trainer.aws.outputs import StackError, load_outputs
 from trainer.contract.container import SUBMISSION_ENV
 from trainer.contract.outputs import EKS_OUTPUTS, missing_outputs
 from trainer.contract.stack import stack_cluster
-from trainer.jobs.outputs import StackError, load_outputs
 
 from .conftest import DATASET, IMAGE_TAG, TOKENIZER, Stack, without_submission_env
 from .jobset_schema import jobset_errors

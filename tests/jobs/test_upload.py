@@ -10,8 +10,8 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
+from trainer.aws.outputs import load_outputs
 from trainer.jobs import upload as upload_module
-from trainer.jobs.outputs import load_outputs
 
 from .conftest import ROOT, Stack
 

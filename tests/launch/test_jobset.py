@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
+from trainer.distributed.torchrun import LaunchError, Rendezvous
 from trainer.jobs.jobset import jobset_manifest
 from trainer.launch import jobset
 from trainer.launch.node import add_arguments, main
-from trainer.launch.torchrun import LaunchError, Rendezvous
 
 from ..jobs.test_jobset import SETTINGS, outputs
 

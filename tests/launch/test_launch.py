@@ -10,8 +10,8 @@ import pytest
 from tests.conftest import ROOT
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
+from trainer.distributed.torchrun import LaunchError, Rendezvous
 from trainer.launch.batch import rendezvous_from_env
-from trainer.launch.torchrun import LaunchError, Rendezvous
 
 
 def batch_env(index: int, nodes: int, main: int = 0, address: str | None = "10.0.1.17") -> dict[str, str]:

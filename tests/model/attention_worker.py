@@ -8,16 +8,13 @@ forward and backward through megatron's pipeline schedule, and writes both losse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
-import torch  # noqa: E402
-from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
-
-from trainer.config import ModelConfig  # noqa: E402
-from trainer.distributed import parallel  # noqa: E402
-from trainer.model import attention, llama  # noqa: E402
-from trainer.model.weights import model_only_config  # noqa: E402
+from trainer.config import ModelConfig
+from trainer.distributed import parallel
+from trainer.model import attention, llama
+from trainer.model.weights import model_only_config
 
 # 4 heads in 2 query groups (grouped-query attention at TP=2 too), 4 layers for 2 pipeline stages.
 MODEL = ModelConfig(

@@ -5,15 +5,15 @@ in this process, and at TP=2 x PP=2 over 4 gloo processes; the trainer picks it 
 import math
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
+from tests.conftest import ROOT
 from tests.model import attention_worker
+from tests.support.training import torchrun
 from trainer.model import attention, llama
 
 RELATIVE = 1e-5  # fp32: the two compute the same sums in a different order
@@ -109,12 +109,9 @@ def test_sdpa_is_chosen_without_transformer_engine():
 
 @pytest.mark.slow  # 4 gloo processes, two model builds each
 def test_tp2_pp2_sdpa_matches_unfused(tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-    command += [attention_worker.__file__, "2", "2", str(tmp_path)]
-    root = Path(attention_worker.__file__).resolve().parents[2]
     done = subprocess.run(
-        command,
-        cwd=root,
+        torchrun(4, "tests.model.attention_worker", "2", "2", str(tmp_path)),
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import ROOT
 from trainer.__main__ import main as trainer_main
+from trainer.checkpoint.version import EVALUATIONS, read_record
 from trainer.models.pipeline import EXPORT_MARKER_SUFFIX
-from trainer.models.record import EVALUATIONS, read_record
 from trainer.models.registry import TAGS
 
 

@@ -10,11 +10,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from tests.checkpoint.test_version import config, prepared
 from tests.support.training import sealed_checkpoint
-from trainer.models.record import RECORD, Lineage, RecordError, write_record
+from trainer.checkpoint.version import RECORD, Lineage, RecordError, write_record
 from trainer.models.registry import NEWEST, TAGS, LocalStore, Registry, RegistryError, S3Store, TagEvent
-
-from .test_record import config, prepared
 
 REGION = "us-east-1"
 BUCKET = "trainstack-test-checkpoints"
@@ -150,7 +149,7 @@ def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_and_neve
 def test_s3_evaluations_beside_a_record_are_read(bucket, runs):
     s3, key = bucket
     checkpoint = runs / "tiny" / "checkpoints" / "iter_0000010"
-    from trainer.models.record import add_evaluation
+    from trainer.checkpoint.version import add_evaluation
 
     add_evaluation(checkpoint, "heldout", {"perplexity": 7.5})
     exported(s3, runs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -10,6 +11,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import boto3
@@ -292,12 +294,29 @@ def test_a_busy_port_names_the_key_to_change(monkeypatch):
             exporters.start(config, "r", stage=0, device_type="cpu")
 
 
+@contextlib.contextmanager
+def _free_then_taken_port() -> Iterator[int]:
+    """Two adjacent loopback ports held for the whole test, so that no other process takes either: `port - 1`
+    bound with SO_REUSEADDR and not listening (the check's own SO_REUSEADDR bind still succeeds there: Linux
+    refuses such a bind only beside a listening socket, socket(7)), `port` bound and listening (taken)."""
+    for _ in range(50):
+        with socket.socket() as free, socket.socket() as busy:
+            free.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1] + 1
+            try:
+                busy.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # the next port is someone else's: try another pair
+            busy.listen()
+            yield port
+            return
+    raise AssertionError("no two adjacent free loopback ports in 50 tries")
+
+
 def test_a_taken_port_is_refused_before_any_work(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with _free_then_taken_port() as port:
         config = MonitoringConfig(prometheus="on", prometheus_port=port - 1, prometheus_address="127.0.0.1")
         [problem] = exporters.listen_problems(config, "cpu", world_size=2)  # ranks 0 and 1: port - 1 and port
         assert problem.startswith(

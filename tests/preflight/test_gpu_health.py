@@ -14,8 +14,8 @@ from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
 from tests.conftest import ROOT, Imds
+from trainer.aws.imds import IMDS_ENDPOINT_ENV
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT
-from trainer.launch.imds import IMDS_ENDPOINT_ENV
 from trainer.preflight.checks import FAILED, OK, check_gpu_health
 from trainer.preflight.command import STATUS_FILE_ENV
 from trainer.preflight.gpu_health import read_gpus

@@ -13,19 +13,16 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
+from megatron.core import dist_checkpointing
 
-import torch  # noqa: E402
-from megatron.core import dist_checkpointing  # noqa: E402
-
-from trainer.checkpoint import megatron as checkpoint  # noqa: E402
-from trainer.checkpoint.record import ModelRecord  # noqa: E402
-from trainer.checkpoint.store import Progress  # noqa: E402
-from trainer.config import ModelConfig, ParallelDims  # noqa: E402
-from trainer.distributed import parallel  # noqa: E402
-from trainer.model import llama  # noqa: E402
-from trainer.model.weights import model_only_config  # noqa: E402
+from trainer.checkpoint import megatron as checkpoint
+from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.store import Progress
+from trainer.config import ModelConfig, ParallelDims
+from trainer.distributed import parallel
+from trainer.model import llama
+from trainer.model.weights import model_only_config
 
 MODEL = ModelConfig(
     num_layers=2,

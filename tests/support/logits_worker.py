@@ -8,17 +8,14 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
-import torch  # noqa: E402
-from megatron.core import parallel_state, tensor_parallel  # noqa: E402
-from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
-
-from trainer.checkpoint import formats as checkpoint  # noqa: E402
-from trainer.distributed import parallel  # noqa: E402
-from trainer.model import llama as model  # noqa: E402
-from trainer.model.weights import model_only_config  # noqa: E402
+from trainer.checkpoint import formats as checkpoint
+from trainer.distributed import parallel
+from trainer.model import llama as model
+from trainer.model.weights import model_only_config
 
 
 def forward_logits(chunks, tokens: torch.Tensor) -> torch.Tensor | None:

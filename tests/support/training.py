@@ -20,8 +20,14 @@ import pytest
 
 from tests.conftest import ROOT
 
-WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT_S = 300
+
+
+def torchrun(nproc: int, worker: str, *args: str) -> list[str]:
+    """torchrun running a test worker as a module (`tests.support.worker`) in every process: run from the
+    repository root (cwd=ROOT), each imports `trainer` and `tests` as packages, with no path of its own."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*command, "-m", worker, *args]
 
 
 @pytest.fixture(scope="session")
@@ -110,8 +116,14 @@ class Launcher:
             return self.results[name]
         out = self.base / name / "out"
         out.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        command += [str(WORKER), mode, str(self.config), str(out), *([str(checkpoint)] if checkpoint else [])]
+        command = torchrun(
+            nproc,
+            "tests.support.worker",
+            mode,
+            str(self.config),
+            str(out),
+            *([str(checkpoint)] if checkpoint else []),
+        )
         for override in (f"logging.run_dir={self.run_dir(name)}", *overrides):
             command += ["--set", override]
         self.run(name, command)

@@ -10,21 +10,17 @@ full (unsharded) gradients, or loads a checkpoint and evaluates it.
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import torch
+from megatron.core import parallel_state
+from megatron.core.utils import unwrap_model
+from rich.console import Console
 
-import torch  # noqa: E402
-from megatron.core import parallel_state  # noqa: E402
-from megatron.core.utils import unwrap_model  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from trainer import engines, train  # noqa: E402
-from trainer.config import load_config  # noqa: E402
-from trainer.distributed import parallel  # noqa: E402
-from trainer.model import llama as model  # noqa: E402
+from trainer import engines, train
+from trainer.config import load_config
+from trainer.distributed import parallel
+from trainer.model import llama as model
 
 GRADIENT_STEPS = 3  # steps whose gradients are recorded
 

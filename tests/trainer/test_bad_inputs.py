@@ -592,7 +592,7 @@ def digest(*roots: Path) -> dict[str, str]:
 @pytest.fixture
 def no_launch(monkeypatch):
     """A verb run in this process must refuse before starting torchrun (which would replace pytest)."""
-    from trainer.launch import local as standalone
+    from trainer.distributed import local as standalone
 
     def refuse(*args, **kwargs):
         raise AssertionError("the verb passed its checks and tried to start torchrun")

@@ -203,7 +203,7 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
 def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(tmp_path, tiny_config):
     import psutil
 
-    from trainer.launch.torchrun import ORPHAN_CHECK_SECONDS
+    from trainer.distributed.torchrun import ORPHAN_CHECK_SECONDS
 
     # Rank 0 dies in step 5 with background saves behind it (its niced writer process and the processes it forked,
     # multiprocessing's resource tracker); torchrun restarts it and the run goes on.
@@ -223,7 +223,7 @@ def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(
     time.sleep(3 * ORPHAN_CHECK_SECONDS)
     children = [" ".join(child.cmdline()[:4]) for child in supervisor.children()]
     _completed(run)
-    assert len(children) == 1 and "trainer.launch.torchrun" in children[0], children
+    assert len(children) == 1 and "trainer.distributed.torchrun" in children[0], children
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_fresh_starts_over_once_and_a_restarted_rank_resumes_instead(tmp_path, t
     ],
 )
 def test_only_the_first_attempt_counts_as_first(monkeypatch, environment, first):
-    from trainer.launch.local import first_attempt
+    from trainer.distributed.local import first_attempt
 
     for name in ("TORCHELASTIC_RESTART_COUNT", "AWS_BATCH_JOB_ATTEMPT"):
         monkeypatch.delenv(name, raising=False)

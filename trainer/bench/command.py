@@ -43,7 +43,7 @@ from trainer.bench.training import (
     tokens_per_s,
 )
 from trainer.config import ConfigError, load_config
-from trainer.model.precision import precision_note
+from trainer.config.precision import precision_note
 
 SINGLE = ("parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=1")
 # Checkpoint throughput needs a checkpoint large enough that writing it, not starting the writers, takes the time:

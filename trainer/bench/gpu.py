@@ -39,11 +39,10 @@ from trainer.bench.training import (
 )
 from trainer.data.prepare import default_workers, prepare_dataset
 from trainer.distributed import fast_path
-from trainer.launch.torchrun import Rendezvous
+from trainer.distributed.torchrun import Rendezvous
 from trainer.metrics import peak_tflops_per_device
-from trainer.model.flops import model_flops_per_sequence
+from trainer.model.flops import Kernels, model_flops_per_sequence
 from trainer.plan.fit import fit_problem, largest_micro_batch
-from trainer.plan.memory import Kernels
 from trainer.plan.search import vocab_size
 
 GPU_CONFIG = Path("trainer/configs/bench-gpu.yaml")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import ParallelDims, TrainConfig, load_config
-from trainer.launch.torchrun import Rendezvous
+from trainer.distributed.torchrun import Rendezvous
 from trainer.plan.memory import estimate_stages
 from trainer.plan.performance import bubble_fraction
 from trainer.plan.search import vocab_size

@@ -3,9 +3,11 @@
 The checkpointer owns everything between the loop and an engine's checkpoint format: which checkpoint a run starts
 from (rank 0 picks, every rank loads the same), the save interval, background saves (trainer/checkpoint/writer.py)
 and publishing them at a step boundary once every rank's write is done, the stop save, each published
-checkpoint's model version record (trainer/models/record.py, rank 0), and retention (the newest `keep_last`, the
+checkpoint's model version record (trainer/checkpoint/version.py, rank 0), and retention (the newest `keep_last`, the
 `keep_best` by validation loss, never the newest intact one). The engine only writes and reads its format
-(Engine.save, Engine.load).
+(`save`, `load`): the checkpointer sees it as a `Checkpointable`, the five members it uses, declared here (as
+torchtitan's checkpoint manager declares the storage it needs) so that this package knows nothing of the engines
+above it; every `trainer.engines.Engine` is one.
 
 Every method is a collective: every rank calls it at the same point of the loop with the same arguments (the
 ranks agree on a write's failure and on publishing; rank 0 alone renames, points `latest` and prunes).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from rich.console import Console
@@ -24,23 +26,39 @@ from rich.console import Console
 from trainer.checkpoint import formats
 from trainer.checkpoint.start import Start, starting_checkpoint
 from trainer.checkpoint.store import MANIFEST, CheckpointError, Progress, latest_checkpoint, prune, verify
+from trainer.checkpoint.version import Lineage, RecordError, write_record
 from trainer.checkpoint.writer import Write, Writer
 from trainer.contract import metrics as registry
 from trainer.cost.ledger import MANIFEST_KEY, Ledger
-from trainer.models.record import Lineage, RecordError, write_record
 from trainer.monitoring import exporters
 
 if TYPE_CHECKING:
-    from trainer.engines import Engine
+    from trainer.checkpoint.record import ModelRecord
+    from trainer.config import TrainConfig
 
 # The format a synchronous save of the distributed optimizer uses under checkpoint.optimizer_format auto.
 _ANY_LAYOUT = "fully_reshardable"
 
 
+class Checkpointable(Protocol):
+    """What the checkpointer uses of an engine: its config, its model's record, and its format's save and load."""
+
+    cfg: TrainConfig
+    model_record: ModelRecord  # what each checkpoint records about the model
+    saves_in_background: bool  # whether `save` takes a Writer
+
+    def save(self, progress: Progress, *, writer: Writer | None = None) -> Write:
+        """Write this step's checkpoint into the store's staging directory, on every rank; with a writer, in
+        the background."""
+
+    def load(self, path: Path, *, weights_only: bool = False) -> Progress:
+        """Restore a checkpoint (any format: the weights alone from another engine's); where training stands."""
+
+
 class Checkpointer:
     """Loads, saves, publishes and prunes one run's checkpoints for the training loop."""
 
-    def __init__(self, engine: Engine, console: Console) -> None:
+    def __init__(self, engine: Checkpointable, console: Console) -> None:
         self.engine = engine
         self.cfg = engine.cfg.checkpoint
         self.directory = engine.cfg.checkpoint_dir
@@ -169,7 +187,7 @@ class Checkpointer:
         self._prune()
 
     def _register(self, published: Path, write: Write) -> None:
-        """Rank 0 writes the published checkpoint's model version record beside it (trainer/models/record.py);
+        """Rank 0 writes the published checkpoint's model version record beside it (trainer/checkpoint/version.py);
         a record that cannot be written costs the lineage, not the run: a warning."""
         if torch.distributed.get_rank() != 0:
             return

@@ -1,6 +1,7 @@
-"""The trainer config's checks beyond one section: across sections, and against the world size, the device,
-the accelerator and the prepared data. Each returns one line per problem (the key, the bad value, what would be
-valid); an empty list means the config can run there.
+"""The trainer config's checks beyond one section: across sections, and against the world size, the device and
+the accelerator (the prepared data's: `data_problems` in trainer/data/datasets.py, where that knowledge lives).
+Each returns one line per problem (the key, the bad value, what would be valid); an empty list means the config
+can run there.
 """
 
 from __future__ import annotations
@@ -259,43 +260,5 @@ def accelerator_problems(
         problems.append(
             f"fp8.recipe = 'mxfp8' needs a Blackwell GPU (compute capability 10.0); this one is {capability}: "
             "use fp8.recipe: tensorwise or delayed"
-        )
-    return problems
-
-
-def data_problems(cfg: TrainConfig) -> list[str]:
-    """Prepared datasets and tokenizer: present, made for each other, and fitting the model's vocabulary."""
-    from trainer.data import DataError  # tokenizers only; still no torch
-    from trainer.data.datasets import check_every_split_has_documents, check_tokenizer_matches_dataset
-    from trainer.data.tokenizer import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(cfg.data.tokenizer_path)
-    except DataError as error:
-        return [f"data.tokenizer_path = {cfg.data.tokenizer_path!r}: {error}"]
-    problems = []
-    for i, prefix in enumerate(cfg.data.prefixes):
-        try:
-            check_tokenizer_matches_dataset(prefix, tokenizer)
-        except DataError as error:
-            problems.append(f"data.prefixes[{i}] = {prefix!r}: {error}")
-    if not problems:  # megatron-core would wait forever for samples from a split without documents
-        try:
-            check_every_split_has_documents(cfg.data.prefixes, cfg.data.split)
-        except DataError as error:
-            problems.append(f"data.split = {cfg.data.split!r}: {error}")
-    if (
-        not problems and cfg.data.format == "chat"
-    ):  # its loss mask, and conversations that fit a packed sample
-        from trainer.data.chat import check_chat_dataset
-
-        try:
-            check_chat_dataset(cfg.data.prefixes[0], cfg.data.seq_length)
-        except DataError as error:
-            problems.append(f"data.prefixes[0] = {cfg.data.prefixes[0]!r}: {error}")
-    if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
-        problems.append(
-            f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "
-            f"({tokenizer.vocab_size}, {cfg.data.tokenizer_path}); raise it or leave it unset to use the tokenizer's"
         )
     return problems

@@ -18,7 +18,7 @@ from trainer.config.checks import consistency_problems
 from trainer.config.schema import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
-    from trainer.model.precision import PrecisionChoice
+    from trainer.config.precision import PrecisionChoice
 
 AUTO = "auto"
 LAYOUT_KEYS = (
@@ -73,8 +73,8 @@ def _resolve_precision(
     raw: dict[str, Any], device: Literal["cpu", "cuda"] | None, path: Path
 ) -> PrecisionChoice | None:
     """Replace `precision: auto` in `raw` by this machine's native precision; what was chosen and why."""
-    from trainer.model.precision import AUTO as AUTO_PRECISION
-    from trainer.model.precision import PRECISIONS
+    from trainer.config.precision import AUTO as AUTO_PRECISION
+    from trainer.config.precision import PRECISIONS
 
     value = raw.get("precision")
     if value != AUTO_PRECISION:
@@ -87,7 +87,7 @@ def _resolve_precision(
                 str(path),
             )
         return None
-    from trainer.model.precision import choose_precision, local_device  # imports torch: only for `auto`
+    from trainer.config.precision import choose_precision, local_device  # imports torch: only for `auto`
 
     choice = choose_precision(device or local_device())
     raw["precision"] = choice.precision

@@ -24,7 +24,7 @@ from trainer.contract.catalog import FP8Recipe
 from trainer.monitoring.config import MonitoringConfig
 
 if TYPE_CHECKING:
-    from trainer.model.precision import PrecisionChoice
+    from trainer.config.precision import PrecisionChoice
 
 
 class ConfigError(Exception):
@@ -327,7 +327,7 @@ class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
     # bf16: bf16 weights and compute, fp32 master weights; fp32. In a YAML file or --set, `auto` picks what this
-    # machine computes natively (trainer/model/precision.py), and load_config resolves it to one of these.
+    # machine computes natively (trainer/config/precision.py), and load_config resolves it to one of these.
     precision: Literal["bf16", "fp32"] = "bf16"
     fp8: FP8Config = FP8Config()
     fusion: FusionConfig = FusionConfig()

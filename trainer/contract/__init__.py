@@ -4,6 +4,7 @@
                    definition, MFU, planner, preflight)
     image          the image's settings files: NCCL/EFA environment (efa.env), version pins (versions.env)
     container      paths inside the container, the default command and the stop grace (container.env)
+    jobset         what a JobSet's submitter and its pods both read: the replicated job, its labels and variables
     compatibility  whether the installed torch, TransformerEngine and megatron-core form the image's pinned set
     metrics        every metric the trainer exports, defined once (exporters, alert rules, the stack's alarms)
     outputs        the names of the stack outputs the job tools read

@@ -17,7 +17,7 @@ DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]
 # After SIGTERM, how long the ranks get to save and exit before the supervisor kills them.
 STOP_GRACE_SECONDS: int = int(_SETTINGS["TRAINSTACK_STOP_GRACE_SECONDS"])
 # Every job's environment names its image (trainer/jobs/submit.py sets them): the model version record of each
-# checkpoint it publishes carries both (trainer/models/record.py).
+# checkpoint it publishes carries both (trainer/checkpoint/version.py).
 IMAGE_TAG_ENV = "TRAINSTACK_IMAGE_TAG"
 IMAGE_DIGEST_ENV = "TRAINSTACK_IMAGE_DIGEST"
 # The submitter's clock at submission: where a run's ledger starts its queue wait (trainer/cost/ledger.py).

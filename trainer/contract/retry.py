@@ -4,7 +4,7 @@ A rank that ends the run for a reason a new attempt can cure exits with RETRY_EX
 watchdog, trainer/health/) or a node unfit to train (the preflight: a GPU, EFA device, the FSx mount, NVML health,
 its bandwidth; the faulty node has taken itself out of service first). The main node's exit code is the job's
 (AWS Batch User Guide, "Multi-node parallel jobs"). torchrun exits 1 whatever its workers' codes were, so the rank also writes the code into the
-file that the supervising process (trainer/launch/torchrun.py `supervise`) names in EXIT_REQUEST_ENV, and the
+file that the supervising process (trainer/distributed/torchrun.py `supervise`) names in EXIT_REQUEST_ENV, and the
 supervisor, seeing torchrun fail, exits with it: the container's exit code, which the Batch job definition's
 retryStrategy.evaluateOnExit maps to RETRY (docs/trainer.md#health-stragglers-and-hangs).
 

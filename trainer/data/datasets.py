@@ -1,6 +1,7 @@
 """GPT training samples from prepared datasets: megatron-core's GPTDataset under BlendedMegatronDatasetBuilder
-(blend weights, train/valid/test split, sample order fixed by the seed), plus the check that a tokenizer is
-the one a dataset was prepared with."""
+(blend weights, train/valid/test split, sample order fixed by the seed), plus the checks of a config's data
+before any process starts (`data_problems`: datasets and tokenizer present, made for each other, fitting the
+model's vocabulary)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 if TYPE_CHECKING:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from torch.utils.data import Dataset
+
+    from trainer.config import TrainConfig
 
 
 def check_tokenizer_matches_dataset(prefix: str, tokenizer: HuggingFaceTokenizer) -> None:
@@ -203,3 +206,37 @@ def build_gpt_datasets(
         GPTDataset, list(num_samples), lambda: True, config
     ).build()
     return train, valid, test
+
+
+def data_problems(cfg: TrainConfig) -> list[str]:
+    """Prepared datasets and tokenizer: present, made for each other, and fitting the model's vocabulary."""
+    try:
+        tokenizer = load_tokenizer(cfg.data.tokenizer_path)
+    except DataError as error:
+        return [f"data.tokenizer_path = {cfg.data.tokenizer_path!r}: {error}"]
+    problems = []
+    for i, prefix in enumerate(cfg.data.prefixes):
+        try:
+            check_tokenizer_matches_dataset(prefix, tokenizer)
+        except DataError as error:
+            problems.append(f"data.prefixes[{i}] = {prefix!r}: {error}")
+    if not problems:  # megatron-core would wait forever for samples from a split without documents
+        try:
+            check_every_split_has_documents(cfg.data.prefixes, cfg.data.split)
+        except DataError as error:
+            problems.append(f"data.split = {cfg.data.split!r}: {error}")
+    if (
+        not problems and cfg.data.format == "chat"
+    ):  # its loss mask, and conversations that fit a packed sample
+        from trainer.data.chat import check_chat_dataset
+
+        try:
+            check_chat_dataset(cfg.data.prefixes[0], cfg.data.seq_length)
+        except DataError as error:
+            problems.append(f"data.prefixes[0] = {cfg.data.prefixes[0]!r}: {error}")
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokenizer.vocab_size:
+        problems.append(
+            f"model.vocab_size = {cfg.model.vocab_size} is below the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size}, {cfg.data.tokenizer_path}); raise it or leave it unset to use the tokenizer's"
+        )
+    return problems

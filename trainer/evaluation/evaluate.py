@@ -22,9 +22,11 @@ from pathlib import Path
 
 from trainer.arguments import positive_int
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.version import EVALUATIONS, add_evaluation, check_evaluation_name
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
+from trainer.distributed import local
 from trainer.evaluation import generate, harness, score
 from trainer.evaluation.suite import (
     Example,
@@ -38,7 +40,6 @@ from trainer.evaluation.suite import (
     wilson_interval,
 )
 from trainer.model.weights import model_only_config
-from trainer.models.record import EVALUATIONS, add_evaluation, check_evaluation_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +182,7 @@ def _perplexity(checked: Plan, windows: list[list[int]]) -> PerplexityResult:
     cfg = model_only_config(
         checked.record.config, seq_length=max(len(w) for w in windows) - 1, global_batch_size=len(windows)
     )
-    with generate.single_process():
+    with local.single_process():
         result = score.score(checked.checkpoint, cfg, windows)
     low, high = mean_interval(list(result.sequence_losses))
     return PerplexityResult(

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -38,9 +37,8 @@ from trainer.checkpoint.record import ModelRecord
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
-from trainer.distributed import parallel
+from trainer.distributed import local, parallel
 from trainer.evaluation.jsonl import string_records
-from trainer.launch import local
 from trainer.model import llama
 from trainer.model.weights import model_only_config
 
@@ -273,30 +271,6 @@ def next_token(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -
     return int(torch.multinomial(probabilities, 1, generator=rng))
 
 
-@contextlib.contextmanager
-def single_process() -> Iterator[None]:
-    """torch.distributed's environment for a world of one (torchrun sets it for its workers), restored after."""
-    if local.under_torchrun():
-        yield
-        return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
-    )
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many characters at the end of text could begin a stop sequence: streaming waits to see them."""
     return max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
@@ -313,7 +287,7 @@ class Generator:
     def loaded(cls, found: Path, record: ModelRecord, tokenizer: HuggingFaceTokenizer) -> Iterator[Generator]:
         assert record.config.vocab_size is not None  # a record holds the resolved vocabulary
         cfg = model_only_config(record.config, seq_length=record.seq_length)
-        with single_process():
+        with local.single_process():
             parallel.initialize(cfg)
             try:
                 (chunk,) = llama.build(cfg).chunks

@@ -21,7 +21,7 @@ from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
 from trainer.data.tokenizer import HuggingFaceTokenizer
 from trainer.distributed import parallel
-from trainer.evaluation.generate import single_process
+from trainer.distributed.local import single_process
 from trainer.interop import hf
 from trainer.model import weights
 

@@ -33,8 +33,7 @@ from trainer.checkpoint import formats
 from trainer.config import ConfigError, ModelConfig, TrainConfig, layout_problems
 from trainer.data import DataError
 from trainer.data.datasets import open_indexed_dataset
-from trainer.distributed import parallel
-from trainer.launch import local
+from trainer.distributed import local, parallel
 from trainer.model import llama, loss
 from trainer.model.weights import model_only_config
 

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainer.launch.imds import metadata
+from trainer.aws.imds import metadata
 
 NOT_AVAILABLE = "n/a"
 

@@ -40,13 +40,12 @@ from trainer.checkpoint import formats
 from trainer.checkpoint import megatron as megatron_checkpoint
 from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.store import Progress
+from trainer.checkpoint.version import RECORD, ModelVersion, read_evaluations, read_record
 from trainer.config import ConfigError, ModelConfig, layout_problems
-from trainer.distributed import parallel
+from trainer.distributed import local, parallel
 from trainer.interop import export, hf
 from trainer.interop.hf import DTYPE_ALIASES, DTYPE_NAMES, HuggingFaceCheckpoint, HuggingFaceError, parse_size
-from trainer.launch import local
 from trainer.model import llama, weights
-from trainer.models.record import RECORD, ModelVersion, read_evaluations, read_record
 
 TRAIN_CONFIG = "train.yaml"
 TOKENIZER = "tokenizer.json"
@@ -303,7 +302,6 @@ def _to_hf(source: Path, out: Path, dtype_name: str | None, max_shard_bytes: int
 def export_to_hf(source: Path, out: Path, dtype_name: str, max_shard_size: str = "5GB") -> int:
     """`convert --to-hf SOURCE --out OUT --dtype D` in this process (a world of one, no torchrun), with the same
     checks before anything is written; its exit status."""
-    from trainer.evaluation.generate import single_process
 
     try:
         if out.exists():
@@ -320,12 +318,12 @@ def export_to_hf(source: Path, out: Path, dtype_name: str, max_shard_size: str =
     except (ValueError, ConfigError) as error:
         print(f"convert: {error}", file=sys.stderr)
         return 2
-    with single_process():
+    with local.single_process():
         return _to_hf(source, out, dtype_name, max_shard_bytes)
 
 
 def _version_of(checkpoint: Path) -> ModelVersion | None:
-    """The checkpoint's model version record (trainer/models/record.py); None for one no run published."""
+    """The checkpoint's model version record (trainer/checkpoint/version.py); None for one no run published."""
     return read_record(checkpoint) if (checkpoint / RECORD).is_file() else None
 
 

@@ -21,9 +21,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.checkpoint.version import ModelVersion
 from trainer.data.chat_template import CHAT_TEMPLATE
 from trainer.data.tokenizer import EOD_CANDIDATES, read_tokenizer
-from trainer.models.record import ModelVersion
 
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER = "tokenizer.json"

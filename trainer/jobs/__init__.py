@@ -15,6 +15,6 @@ data     `make data STACK=<env>`: prepare shards as a Batch array job on the CPU
 audit      `make audit`: who submitted, cancelled and changed what, newest first
 residency  the run's buckets in the stack's allowed regions, checked before a submit
 teams      `make train TEAM=`: the team's share, tag and quota
-outputs  a stack's outputs (`pulumi stack output`, or a file)
-aws      boto3 clients for a stack's region, with adaptive retries
+
+A stack's outputs and the AWS clients every verb uses are the ground floor's (trainer/aws/).
 """

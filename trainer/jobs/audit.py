@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from trainer.jobs.aws import client
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 
 # The services whose writes change what the stack runs or who may touch it.
 EVENT_SOURCES = (

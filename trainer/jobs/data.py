@@ -33,13 +33,13 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
 
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.data import DataError
 from trainer.data.manifest import DatasetFiles
 from trainer.data.sources import DEFAULT_GLOBS
 from trainer.data.tokenizer import file_sha256
 from trainer.data.validate import DEFAULT_MAX_REJECT_RATE, ValidationLimits, check_limits
-from trainer.jobs.aws import client
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import FSX_DATASETS
 from trainer.jobs.upload import TRANSFER
 

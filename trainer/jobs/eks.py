@@ -21,9 +21,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from trainer.jobs.aws import client
-from trainer.jobs.jobset import CONTAINER, JOBSET_API_VERSION, JOBSET_NAME_KEY
-from trainer.jobs.outputs import StackOutputs
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackOutputs
+from trainer.contract.jobset import JOBSET_NAME_KEY
+from trainer.jobs.jobset import CONTAINER, JOBSET_API_VERSION
 
 # aws/aws-cli 1.45.55 awscli/customizations/eks/get_token.py: TOKEN_PREFIX, K8S_AWS_ID_HEADER, URL_TIMEOUT.
 TOKEN_PREFIX = "k8s-aws-v1."

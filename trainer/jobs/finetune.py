@@ -42,13 +42,14 @@ import yaml
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
+from trainer.checkpoint.version import RecordError
 from trainer.config import TrainConfig
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
 from trainer.evaluation.suite import Suite
-from trainer.jobs.aws import client
 from trainer.jobs.job import STATUSES, TERMINAL
 from trainer.jobs.jobset import RenderError
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.request import Submission
 from trainer.jobs.residency import residency_problems
 from trainer.jobs.submit import (
@@ -64,7 +65,6 @@ from trainer.jobs.submit import (
     submit,
 )
 from trainer.models.pipeline import DEFAULT_TAG, DTYPES, EXPORT, EXPORT_MARKER_SUFFIX, check_names
-from trainer.models.record import RecordError
 from trainer.models.registry import Registry, S3Store
 
 DEFAULT_CONFIG = Path("trainer/configs/llama3-8b-sft.yaml")

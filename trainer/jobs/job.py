@@ -18,10 +18,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from trainer.aws.clients import batch_job_url, client, log_stream_url
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cost_report
 from trainer.health.report import HEALTH_FILE, summary
-from trainer.jobs.aws import batch_job_url, client, log_stream_url
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 TERMINAL = ("SUCCEEDED", "FAILED")

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.aws.outputs import StackOutputs
 from trainer.contract.catalog import InstanceType, instance_type
 from trainer.contract.container import (
     CHECKPOINTS_DIR,
@@ -23,24 +24,21 @@ from trainer.contract.container import (
     STOP_TIMEOUT_MARGIN_SECONDS,
 )
 from trainer.contract.image import efa_environment
+from trainer.contract.jobset import (
+    JOBSET_NAME_KEY,
+    REPLICATED_JOB,
+    REPLICATED_JOB_ENV,
+    REPLICATED_JOB_KEY,
+)
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
-from trainer.jobs.outputs import StackOutputs
 from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
 
 # The pinned JobSet API (kubernetes-sigs/jobset v0.12.0, api/jobset/v1alpha2; ../shared/k8s-crds/).
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-REPLICATED_JOB = "node"
 CONTAINER = "trainer"
 # Kueue admits a JobSet through this label (kueue v0.19.2 pkg/controller/constants/constants.go QueueLabel).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RUN_LABEL = "trainstack.dev/run"
-# Labels and annotations JobSet puts on every pod (jobset v0.12.0 api/jobset/v1alpha2/jobset_types.go JobSetNameKey,
-# ReplicatedJobNameKey); JobSet's own in-place-restart example reads JOBSET_NAME from the first by a fieldRef.
-JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
-# Read by the launcher (trainer/launch/jobset.py); JOB_COMPLETION_INDEX is the Indexed Job's own (Kubernetes docs,
-# "Jobs", completion mode Indexed).
-REPLICATED_JOB_ENV = "JOBSET_REPLICATED_JOB"
 # The EFA device plugin's resource and AWS's p5 pod example beside it (EKS user guide, ml/node-efa.adoc):
 # instances with the EFA driver pre-allocate 2 MiB hugepages, and a pod that asks for hugepages must ask for memory.
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -95,11 +93,6 @@ def efa_devices(outputs: StackOutputs, instance: InstanceType) -> int:
             f"{instance.efa_interfaces} EFA interfaces (trainer/contract/catalog.py); run make up with this checkout"
         )
     return exported
-
-
-def leader_host(jobset: str, replicated_job: str = REPLICATED_JOB) -> str:
-    """Node rank 0's DNS name: pod 0 of job 0, under the JobSet's headless service (the subdomain = its name)."""
-    return f"{jobset}-{replicated_job}-0-0.{jobset}"
 
 
 def jobset_manifest(

@@ -11,8 +11,8 @@ import shlex
 import subprocess
 import sys
 
-from trainer.jobs.aws import client
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import SubmitError, git_commit, image_digest, job_definitions_for
 
 LOCAL_REPOSITORY = "trainstack"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from trainer.aws.outputs import StackError, StackOutputs, checked_outputs, load_outputs
 from trainer.contract.container import DEFAULT_CONFIG
 from trainer.contract.stack import ROOT
 from trainer.jobs.jobset import RenderError
-from trainer.jobs.outputs import StackError, StackOutputs, checked_outputs, load_outputs
 from trainer.jobs.request import batch_job_request, job_settings, jobset_for
 from trainer.jobs.submit import SubmitError, eks_problems, git_commit, plan
 

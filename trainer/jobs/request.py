@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.aws.outputs import StackOutputs
 from trainer.contract.container import CHECKPOINTS_DIR, STOP_GRACE_SECONDS
 from trainer.contract.stack import DEFAULT_JOB_TIMEOUT_HOURS, ROOT, stack_job_limits
 from trainer.jobs.jobset import JobSettings, RenderError, jobset_manifest
-from trainer.jobs.outputs import StackOutputs
 from trainer.jobs.teams import team_submit_arguments
 
 

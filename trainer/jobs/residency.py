@@ -7,8 +7,8 @@ for us-east-1 and `EU` for buckets made in eu-west-1 with the old name), asked b
 
 from __future__ import annotations
 
-from trainer.jobs.aws import client
-from trainer.jobs.outputs import StackOutputs
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackOutputs
 
 # GetBucketLocation's legacy answers and the regions they mean (S3 API reference, GetBucketLocation).
 LEGACY_LOCATIONS = {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}

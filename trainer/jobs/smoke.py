@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 
 from botocore.exceptions import ClientError
 
+from trainer.aws.clients import batch_job_url, client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.contract.container import CHECKPOINTS_DIR
-from trainer.jobs.aws import batch_job_url, client
 from trainer.jobs.job import TERMINAL, JobError, describe, main_node_log_stream
 from trainer.jobs.jobset import RenderError
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import (
     RUN_NAME,
     Submission,

@@ -20,6 +20,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from trainer.aws.clients import batch_job_url, client, log_group_url
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.config import ConfigError, TrainConfig, auto_keys, layout_problems, load_config
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import (
@@ -30,9 +32,7 @@ from trainer.contract.container import (
     IMAGE_TAG_ENV,
     SUBMITTED_AT_ENV,
 )
-from trainer.jobs.aws import batch_job_url, client, log_group_url
 from trainer.jobs.jobset import RenderError, jobset_name_problems
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.request import Submission, batch_job_request, job_settings, jobset_for
 from trainer.jobs.residency import residency_problems
 from trainer.jobs.teams import team_problems
@@ -298,7 +298,7 @@ def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
 def submit(submission: Submission, outputs: StackOutputs) -> str:
     """Submit to the stack's orchestrator; the job's id (Batch) or the JobSet's name (EKS)."""
     # What only this moment knows (contract SUBMISSION_ENV): the image's digest, for the model version records
-    # (trainer/models/record.py), and the clock, where the ledger's queue wait starts (trainer/cost/ledger.py).
+    # (trainer/checkpoint/version.py), and the clock, where the ledger's queue wait starts (trainer/cost/ledger.py).
     digest = image_digest(outputs, submission.image.rsplit(":", 1)[1])
     now = {**({IMAGE_DIGEST_ENV: digest} if digest else {}), SUBMITTED_AT_ENV: f"{time.time():.3f}"}
     submission = dataclasses.replace(submission, environment={**submission.environment, **now})

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainer.aws.outputs import StackOutputs
 from trainer.contract.teams import TEAM_TAG
-from trainer.jobs.outputs import StackOutputs
 
 
 def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:

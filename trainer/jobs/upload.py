@@ -12,9 +12,9 @@ from pathlib import Path
 from boto3.s3.transfer import TransferConfig
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+from trainer.aws.clients import client
+from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.data.chat import chat_manifest_path, mask_prefix
-from trainer.jobs.aws import client
-from trainer.jobs.outputs import StackError, StackOutputs, load_outputs
 from trainer.jobs.submit import FSX_DATASETS
 
 TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64 * 2**20, max_concurrency=8)

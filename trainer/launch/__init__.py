@@ -1,11 +1,8 @@
-"""Starting processes: torchrun, the rendezvous each backend gives it, and the supervisor that watches it.
+"""A cluster node's share of a job: each backend's variables turned into a rendezvous, then preflight and torchrun.
 
-torchrun    the rendezvous, torchrun's command line, and `supervise` (SIGTERM to the ranks, the stop grace):
-            every backend's
 batch       AWS Batch multi-node variables -> a rendezvous
 jobset      a JobSet pod's variables on EKS -> a rendezvous (the leader's DNS name, looked up with retries)
 node        `python -m trainer launch`: one node's share of a job (rendezvous, preflight, supervised torchrun)
-local       training on the machine at hand: `train` outside torchrun starts torchrun here
-imds        this EC2 instance's metadata (IMDSv2): its id and region, for the health report and quarantine
-quick_exit  ending a process without the interpreter's last full collection (a second each with torch imported)
+
+torchrun itself, its supervisor and the machine-at-hand start are trainer/distributed/'s (torchrun, local).
 """

@@ -2,7 +2,7 @@
 
 Static rendezvous: the main node is node rank 0 and hosts the store. Without Batch variables (a single-node Batch
 job, `docker run`, a workstation) the rendezvous is torchrun's standalone one. The launcher (trainer/launch/node.py)
-asks this module; the supervisor and torchrun's command line are trainer/launch/torchrun.py's, shared by every
+asks this module; the supervisor and torchrun's command line are trainer/distributed/torchrun.py's, shared by every
 backend.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping
 
-from trainer.launch.torchrun import LaunchError, Rendezvous
+from trainer.distributed.torchrun import LaunchError, Rendezvous
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
 NUM_NODES = "AWS_BATCH_JOB_NUM_NODES"

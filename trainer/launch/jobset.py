@@ -15,8 +15,9 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from trainer.jobs.jobset import JOBSET_NAME_ENV, NUM_NODES_ENV, REPLICATED_JOB_ENV, leader_host
-from trainer.launch.torchrun import LaunchError, Rendezvous
+from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV
+from trainer.contract.jobset import REPLICATED_JOB_ENV, leader_host
+from trainer.distributed.torchrun import LaunchError, Rendezvous
 
 COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 # Kueue admits every pod together, but the DNS record can lag the pod by tens of seconds on a busy cluster.

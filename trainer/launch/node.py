@@ -3,7 +3,7 @@
 Takes the node's place in the job from its backend's variables (AWS Batch: trainer/launch/batch.py; a JobSet pod on
 EKS: trainer/launch/jobset.py), runs the
 preflight (trainer/preflight/) on every rank unless skipped, then runs torchrun with one process per device under
-the supervisor (trainer/launch/torchrun.py).
+the supervisor (trainer/distributed/torchrun.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 
 from trainer.contract.image import efa_environment
-from trainer.launch import batch, jobset
-from trainer.launch.torchrun import (
+from trainer.distributed.torchrun import (
     MASTER_PORT,
     PREFLIGHT_PORT,
     LaunchError,
@@ -27,6 +26,7 @@ from trainer.launch.torchrun import (
     supervise,
     torchrun_command,
 )
+from trainer.launch import batch, jobset
 from trainer.preflight.command import STATUS_FILE_ENV, launcher_status
 
 

@@ -25,7 +25,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
-from trainer.plan.memory import Kernels
+from trainer.model.flops import Kernels
 
 # The names runs print and the bench records: TransformerEngine's fused attention, torch SDPA, megatron's unfused.
 TRANSFORMER_ENGINE, SDPA, UNFUSED = "transformer_engine", "sdpa", "unfused"
@@ -39,7 +39,7 @@ def core_attention_backend(device: str, have_transformer_engine: bool) -> str:
     return TRANSFORMER_ENGINE if device == "cuda" and have_transformer_engine else SDPA
 
 
-# The planner's name for the layers each backend runs (trainer/plan/memory.py Kernels).
+# The planner's name for the layers each backend runs (trainer/model/flops.py Kernels).
 PLANNER_KERNELS: dict[str, Kernels] = {
     TRANSFORMER_ENGINE: "transformer_engine",
     SDPA: "local",

@@ -9,8 +9,13 @@ attention, rotary positions (no parameters), no biases, an untied output layer u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from trainer.config import ModelConfig
+
+# Which layers run a model's blocks, as the memory model counts what each saves for backward (trainer/plan/
+# memory.py): TransformerEngine's fused ones, megatron-core's local spec, or the local spec unfused (CPU).
+Kernels = Literal["transformer_engine", "local", "local-unfused"]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from megatron.core.transformer import TransformerConfig
 from trainer.config import TrainConfig
 from trainer.distributed.parallel import device_type
 from trainer.model import attention
-from trainer.plan.memory import Kernels
+from trainer.model.flops import Kernels
 
 try:
     import transformer_engine  # noqa: F401

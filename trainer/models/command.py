@@ -6,7 +6,7 @@
     models promote NAME --tag production                 point a tag at a version (a new event, never a rewrite)
 
 `--format json` prints the records as JSON. With --stack, the stack's checkpoints bucket is read (and written,
-for promote) through its outputs (trainer/jobs/outputs.py); without, a local directory (default runs/).
+for promote) through its outputs (trainer/aws/outputs.py); without, a local directory (default runs/).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trainer.models.record import RecordError
+from trainer.checkpoint.version import RecordError
 from trainer.models.registry import Found, LocalStore, Registry, RegistryError, S3Store, Store
 
 DEFAULT_DIR = Path("runs")
@@ -52,8 +52,8 @@ def store_for(args: argparse.Namespace) -> Store:
         if args.outputs:
             raise RegistryError("--outputs goes with --stack")
         return LocalStore(args.dir)
-    from trainer.jobs.aws import client
-    from trainer.jobs.outputs import load_outputs
+    from trainer.aws.clients import client
+    from trainer.aws.outputs import load_outputs
 
     outputs = load_outputs(args.stack, args.outputs)
     return S3Store(
@@ -65,7 +65,7 @@ def store_for(args: argparse.Namespace) -> Store:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trainer.jobs.outputs import StackError
+    from trainer.aws.outputs import StackError
 
     try:
         registry = Registry(store_for(args))

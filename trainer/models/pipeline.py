@@ -23,10 +23,10 @@ import re
 import sys
 from pathlib import Path
 
+from trainer.checkpoint.version import EVALUATION_NAME, RecordError, add_evaluation, read_record, write_once
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.evaluation.suite import read_suite
-from trainer.models.record import EVALUATION_NAME, RecordError, add_evaluation, read_record, write_once
 from trainer.models.registry import NEWEST, TAG_NAME, LocalStore, Registry, TagEvent
 
 CHECKPOINTS = "checkpoints"

@@ -1,6 +1,6 @@
 """The model versions under a checkpoints root, on this machine or in a stack's checkpoints bucket, and their tags.
 
-A version is a checkpoint with a record (trainer/models/record.py); it is found wherever it lies under the root
+A version is a checkpoint with a record (trainer/checkpoint/version.py); it is found wherever it lies under the root
 (runs/<name>/checkpoints/iter_*/ here; <run>/checkpoints/iter_*/ in the bucket, FSx's export of
 /fsx/checkpoints). A tag (`production`) names one version at a time and is the only thing that changes; each
 promotion is a new event file that is never rewritten, so a tag's whole history stays:
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trainer.models.record import (
+from trainer.checkpoint.version import (
     EVALUATIONS,
     RECORD,
     ModelVersion,

@@ -8,7 +8,8 @@ micro-batch, recompute, a larger TP or PP), instead of an out-of-memory tracebac
 from __future__ import annotations
 
 from trainer.config import TrainConfig
-from trainer.plan.memory import Kernels, estimate_memory
+from trainer.model.flops import Kernels
+from trainer.plan.memory import estimate_memory
 
 GIB = 2**30
 # Of the free memory, what tensors may use: the caching allocator reserves whole blocks, so its reserved memory

@@ -50,9 +50,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainer.config import ParallelDims, TrainConfig
-from trainer.model.flops import ParameterCounts, parameter_counts
+from trainer.model.flops import Kernels, ParameterCounts, parameter_counts
 
-Kernels = Literal["transformer_engine", "local", "local-unfused"]
 FP32 = 4
 REDUCE_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default zero_optimization.reduce_bucket_size
 

@@ -9,8 +9,8 @@ instance is not spared). An instance outside any group is terminated.
 
 from __future__ import annotations
 
-from trainer.jobs.aws import client
-from trainer.launch.imds import metadata
+from trainer.aws.clients import client
+from trainer.aws.imds import metadata
 
 
 def instance_identity(imds: str | None = None, timeout_s: float = 2.0) -> tuple[str, str]:

@@ -7,13 +7,16 @@ process starts. Cluster runs come through `python -m trainer launch` (Batch vari
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
+from collections.abc import Iterator
 
 import torch
 
 from trainer.config import TrainConfig
-from trainer.launch.torchrun import MASTER_PORT, Rendezvous, supervise, torchrun_command
+from trainer.distributed.torchrun import MASTER_PORT, Rendezvous, supervise, torchrun_command
 
 
 def under_torchrun() -> bool:
@@ -55,5 +58,29 @@ def exec_torchrun(nproc: int, verb_args: list[str]) -> None:
 
 
 def run_torchrun(nproc: int, verb_args: list[str], max_restarts: int, stop_grace_seconds: float) -> int:
-    """Run torchrun under `launch.supervise` (SIGTERM: the ranks save and exit 0); its exit status."""
+    """Run torchrun under `torchrun.supervise` (SIGTERM: the ranks save and exit 0); its exit status."""
     return supervise(_torchrun_command(nproc, verb_args, max_restarts), stop_grace_seconds)
+
+
+@contextlib.contextmanager
+def single_process() -> Iterator[None]:
+    """torch.distributed's environment for a world of one (torchrun sets it for its workers), restored after."""
+    if under_torchrun():
+        yield
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

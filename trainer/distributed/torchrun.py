@@ -61,7 +61,11 @@ def devices_per_node() -> int:
 def torchrun_command(
     rdzv: Rendezvous, nproc: int, port: int, max_restarts: int, verb: list[str]
 ) -> list[str]:
-    torchrun = [sys.executable, "-m", "trainer.launch.torchrun"]  # torch.distributed.run, see run_torchrun
+    torchrun = [
+        sys.executable,
+        "-m",
+        "trainer.distributed.torchrun",
+    ]  # torch.distributed.run, see run_torchrun
     return [*torchrun, *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
 
 
@@ -203,6 +207,6 @@ def run_torchrun() -> int:
 
 
 if __name__ == "__main__":
-    from trainer.launch.quick_exit import quick_exit
+    from trainer.distributed.quick_exit import quick_exit
 
     quick_exit(run_torchrun())

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.training import sealed_checkpoint
-from trainer.config import load_config
-from trainer.data.prepare import prepare_dataset
-from trainer.models.record import (
+from trainer.checkpoint.version import (
     RECORD,
     Lineage,
     RecordError,
@@ -21,6 +19,8 @@ from trainer.models.record import (
     read_record,
     write_record,
 )
+from trainer.config import load_config
+from trainer.data.prepare import prepare_dataset
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 

@@ -6,7 +6,7 @@ import sys
 
 PROGRAM = """
 import atexit, gc, sys
-from trainer.launch.quick_exit import quick_exit
+from trainer.distributed.quick_exit import quick_exit
 
 junk = [[i] for i in range(100_000)]
 atexit.register(lambda: print(f"atexit ran; frozen {gc.get_freeze_count() >= 100_000}", flush=True))

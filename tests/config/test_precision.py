@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import ConfigError, load_config
-from trainer.model import precision
-from trainer.model.precision import choose_precision, native_bf16_cpu_flags, precision_note
+from trainer.config import ConfigError, load_config, precision
+from trainer.config.precision import choose_precision, native_bf16_cpu_flags, precision_note
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 LOCAL = CONFIGS / "local.yaml"

@@ -1,0 +1,19 @@
+"""What a JobSet's submitter (trainer/jobs/jobset.py) and its pods (trainer/launch/jobset.py) both read: the
+replicated job's name, the labels JobSet puts on every pod and the variables the pod reads them from, and node
+rank 0's DNS name. The node count and JobSet name variables are the container contract's (container.py)."""
+
+from __future__ import annotations
+
+REPLICATED_JOB = "node"
+# Labels and annotations JobSet puts on every pod (jobset v0.12.0 api/jobset/v1alpha2/jobset_types.go JobSetNameKey,
+# ReplicatedJobNameKey); JobSet's own in-place-restart example reads JOBSET_NAME from the first by a fieldRef.
+JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
+# Read by the launcher (trainer/launch/jobset.py); JOB_COMPLETION_INDEX is the Indexed Job's own (Kubernetes docs,
+# "Jobs", completion mode Indexed).
+REPLICATED_JOB_ENV = "JOBSET_REPLICATED_JOB"
+
+
+def leader_host(jobset: str, replicated_job: str = REPLICATED_JOB) -> str:
+    """Node rank 0's DNS name: pod 0 of job 0, under the JobSet's headless service (the subdomain = its name)."""
+    return f"{jobset}-{replicated_job}-0-0.{jobset}"
