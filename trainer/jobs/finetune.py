@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -305,7 +306,9 @@ def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tup
         return None, [f"any model version under s3://{store.bucket}/{p.run}/"]
     newest = registry.versions[-1]
     version, missing = newest.record.version, []
-    if datetime.fromisoformat(newest.record.created).timestamp() < train.created:
+    # A record's time is whole seconds (checkpoint/version.py): compare the job's at that precision, or a record
+    # written within the job's first second would predate it.
+    if datetime.fromisoformat(newest.record.created).timestamp() < math.floor(train.created):
         missing.append(f"a model version from training job {train.id} (the newest, {version}, predates it)")
     if not any(e.get("name") == p.record for e in newest.evaluations):
         missing.append(f"evaluation {p.record!r}")
