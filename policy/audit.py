@@ -4,6 +4,10 @@
   `organizationTrail` input) or has a trail that is multi-region with management events, validates its log files,
   encrypts them with a customer key, feeds CloudWatch Logs, and writes to a bucket with Object Lock in compliance
   mode (Security Hub CloudTrail.1, .2, .4, .5; S3 User Guide "Locking objects with Object Lock").
+- `cloudtrail-key-policy`: the key a trail encrypts with lets CloudTrail generate data keys, describe the key and,
+  when the trail's bucket uses an S3 Bucket Key, decrypt (CloudTrail User Guide, "Configure AWS KMS key policies for
+  CloudTrail", required elements for trails: without them CreateTrail/UpdateTrail answer
+  InsufficientEncryptionPolicyException at `pulumi up`).
 - `cis-metric-filters`: with the stack's own trail, each CIS event (infra/audit.py `CIS_ALARMS`: root use,
   unauthorised calls, IAM policy changes, trail changes, key disabled or deleted) has a metric filter with that
   control's pattern and an alarm with an action on its metric (Security Hub CloudWatch.1, .2, .4, .5, .7).
@@ -11,6 +15,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +23,8 @@ from pulumi_policy import PolicyResource, ReportViolation, StackValidationArgs, 
 from pulumi_policy.proxy import UnknownValueError
 
 from infra.audit import CIS_ALARMS
+from policy import aws_types
+from policy.iam import parse_document, statements
 from policy.resources import as_list, is_customer_managed_key, of_type, referenced, referrers
 
 AUDIT_COMPONENT = "trainstack:audit:Audit"
@@ -26,6 +33,13 @@ BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 OBJECT_LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
 METRIC_FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
 METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+CLOUDTRAIL_PRINCIPAL = "cloudtrail.amazonaws.com"
+# CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail", "Required KMS key policy elements for
+# trails": 1 encrypt (kms:GenerateDataKey*), 3 describe (kms:DescribeKey); 2 decrypt, which "If you are using an
+# existing S3 bucket with an S3 Bucket Key, kms:Decrypt permissions are required to create or update a trail with
+# SSE-KMS encryption enabled".
+TRAIL_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:DescribeKey")
+BUCKET_KEY_ACTION = "kms:Decrypt"
 
 
 def _get(props: Mapping[str, Any], key: str) -> Any:
@@ -89,6 +103,71 @@ def validate_audit_trail(args: StackValidationArgs, report_violation: ReportViol
             report_violation(f"trail '{trail.name}' {problem}", trail.urn)
 
 
+def cloudtrail_allowed(policy: Any) -> list[str]:
+    """The action patterns a key policy's Allow statements grant the CloudTrail service principal."""
+    document = parse_document(policy)
+    if document is None:
+        return []
+    allowed = []
+    for statement in statements(document):
+        principal = statement.get("Principal")
+        services = as_list(principal.get("Service")) if isinstance(principal, Mapping) else []
+        if statement.get("Effect") == "Allow" and (principal == "*" or CLOUDTRAIL_PRINCIPAL in services):
+            allowed += [str(action) for action in as_list(statement.get("Action"))]
+    return allowed
+
+
+def grants(allowed: Sequence[str], action: str) -> bool:
+    """`allowed` (patterns such as kms:GenerateDataKey*) covers `action`; IAM action names ignore case."""
+    return any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in allowed)
+
+
+def uses_bucket_key(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> bool:
+    """The bucket's default encryption is SSE-KMS with an S3 Bucket Key (bucket_key_enabled)."""
+    for config in referrers(resources, aws_types.BUCKET_ENCRYPTION, "bucket", bucket):
+        for rule in as_list(_get(config.props, "rules")):
+            if not isinstance(rule, Mapping):
+                continue
+            default = rule.get("applyServerSideEncryptionByDefault") or {}
+            if rule.get("bucketKeyEnabled") is True and default.get("sseAlgorithm") == "aws:kms":
+                return True
+    return False
+
+
+def trail_key_problems(trail: PolicyResource, resources: Sequence[PolicyResource]) -> list[str]:
+    """What the trail's key policy (the key's `policy`, or a KeyPolicy on it) does not grant CloudTrail."""
+    problems = []
+    by_urn = {r.urn: r for r in resources}
+    buckets = referenced(trail, "s3BucketName", BUCKETS)
+    needed = [*TRAIL_KEY_ACTIONS]
+    if any(uses_bucket_key(bucket, resources) for bucket in buckets):
+        needed.append(BUCKET_KEY_ACTION)
+    for key in referenced(trail, "kmsKeyId", [aws_types.KMS_KEY]):
+        key = by_urn.get(key.urn, key)
+        documents = [_get(key.props, "policy")]
+        documents += [
+            _get(p.props, "policy") for p in referrers(resources, [aws_types.KMS_KEY_POLICY], "keyId", key)
+        ]
+        if "<unknown>" in documents:
+            continue  # computed at `pulumi up`: judged then
+        allowed = [action for document in documents for action in cloudtrail_allowed(document)]
+        missing = [action for action in needed if not grants(allowed, action)]
+        if missing:
+            why = " (its bucket uses an S3 Bucket Key)" if BUCKET_KEY_ACTION in missing else ""
+            problems.append(
+                f"key '{key.name}' does not allow {CLOUDTRAIL_PRINCIPAL} {', '.join(missing)}{why}: CreateTrail "
+                "answers InsufficientEncryptionPolicyException; add the statements of CloudTrail User Guide "
+                '"Configure AWS KMS key policies for CloudTrail" (infra/keys.py cloudtrail_key_statements)'
+            )
+    return problems
+
+
+def validate_cloudtrail_key_policy(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for trail in of_type(args.resources, [TRAIL]):
+        for problem in trail_key_problems(trail, args.resources):
+            report_violation(f"trail '{trail.name}': {problem}", trail.urn)
+
+
 def validate_cis_metric_filters(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     if not of_type(args.resources, [TRAIL]):
         return  # an organisation trail's alarms live in its own account
@@ -125,6 +204,13 @@ audit_trail_recorded = StackValidationPolicy(
         "CloudWatch Logs delivery and an Object-Locked bucket, or the organisation's trail."
     ),
     validate=validate_audit_trail,
+)
+
+cloudtrail_key_policy = StackValidationPolicy(
+    name="cloudtrail-key-policy",
+    description="The key a trail encrypts with lets CloudTrail encrypt, describe the key and, with an S3 Bucket Key "
+    "on the log bucket, decrypt (CloudTrail User Guide, KMS key policies for CloudTrail).",
+    validate=validate_cloudtrail_key_policy,
 )
 
 cis_metric_filters = StackValidationPolicy(

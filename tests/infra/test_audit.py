@@ -89,6 +89,13 @@ def test_key_policy_lets_cloudtrail_encrypt_only_for_the_stack_trail(stack):
     context = encrypt["Condition"]["StringLike"]["kms:EncryptionContext:aws:cloudtrail:arn"]
     assert context == f"arn:aws:cloudtrail:*:{trail.split(':')[4]}:trail/*"
     assert found["CloudTrailDescribesKey"]["Condition"] == {"StringEquals": {"aws:SourceArn": trail}}
+    # "Granting decrypt permissions": with the log bucket's S3 Bucket Key, CreateTrail needs kms:Decrypt.
+    decrypt = found["CloudTrailDecryptsForBucketKey"]
+    assert (decrypt["Principal"], decrypt["Action"]) == (
+        {"Service": "cloudtrail.amazonaws.com"},
+        "kms:Decrypt",
+    )
+    assert decrypt["Condition"] == {"StringEquals": {"aws:SourceArn": trail}}
 
 
 def test_each_cis_event_has_a_metric_filter_and_an_alarm_on_the_stack_topic(stack):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from policy.audit import audit_trail_recorded, cis_metric_filters
+from policy.audit import audit_trail_recorded, cis_metric_filters, cloudtrail_key_policy
 
 TRAIL = "aws:cloudtrail/trail:Trail"
 ORG_TRAIL = "arn:aws:cloudtrail:us-east-1:111122223333:trail/org-trail"
@@ -77,3 +78,50 @@ def test_a_cis_alarm_without_an_action_fails(planned, violations):
     alarm = "aws:cloudwatch/metricAlarm:MetricAlarm"
     found = violations(cis_metric_filters, *with_props(planned("dev"), alarm, alarmActions=[]))
     assert len(found) == 5 and all("no alarm with an action" in message for _, message in found)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "eks-dev"])
+def test_every_stack_key_lets_cloudtrail_encrypt_decrypt_and_describe(planned, violations, stack):
+    assert violations(cloudtrail_key_policy, *planned(stack)) == []
+
+
+def test_the_key_policy_of_round_three_without_decrypt_fails_with_a_bucket_key(planned, violations):
+    """The guide's failing case: GenerateDataKey* and DescribeKey only, the log bucket with an S3 Bucket Key."""
+    key = "aws:kms/key:Key"
+    resources = planned("dev")
+    (planned_key,) = [r for r in resources if r.resource_type == key]
+    document = json.loads(planned_key.props["policy"])
+    document["Statement"] = [
+        s for s in document["Statement"] if s.get("Sid") != "CloudTrailDecryptsForBucketKey"
+    ]
+    [(name, message)] = violations(
+        cloudtrail_key_policy, *with_props(resources, key, policy=json.dumps(document))
+    )
+    assert name == "trainstack-dev-audit"
+    assert "kms:Decrypt (its bucket uses an S3 Bucket Key)" in message
+    assert "InsufficientEncryptionPolicyException" in message
+
+
+def test_without_a_bucket_key_decrypt_is_not_required_but_encrypt_and_describe_are(planned, violations):
+    encryption = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    key = "aws:kms/key:Key"
+    resources = planned("dev")
+    (planned_key,) = [r for r in resources if r.resource_type == key]
+    document = json.loads(planned_key.props["policy"])
+    document["Statement"] = [
+        s
+        for s in document["Statement"]
+        if s.get("Sid") not in ("CloudTrailDecryptsForBucketKey", "CloudTrailDescribesKey")
+    ]
+    no_bucket_key = [
+        {**dict(rule), "bucketKeyEnabled": False}
+        for rule in next(r for r in resources if r.resource_type == encryption and "audit" in r.name).props[
+            "rules"
+        ]
+    ]
+    changed = with_props(resources, key, policy=json.dumps(document))
+    changed = [
+        with_props([r], encryption, rules=no_bucket_key)[0] if "audit" in r.name else r for r in changed
+    ]
+    [(_, message)] = violations(cloudtrail_key_policy, *changed)
+    assert "kms:DescribeKey:" in message and "kms:Decrypt" not in message
