@@ -160,6 +160,8 @@ class Keys(pulumi.ComponentResource):
             enable_key_rotation=True,
             deletion_window_in_days=30,
             policy=self._policy(cfg, account),
+            # Kept with protectData, and so as long as compliance-locked audit logs need it (infra/config.py refuses
+            # COMPLIANCE without protectData; policy/audit.py `locked-logs-kept`).
             opts=pulumi.ResourceOptions(
                 parent=self, protect=cfg.protect_data, retain_on_delete=cfg.protect_data
             ),

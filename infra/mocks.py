@@ -32,6 +32,7 @@ class PlannedResource:
     outputs: dict[str, Any] = field(default_factory=dict, repr=False)  # as faked: ARNs, names, DNS names
     urn: str = ""
     property_dependencies: dict[str, list[str]] = field(default_factory=dict, repr=False)  # input -> URNs
+    dependencies: list[str] = field(default_factory=list, repr=False)  # URNs: depends_on and every input's
 
     def to_json(self) -> dict[str, Any]:
         """The preview's JSON object: option names as the engine spells them."""
@@ -151,6 +152,7 @@ class RecordingMonitor(MockMonitor):
             recorded.protect = bool(request.protect)
             recorded.retain_on_delete = bool(request.retainOnDelete)
             recorded.urn = response.urn
+            recorded.dependencies = list(request.dependencies)
             recorded.property_dependencies = {
                 key: list(dependencies.urns) for key, dependencies in request.propertyDependencies.items()
             }

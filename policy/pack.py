@@ -59,6 +59,7 @@ POLICIES: list[Policy] = [
     residency.data_residency,
     audit.audit_trail_recorded,
     audit.cloudtrail_key_policy,
+    audit.locked_logs_kept,
     audit.cis_metric_filters,
     cost.cost_allocation_tags,
     # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
