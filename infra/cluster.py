@@ -429,7 +429,13 @@ class Cluster(pulumi.ComponentResource):
             priority=1,
             scheduling_policy_arn=scheduling_policy.arn if scheduling_policy is not None else None,
             compute_environment_orders=[{"order": 1, "compute_environment": environment.arn}],
-            opts=pulumi.ResourceOptions(parent=self),
+            # botocore batch model, CreateJobQueue.schedulingPolicyArn: "A job queue without a fair-share scheduling
+            # policy is scheduled as a FIFO job queue and can't have a fair-share scheduling policy added";
+            # UpdateJobQueue: "the fair-share scheduling policy can be replaced but not removed". pulumi-aws plans
+            # either as an in-place update, which Batch refuses: turning trainstack:teams on or off replaces the
+            # queue instead (a new name; the old one is disabled and deleted, and Batch terminates the jobs still
+            # in it: DeleteJobQueue, same model; docs/security.md#teams).
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["schedulingPolicyArn"]),
         )
 
     def _spot(self, args: ClusterArgs, container: dict[str, Any]) -> dict[str, pulumi.Output[str]]:
