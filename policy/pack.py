@@ -62,6 +62,7 @@ POLICIES: list[Policy] = [
     audit.locked_logs_kept,
     audit.cis_metric_filters,
     cost.cost_allocation_tags,
+    cost.cost_tags_activated_later,
     # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
     eks.efa_agree,
     eks.node_templates,
