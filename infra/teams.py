@@ -18,7 +18,9 @@ team role, assigned to the group on this account; the team role trusts the role 
 
 The GPU queue gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
 `ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
-starve another. Batch has no per-share ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
+starve another. A queue cannot gain or lose that policy, so turning teams on or off replaces the queue
+(infra/cluster.py), and team jobs carry a scheduling priority (trainer/jobs/teams.py). Batch has no per-share
+ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
 """
 
 from __future__ import annotations
