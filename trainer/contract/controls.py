@@ -223,7 +223,8 @@ CONTROLS: tuple[Control, ...] = (
     Control(
         "IAM.6",
         "Hardware MFA should be enabled for the root user (CIS 1.6)",
-        not_covered="an account setting, outside any stack: the CloudWatch.1 alarm pages when root is used",
+        not_covered="an account setting, outside any stack: the CloudWatch.1 alarm pages when root is used, once its "
+        "topic has a subscriber",
     ),
     Control(
         "Config.1",
