@@ -232,7 +232,7 @@ push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to t
 	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")
 
 .PHONY: data
-data: $(VENV)/.train-installed ## SRC=path|s3://... [STACK=<env> TOKENIZER=file] [NAME=name] [LOCAL=1]: prepare text/JSONL here, or on the stack's CPU queue
+data: $(VENV)/.train-installed ## SRC=path|s3://... [STACK=<env> TOKENIZER=file IMAGE=tag] [NAME=name] [LOCAL=1]: prepare text/JSONL here, or on the stack's CPU queue
 	@test -n "$(SRC)" || { echo "make data: give SRC=<file, directory or s3://bucket/prefix of text/JSONL>" >&2; exit 2; }
 ifeq ($(STACK),)
 	$(PY) -m trainer prepare "$(SRC)" --output "data/$(DATA_NAME)/$(DATA_NAME)"
@@ -241,7 +241,8 @@ else ifneq ($(LOCAL),)
 	$(PY) -m trainer upload $(STACK_ARGS) --prefix "data/$(DATA_NAME)/$(DATA_NAME)"
 else
 	@test -n "$(TOKENIZER)" || { echo "make data STACK=$(STACK): give TOKENIZER=<tokenizer.json> (every shard uses it; docs/data.md)" >&2; exit 2; }
-	$(PY) -m trainer data submit $(STACK_ARGS) --src "$(SRC)" --name "$(DATA_NAME)" --tokenizer "$(TOKENIZER)"
+	$(PY) -m trainer data submit $(STACK_ARGS) --src "$(SRC)" --name "$(DATA_NAME)" --tokenizer "$(TOKENIZER)" \
+	  $(if $(IMAGE),--image "$(IMAGE)")
 endif
 
 DATA_NAME = $(or $(NAME),$(basename $(notdir $(abspath $(SRC)))))

@@ -1,12 +1,17 @@
-"""The audit trail: who did what in the stack's account, recorded where nobody can erase it (docs/security.md).
+"""The audit trail: who did what in the stack's account, recorded where nobody can erase it (prod: compliance mode;
+elsewhere only a principal allowed to bypass governance retention; docs/security.md).
 
 - A CloudTrail trail in all regions with management events, S3 data events on the datasets and checkpoints buckets,
   log file validation (signed digest files) and SSE-KMS with the stack key (CIS AWS Foundations Benchmark v1.4.0
   3.1, 3.2, 3.7, 3.10, 3.11; Security Hub CloudTrail.1, .2, .4, .5).
-- Delivered to a dedicated bucket: public access blocked, TLS only, versioned, S3 Object Lock in compliance mode
-  with `auditRetentionDays` (S3 User Guide, "Locking objects with Object Lock": in compliance mode no user, root
-  included, can delete or overwrite a locked version before its retention ends), never `force_destroy`ed, and
-  protected and retained on delete with `protectData`.
+- Delivered to a dedicated bucket: public access blocked, TLS only, versioned, S3 Object Lock for
+  `auditRetentionDays` in the stack's `audit_lock` mode (S3 User Guide, "Locking objects with Object Lock": in
+  compliance mode no user, root included, can delete or overwrite a locked version before its retention ends; in
+  governance mode a user with s3:BypassGovernanceRetention can). COMPLIANCE (prod, with `protectData`): the bucket
+  and the key are protected and retained on delete, so the logs and the key that decrypts them outlive `pulumi
+  destroy`. GOVERNANCE (dev, staging): `force_destroy`, so `pulumi destroy` deletes the locked logs with the bucket
+  (pulumi-aws s3.Bucket `force_destroy`: "all objects (including any locked objects) should be deleted"), and the
+  bucket depends on the key, so the key is scheduled for deletion only once the bucket is gone.
 - Also delivered to a CloudWatch Logs group, where metric filters count the events an operator must hear about and
   alarms page the stack's topic (Security Hub "controls for CloudWatch", CloudWatch.1/.2/.4/.5/.7, whose filter
   patterns are the CIS benchmark's, in `CIS_ALARMS`).
@@ -286,12 +291,19 @@ class Audit(pulumi.ComponentResource):
         self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys, trail_arn: pulumi.Output[str]
     ) -> aws.s3.Bucket:
         name, child = f"{cfg.name_prefix}-audit-logs", pulumi.ResourceOptions(parent=self)
+        # Compliance-locked logs cannot be deleted by anyone before their retention ends: kept (the config refuses
+        # COMPLIANCE without protectData). Governance-locked ones go with the bucket on destroy.
+        outlives_destroy = cfg.audit_lock == "COMPLIANCE" or cfg.protect_data
         bucket = aws.s3.Bucket(
             name,
             object_lock_enabled=True,
-            force_destroy=False,  # pulumi destroy never empties it; Object Lock would refuse anyway
+            force_destroy=not outlives_destroy,
             opts=pulumi.ResourceOptions(
-                parent=self, protect=cfg.protect_data, retain_on_delete=cfg.protect_data
+                parent=self,
+                protect=cfg.protect_data,
+                retain_on_delete=outlives_destroy,
+                # Deleted before the key: a bucket whose destroy fails (locked logs left) keeps its key too.
+                depends_on=[keys.key],
             ),
         )
         aws.s3.BucketServerSideEncryptionConfiguration(
@@ -315,7 +327,7 @@ class Audit(pulumi.ComponentResource):
             name,
             bucket=bucket.id,
             object_lock_enabled="Enabled",
-            rule={"default_retention": {"mode": "COMPLIANCE", "days": cfg.audit_retention_days}},
+            rule={"default_retention": {"mode": cfg.audit_lock, "days": cfg.audit_retention_days}},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
         )
         public_access = aws.s3.BucketPublicAccessBlock(

@@ -3,8 +3,10 @@
 Everything that depends on the instance type (EFA interfaces, uverbs devices, vCPUs, memory, GPUs) is read from
 `trainer.contract.catalog`. The job definition is the container contract the image is built to:
 
-- image: `trainstack:image`, else `<ecr repository url>:latest` (a placeholder: Batch multi-node jobs cannot
-  override the image at submission, so the submit tool registers a new revision with the immutable tag it pushed);
+- image: `trainstack:image`, else `<ecr repository url>:latest` (a placeholder the IMMUTABLE repository never
+  receives: no job may be submitted to it by name, since Batch cannot override a job's image at submission; the
+  submit tools register or reuse a revision with the tag they run, and `make push` one of every exported definition,
+  trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS);
 - entrypoint: baked into the image (`/opt/trainstack/image/entrypoint.sh`); the job definition sets only the
   command, by default `train --config trainer/configs/llama3-8b.yaml`;
 - `/fsx` from the host (user data mounts FSx there): datasets under /fsx/datasets, checkpoints under
@@ -429,7 +431,13 @@ class Cluster(pulumi.ComponentResource):
             priority=1,
             scheduling_policy_arn=scheduling_policy.arn if scheduling_policy is not None else None,
             compute_environment_orders=[{"order": 1, "compute_environment": environment.arn}],
-            opts=pulumi.ResourceOptions(parent=self),
+            # botocore batch model, CreateJobQueue.schedulingPolicyArn: "A job queue without a fair-share scheduling
+            # policy is scheduled as a FIFO job queue and can't have a fair-share scheduling policy added";
+            # UpdateJobQueue: "the fair-share scheduling policy can be replaced but not removed". pulumi-aws plans
+            # either as an in-place update, which Batch refuses: turning trainstack:teams on or off replaces the
+            # queue instead (a new name; the old one is disabled and deleted, and Batch terminates the jobs still
+            # in it: DeleteJobQueue, same model; docs/security.md#teams).
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["schedulingPolicyArn"]),
         )
 
     def _spot(self, args: ClusterArgs, container: dict[str, Any]) -> dict[str, pulumi.Output[str]]:

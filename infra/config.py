@@ -215,6 +215,8 @@ class StackConfig(BaseModel):
     # Governance (infra/audit.py, infra/teams.py, docs/security.md).
     organization_trail: str | None = None
     audit_retention_days: int = Field(default=365, ge=1, le=36500)
+    # The log bucket's Object Lock mode; unset: COMPLIANCE with protectData, else GOVERNANCE (`audit_lock`).
+    audit_lock_mode: Literal["COMPLIANCE", "GOVERNANCE"] | None = None
     teams: list[TeamConfig] = []
     allowed_regions: list[str] | None = None
     security_hub: bool = False
@@ -479,6 +481,16 @@ class StackConfig(BaseModel):
                 f"{_key('allowed_regions')} = {self.allowed_regions!r}: must include the stack's own region "
                 f"{self.region} (aws:region), where its buckets and cluster live"
             )
+        if self.audit_lock == "COMPLIANCE" and not self.protect_data:
+            # S3 User Guide, "Locking objects with Object Lock": in compliance mode no user, root included, can
+            # delete a locked version before its retention ends, so `pulumi destroy` could not remove the bucket,
+            # and the key its logs are encrypted with must outlive them.
+            problems.append(
+                f"{_key('audit_lock_mode')} = 'COMPLIANCE' on a stack without {_key('protect_data')}: compliance-"
+                f"locked logs outlive `pulumi destroy` for {_key('audit_retention_days')}, so the stack must protect "
+                f"and keep their bucket and key; set {_key('protect_data')}: true, or {_key('audit_lock_mode')}: "
+                "GOVERNANCE (destroy then deletes the logs)"
+            )
         if self.security_hub and self.organization_trail:
             problems.append(
                 f"{_key('security_hub')} = True: AWS Config delivers to the stack's own audit bucket, which a stack "
@@ -619,6 +631,14 @@ class StackConfig(BaseModel):
     def data_regions(self) -> list[str]:
         """Where this stack's data may live (`allowedRegions`, default: the stack's region)."""
         return self.allowed_regions or [self.region]
+
+    @property
+    def audit_lock(self) -> Literal["COMPLIANCE", "GOVERNANCE"]:
+        """The log bucket's Object Lock mode: `auditLockMode`, else COMPLIANCE where data is protected (prod), and
+        GOVERNANCE elsewhere, which `pulumi destroy` can tear down (docs/security.md#what-pulumi-destroy-does)."""
+        if self.audit_lock_mode is not None:
+            return self.audit_lock_mode
+        return "COMPLIANCE" if self.protect_data else "GOVERNANCE"
 
     @property
     def audit_trail_name(self) -> str:

@@ -156,6 +156,8 @@ class DataPrep(pulumi.ComponentResource):
             opts=child,
         )
         self.job_role = self._job_role(prefix, args)
+        # A placeholder, as the GPU one's (infra/cluster.py): `make data STACK=` submits to a revision naming the
+        # pushed tag, and `make push` registers one (trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS).
         image = cfg.image or pulumi.Output.concat(args.registry.repository.repository_url, ":latest")
         self.job_definition = aws.batch.JobDefinition(
             prefix,

@@ -84,9 +84,12 @@ def topic_key_statement() -> dict[str, Any]:
 
 
 def cloudtrail_key_statements(cfg: StackConfig, account: pulumi.Input[str]) -> list[dict[str, Any]]:
-    """CloudTrail encrypts the stack trail's log and digest files with the key, and may describe it; both only for
-    that trail (CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail": the aws:SourceArn and
-    kms:EncryptionContext:aws:cloudtrail:arn conditions). Readers decrypt through S3 (UseThroughStackServices)."""
+    """The three elements CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail" requires for a
+    trail, each only for this trail (its aws:SourceArn, the guide's best practice): encrypt the log and digest files
+    (with the kms:EncryptionContext:aws:cloudtrail:arn condition), decrypt, and describe the key. The decrypt is
+    CloudTrail's own ("Granting decrypt permissions": with an S3 Bucket Key on the log bucket, as infra/audit.py
+    sets, kms:Decrypt is required to create or update a trail with SSE-KMS); people read the logs through S3
+    (UseThroughStackServices). policy/audit.py `cloudtrail-key-policy` checks all three."""
     trail = pulumi.Output.concat(
         "arn:aws:cloudtrail:", cfg.region, ":", account, ":trail/", cfg.audit_trail_name
     )
@@ -105,6 +108,14 @@ def cloudtrail_key_statements(cfg: StackConfig, account: pulumi.Input[str]) -> l
                     )
                 },
             },
+        },
+        {
+            "Sid": "CloudTrailDecryptsForBucketKey",
+            "Effect": "Allow",
+            "Principal": {"Service": "cloudtrail.amazonaws.com"},
+            "Action": "kms:Decrypt",
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:SourceArn": trail}},
         },
         {
             "Sid": "CloudTrailDescribesKey",
@@ -149,6 +160,8 @@ class Keys(pulumi.ComponentResource):
             enable_key_rotation=True,
             deletion_window_in_days=30,
             policy=self._policy(cfg, account),
+            # Kept with protectData, and so as long as compliance-locked audit logs need it (infra/config.py refuses
+            # COMPLIANCE without protectData; policy/audit.py `locked-logs-kept`).
             opts=pulumi.ResourceOptions(
                 parent=self, protect=cfg.protect_data, retain_on_delete=cfg.protect_data
             ),

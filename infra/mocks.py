@@ -1,7 +1,8 @@
 """Pulumi mocks for the offline preview and the tests: run the real program with no AWS, no CLI, no plugins.
 
 Every registration is recorded as a `PlannedResource` with its inputs as the engine receives them (camelCase keys,
-numbers as floats), the resource options a policy or reviewer cares about (parent, protect, retainOnDelete), and the
+numbers as floats), the resource options a policy or reviewer cares about (parent, protect, retainOnDelete, dependsOn,
+replaceOnChanges), and the
 URN with the registration's property dependencies (which resources feed each input), as a policy analyzer sees them.
 Computed outputs that the program reads (ARNs, bucket names, FSx DNS and mount names, ECR URLs) are faked per type.
 Data-source calls are answered by token; an unknown token raises so that a new, unmocked call is noticed.
@@ -32,6 +33,8 @@ class PlannedResource:
     outputs: dict[str, Any] = field(default_factory=dict, repr=False)  # as faked: ARNs, names, DNS names
     urn: str = ""
     property_dependencies: dict[str, list[str]] = field(default_factory=dict, repr=False)  # input -> URNs
+    dependencies: list[str] = field(default_factory=list, repr=False)  # URNs: depends_on and every input's
+    replace_on_changes: list[str] = field(default_factory=list)  # inputs whose change replaces the resource
 
     def to_json(self) -> dict[str, Any]:
         """The preview's JSON object: option names as the engine spells them."""
@@ -151,6 +154,8 @@ class RecordingMonitor(MockMonitor):
             recorded.protect = bool(request.protect)
             recorded.retain_on_delete = bool(request.retainOnDelete)
             recorded.urn = response.urn
+            recorded.dependencies = list(request.dependencies)
+            recorded.replace_on_changes = list(request.replaceOnChanges)
             recorded.property_dependencies = {
                 key: list(dependencies.urns) for key, dependencies in request.propertyDependencies.items()
             }

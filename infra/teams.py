@@ -18,7 +18,9 @@ team role, assigned to the group on this account; the team role trusts the role 
 
 The GPU queue gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
 `ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
-starve another. Batch has no per-share ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
+starve another. A queue cannot gain or lose that policy, so turning teams on or off replaces the queue
+(infra/cluster.py), and team jobs carry a scheduling priority (trainer/jobs/teams.py). Batch has no per-share
+ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
 """
 
 from __future__ import annotations
@@ -197,11 +199,11 @@ class Teams(pulumi.ComponentResource):
                 self._identity_center_access(
                     cfg, team, team.identity_center_group, role, args.account_id, child
                 )
-        # Activates `team` as a cost-allocation tag, so Cost Explorer splits the bill by team (Billing User Guide,
-        # "Activating user-defined cost allocation tags"); jobs propagate it to the instances' ECS tasks.
-        aws.costexplorer.CostAllocationTag(
-            f"{cfg.name_prefix}-team-tag", tag_key=TEAM_TAG, status="Active", opts=child
-        )
+        # The `team` cost-allocation tag is activated later, by hand, as `stack` is (docs/cost.md#budgets-and-tags):
+        # a tag key is listed for activation only once it reaches billing data, up to 24 hours after first applied
+        # (pulumi-aws costexplorer.CostAllocationTag note), and only the payer account may activate it (a linked
+        # account gets AccessDeniedException, 2i2c-org/infrastructure pull 4932); policy/cost.py refuses activating
+        # one in the program (`cost-tags-activated-later`).
         self.outputs = {
             "teams": [team.name for team in cfg.teams],
             "team_role_arns": {name: role.arn for name, role in self.roles.items()},

@@ -2,8 +2,15 @@
 
 - `audit-trail-recorded`: a trainstack program either relies on an organisation trail (its audit component's
   `organizationTrail` input) or has a trail that is multi-region with management events, validates its log files,
-  encrypts them with a customer key, feeds CloudWatch Logs, and writes to a bucket with Object Lock in compliance
-  mode (Security Hub CloudTrail.1, .2, .4, .5; S3 User Guide "Locking objects with Object Lock").
+  encrypts them with a customer key, feeds CloudWatch Logs, and writes to a bucket with an Object Lock default
+  retention (Security Hub CloudTrail.1, .2, .4, .5; S3 User Guide "Locking objects with Object Lock").
+- `locked-logs-kept`: a bucket locked in COMPLIANCE mode is protected, and so is the key of its default encryption
+  (nobody can delete its logs before their retention ends, and they stay encrypted with that key); one locked in
+  GOVERNANCE mode in an unprotected stack has force_destroy, so `pulumi destroy` can delete it.
+- `cloudtrail-key-policy`: the key a trail encrypts with lets CloudTrail generate data keys, describe the key and,
+  when the trail's bucket uses an S3 Bucket Key, decrypt (CloudTrail User Guide, "Configure AWS KMS key policies for
+  CloudTrail", required elements for trails: without them CreateTrail/UpdateTrail answer
+  InsufficientEncryptionPolicyException at `pulumi up`).
 - `cis-metric-filters`: with the stack's own trail, each CIS event (infra/audit.py `CIS_ALARMS`: root use,
   unauthorised calls, IAM policy changes, trail changes, key disabled or deleted) has a metric filter with that
   control's pattern and an alarm with an action on its metric (Security Hub CloudWatch.1, .2, .4, .5, .7).
@@ -11,6 +18,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +26,8 @@ from pulumi_policy import PolicyResource, ReportViolation, StackValidationArgs, 
 from pulumi_policy.proxy import UnknownValueError
 
 from infra.audit import CIS_ALARMS
+from policy import aws_types
+from policy.iam import parse_document, statements
 from policy.resources import as_list, is_customer_managed_key, of_type, referenced, referrers
 
 AUDIT_COMPONENT = "trainstack:audit:Audit"
@@ -26,6 +36,14 @@ BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 OBJECT_LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
 METRIC_FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
 METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+LOCK_MODES = ("COMPLIANCE", "GOVERNANCE")
+CLOUDTRAIL_PRINCIPAL = "cloudtrail.amazonaws.com"
+# CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail", "Required KMS key policy elements for
+# trails": 1 encrypt (kms:GenerateDataKey*), 3 describe (kms:DescribeKey); 2 decrypt, which "If you are using an
+# existing S3 bucket with an S3 Bucket Key, kms:Decrypt permissions are required to create or update a trail with
+# SSE-KMS encryption enabled".
+TRAIL_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:DescribeKey")
+BUCKET_KEY_ACTION = "kms:Decrypt"
 
 
 def _get(props: Mapping[str, Any], key: str) -> Any:
@@ -41,13 +59,15 @@ def _records_management_events_everywhere(trail: PolicyResource) -> bool:
     return _get(trail.props, "isMultiRegionTrail") is True and management
 
 
-def _locked(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> bool:
+def lock_mode(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> str | None:
+    """The bucket's Object Lock default retention mode (COMPLIANCE, GOVERNANCE), None without one."""
     if _get(bucket.props, "objectLockEnabled") is not True:
-        return False
-    return any(
-        ((lock.props.get("rule") or {}).get("defaultRetention") or {}).get("mode") == "COMPLIANCE"
-        for lock in referrers(resources, [OBJECT_LOCK], "bucket", bucket)
-    )
+        return None
+    for lock in referrers(resources, [OBJECT_LOCK], "bucket", bucket):
+        mode = ((lock.props.get("rule") or {}).get("defaultRetention") or {}).get("mode")
+        if mode in LOCK_MODES:
+            return str(mode)
+    return None
 
 
 def trail_problems(trail: PolicyResource, resources: Sequence[PolicyResource]) -> list[str]:
@@ -63,10 +83,10 @@ def trail_problems(trail: PolicyResource, resources: Sequence[PolicyResource]) -
             "does not feed CloudWatch Logs, where the CIS alarms count events (cloud_watch_logs_*)"
         )
     buckets = referenced(trail, "s3BucketName", BUCKETS)
-    if not buckets or not all(_locked(b, resources) for b in buckets):
+    if not buckets or not all(lock_mode(b, resources) for b in buckets):
         problems.append(
-            "writes to a bucket without Object Lock in compliance mode (object_lock_enabled=True and "
-            "aws.s3.BucketObjectLockConfiguration with default_retention mode COMPLIANCE)"
+            "writes to a bucket without an Object Lock default retention (object_lock_enabled=True and "
+            "aws.s3.BucketObjectLockConfiguration with default_retention mode COMPLIANCE or GOVERNANCE)"
         )
     return problems
 
@@ -87,6 +107,109 @@ def validate_audit_trail(args: StackValidationArgs, report_violation: ReportViol
     for trail in trails:
         for problem in trail_problems(trail, args.resources):
             report_violation(f"trail '{trail.name}' {problem}", trail.urn)
+
+
+def cloudtrail_allowed(policy: Any) -> list[str]:
+    """The action patterns a key policy's Allow statements grant the CloudTrail service principal."""
+    document = parse_document(policy)
+    if document is None:
+        return []
+    allowed = []
+    for statement in statements(document):
+        principal = statement.get("Principal")
+        services = as_list(principal.get("Service")) if isinstance(principal, Mapping) else []
+        if statement.get("Effect") == "Allow" and (principal == "*" or CLOUDTRAIL_PRINCIPAL in services):
+            allowed += [str(action) for action in as_list(statement.get("Action"))]
+    return allowed
+
+
+def grants(allowed: Sequence[str], action: str) -> bool:
+    """`allowed` (patterns such as kms:GenerateDataKey*) covers `action`; IAM action names ignore case."""
+    return any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in allowed)
+
+
+def uses_bucket_key(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> bool:
+    """The bucket's default encryption is SSE-KMS with an S3 Bucket Key (bucket_key_enabled)."""
+    for config in referrers(resources, aws_types.BUCKET_ENCRYPTION, "bucket", bucket):
+        for rule in as_list(_get(config.props, "rules")):
+            if not isinstance(rule, Mapping):
+                continue
+            default = rule.get("applyServerSideEncryptionByDefault") or {}
+            if rule.get("bucketKeyEnabled") is True and default.get("sseAlgorithm") == "aws:kms":
+                return True
+    return False
+
+
+def trail_key_problems(trail: PolicyResource, resources: Sequence[PolicyResource]) -> list[str]:
+    """What the trail's key policy (the key's `policy`, or a KeyPolicy on it) does not grant CloudTrail."""
+    problems = []
+    by_urn = {r.urn: r for r in resources}
+    buckets = referenced(trail, "s3BucketName", BUCKETS)
+    needed = [*TRAIL_KEY_ACTIONS]
+    if any(uses_bucket_key(bucket, resources) for bucket in buckets):
+        needed.append(BUCKET_KEY_ACTION)
+    for key in referenced(trail, "kmsKeyId", [aws_types.KMS_KEY]):
+        key = by_urn.get(key.urn, key)
+        documents = [_get(key.props, "policy")]
+        documents += [
+            _get(p.props, "policy") for p in referrers(resources, [aws_types.KMS_KEY_POLICY], "keyId", key)
+        ]
+        if "<unknown>" in documents:
+            continue  # computed at `pulumi up`: judged then
+        allowed = [action for document in documents for action in cloudtrail_allowed(document)]
+        missing = [action for action in needed if not grants(allowed, action)]
+        if missing:
+            why = " (its bucket uses an S3 Bucket Key)" if BUCKET_KEY_ACTION in missing else ""
+            problems.append(
+                f"key '{key.name}' does not allow {CLOUDTRAIL_PRINCIPAL} {', '.join(missing)}{why}: CreateTrail "
+                "answers InsufficientEncryptionPolicyException; add the statements of CloudTrail User Guide "
+                '"Configure AWS KMS key policies for CloudTrail" (infra/keys.py cloudtrail_key_statements)'
+            )
+    return problems
+
+
+def validate_cloudtrail_key_policy(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for trail in of_type(args.resources, [TRAIL]):
+        for problem in trail_key_problems(trail, args.resources):
+            report_violation(f"trail '{trail.name}': {problem}", trail.urn)
+
+
+def locked_bucket_problems(bucket: PolicyResource, resources: Sequence[PolicyResource]) -> list[str]:
+    """What `pulumi destroy` would do wrong to a locked bucket: fail on it, or delete the key its logs need."""
+    mode = lock_mode(bucket, resources)
+    if mode == "COMPLIANCE":
+        # S3 User Guide, "Locking objects with Object Lock": a compliance-mode version "can't be overwritten or
+        # deleted by any user, including the root user", so destroy cannot empty the bucket, and the key that
+        # decrypts the logs must stay as long as they do.
+        problems = []
+        if not bucket.opts.protect:
+            problems.append(
+                "is locked in COMPLIANCE mode but not protected: `pulumi destroy` cannot delete its logs before "
+                "their retention ends; protect and retain it (trainstack:protectData: true) or lock in GOVERNANCE"
+            )
+        by_urn = {r.urn: r for r in resources}
+        for config in referrers(resources, aws_types.BUCKET_ENCRYPTION, "bucket", bucket):
+            for key in referenced(config, "rules", [aws_types.KMS_KEY]):
+                if not by_urn.get(key.urn, key).opts.protect:
+                    problems.append(
+                        f"is locked in COMPLIANCE mode but its key '{key.name}' is not protected: destroy would "
+                        "schedule the key's deletion while the logs it decrypts stay locked; protect the key"
+                    )
+        return problems
+    if mode == "GOVERNANCE" and not bucket.opts.protect and _get(bucket.props, "forceDestroy") is not True:
+        # pulumi-aws s3.Bucket force_destroy: "all objects (including any locked objects) should be deleted from
+        # the bucket when the bucket is destroyed so that the bucket can be destroyed without error".
+        return [
+            "is locked in GOVERNANCE mode in an unprotected stack but has no force_destroy: `pulumi destroy` "
+            "stops at the non-empty bucket; set force_destroy=True (it bypasses governance retention)"
+        ]
+    return []
+
+
+def validate_locked_logs_kept(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for bucket in of_type(args.resources, BUCKETS):
+        for problem in locked_bucket_problems(bucket, args.resources):
+            report_violation(f"bucket '{bucket.name}' {problem}", bucket.urn)
 
 
 def validate_cis_metric_filters(args: StackValidationArgs, report_violation: ReportViolation) -> None:
@@ -125,6 +248,20 @@ audit_trail_recorded = StackValidationPolicy(
         "CloudWatch Logs delivery and an Object-Locked bucket, or the organisation's trail."
     ),
     validate=validate_audit_trail,
+)
+
+cloudtrail_key_policy = StackValidationPolicy(
+    name="cloudtrail-key-policy",
+    description="The key a trail encrypts with lets CloudTrail encrypt, describe the key and, with an S3 Bucket Key "
+    "on the log bucket, decrypt (CloudTrail User Guide, KMS key policies for CloudTrail).",
+    validate=validate_cloudtrail_key_policy,
+)
+
+locked_logs_kept = StackValidationPolicy(
+    name="locked-logs-kept",
+    description="A bucket locked in compliance mode, and the key that decrypts it, are protected from `pulumi "
+    "destroy`; one locked in governance mode in an unprotected stack is force-destroyed with its logs.",
+    validate=validate_locked_logs_kept,
 )
 
 cis_metric_filters = StackValidationPolicy(

@@ -1,7 +1,9 @@
 """`make compliance STACK=<env> [LIVE=1]`: each control (trainer/contract/controls.py), the policies and resources
 that implement it, and its status on the stack's offline preview: pass, fail (with the resource), or not covered
-(with why). With --live and credentials, Security Hub's failed findings per control are added (GetFindings;
-none when Security Hub is off). Writes runs/compliance/<stack>.json and .md, prints the table.
+(with why). A CIS alarm control passes only when its alarms' topic has a subscriber too. With --live and
+credentials, Security Hub's view is added per control: its failed findings (GetFindings), or "not evaluated" when
+no enabled standard holds the control (GetEnabledStandards, ListStandardsControlAssociations), or "Security Hub
+off". Writes runs/compliance/<stack>.json and .md, prints the table.
 
     python -m policy.compliance --stack dev [--live] [--format json]
 """
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.audit import AUDIT_NAMESPACE
 from infra.config import StackConfigError, load_stack_config, parse_stack_config
 from infra.preview import run_program
 from policy.offline import evaluate, policy_resources
@@ -23,6 +26,8 @@ from trainer.contract.controls import CONTROLS, Control
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS, FAIL, NOT_COVERED = "pass", "fail", "not covered"
+ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,19 @@ def _status(
     failing = [v for policy in control.policies for v in violations.get(policy, [])]
     if failing:
         return status(FAIL, "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing))
+    if present and control.alarm_subscribed:
+        unheard, subscribed = alarm_topics(resources)
+        if unheard or not subscribed:
+            return status(
+                FAIL,
+                "the CIS alarms' topic has no subscriber (trainstack:alarmEmails), so nobody hears them; the "
+                "control's audit wants at least one (Security Hub controls for CloudWatch, remediation)",
+            )
+        return status(
+            PASS,
+            f"{subscribed} subscription(s) on the alarms' topic; an email one counts once its address confirms "
+            "it, which only the account shows",
+        )
     if present:
         return status(PASS, control.evidence)
     if organization_trail and control.id.startswith(("CloudTrail.", "CloudWatch.")):
@@ -69,6 +87,49 @@ def _status(
             f"recorded by the organisation trail {organization_trail}; its account holds the trail and alarms",
         )
     return status(NOT_COVERED, control.not_covered or f"the stack has no {', '.join(control.resource_types)}")
+
+
+def alarm_topics(resources: list) -> tuple[list[str], int]:
+    """(the CIS alarms' topics without a subscription, the subscriptions on their topics) in a planned stack."""
+    topics = {
+        topic
+        for r in resources
+        if r.type == ALARM and r.inputs.get("namespace") == AUDIT_NAMESPACE
+        for topic in r.inputs.get("alarmActions") or []
+    }
+    subscribed = [r.inputs.get("topic") for r in resources if r.type == SUBSCRIPTION]
+    return sorted(t for t in topics if t not in subscribed), sum(s in topics for s in subscribed)
+
+
+def security_hub_evaluated(securityhub: Any, controls: list[str]) -> dict[str, list[str]] | None:
+    """For each Security Hub control id, the enabled standards that evaluate it (an empty list: none does); None
+    when Security Hub is not enabled. A control is evaluated only in a standard that is enabled and whose
+    association with it is ENABLED (Security Hub API, GetEnabledStandards and ListStandardsControlAssociations)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        enabled = {
+            subscription["StandardsArn"]
+            for page in securityhub.get_paginator("get_enabled_standards").paginate()
+            for subscription in page["StandardsSubscriptions"]
+            if subscription["StandardsStatus"] in ("READY", "INCOMPLETE")
+        }
+        evaluated = {}
+        for control in controls:
+            pages = securityhub.get_paginator("list_standards_control_associations").paginate(
+                SecurityControlId=control
+            )
+            evaluated[control] = sorted(
+                association["StandardsArn"]
+                for page in pages
+                for association in page["StandardsControlAssociationSummaries"]
+                if association["AssociationStatus"] == "ENABLED" and association["StandardsArn"] in enabled
+            )
+    except ClientError as error:
+        if error.response["Error"]["Code"] in ("InvalidAccessException", "AccessDeniedException"):
+            return None
+        raise
+    return evaluated
 
 
 def security_hub_failures(securityhub: Any) -> dict[str, int] | None:
@@ -93,10 +154,19 @@ def security_hub_failures(securityhub: Any) -> dict[str, int] | None:
     return dict(failed)
 
 
-def with_findings(rows: list[ControlStatus], failed: dict[str, int] | None) -> list[ControlStatus]:
+def with_findings(
+    rows: list[ControlStatus], failed: dict[str, int] | None, evaluated: dict[str, list[str]] | None = None
+) -> list[ControlStatus]:
+    """Each row with Security Hub's word on it: off, not a Security Hub control, not evaluated by any enabled
+    standard (so no finding means nothing), its failed findings, or none."""
+
     def aws(control: str) -> str:
-        if failed is None:
+        if failed is None or evaluated is None:
             return "Security Hub off"
+        if control not in evaluated:
+            return "-"  # trainstack's own promise
+        if not evaluated[control]:
+            return "not evaluated: no enabled standard has it"
         return f"FAILED x{failed[control]}" if control in failed else "no failed finding"
 
     return [ControlStatus(**{**asdict(row), "aws": aws(row.control)}) for row in rows]
@@ -158,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         securityhub = boto3.client(
             "securityhub", region_name=region, config=Config(retries={"mode": "adaptive"})
         )
-        rows = with_findings(rows, security_hub_failures(securityhub))
+        hub_controls = [row.control for row in rows if not row.control.startswith("trainstack.")]
+        rows = with_findings(
+            rows, security_hub_failures(securityhub), security_hub_evaluated(securityhub, hub_controls)
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stack}.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     (args.out / f"{args.stack}.md").write_text(render_markdown(args.stack, rows))

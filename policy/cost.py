@@ -1,4 +1,4 @@
-"""Every resource that costs money carries the stack's cost-allocation tags.
+"""Every resource that costs money carries the stack's cost-allocation tags, and none is activated by the program.
 
 AWS splits costs by tag only for resources that carry the tag (AWS Billing User Guide, "Using user-defined cost
 allocation tags"): the stack's budget (infra/budget.py), which filters on `stack`, and any cost report by project
@@ -17,6 +17,8 @@ from typing import Any
 from pulumi_policy import (
     PolicyResource,
     ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
     StackValidationArgs,
     StackValidationPolicy,
 )
@@ -113,6 +115,35 @@ def validate_cost_allocation_tags(args: StackValidationArgs, report_violation: R
                     resource.urn,
                 )
 
+
+COST_ALLOCATION_TAG = "aws:costexplorer/costAllocationTag:CostAllocationTag"
+
+
+def validate_cost_tags_activated_later(
+    args: ResourceValidationArgs, report_violation: ReportViolation
+) -> None:
+    """AWS lists a user-defined tag key for activation only after it reaches billing data, up to 24 hours after it
+    is first applied (pulumi-aws costexplorer.CostAllocationTag: "it can take up to 24 hours for the tag keys to
+    appear on Cost Allocation tag page for activation"; terraform-provider-aws issues 29068 and 31442), and only the
+    payer account may activate it (UpdateCostAllocationTagsStatus from a linked account: AccessDeniedException
+    "Linked account doesn't have access to cost allocation tags", 2i2c-org/infrastructure pull 4932). A program
+    that activates the tag it first applies fails its first `pulumi up`."""
+    if args.resource_type != COST_ALLOCATION_TAG:
+        return
+    report_violation(
+        f"cost-allocation tag '{args.name}' is activated by the stack that applies it: AWS lists a tag key for "
+        "activation only up to 24 hours after it reaches billing data, and only in the payer account; activate "
+        "it later in the Billing console (docs/cost.md#budgets-and-tags) instead of in the program",
+        None,
+    )
+
+
+cost_tags_activated_later = ResourceValidationPolicy(
+    name="cost-tags-activated-later",
+    description="No cost-allocation tag is activated in the program: AWS lists a tag for activation only after it "
+    "reaches billing data (up to 24 h), in the payer account.",
+    validate=validate_cost_tags_activated_later,
+)
 
 cost_allocation_tags = StackValidationPolicy(
     name="cost-allocation-tags",

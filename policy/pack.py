@@ -58,8 +58,11 @@ POLICIES: list[Policy] = [
     monitoring.fsx_free_capacity_period,
     residency.data_residency,
     audit.audit_trail_recorded,
+    audit.cloudtrail_key_policy,
+    audit.locked_logs_kept,
     audit.cis_metric_filters,
     cost.cost_allocation_tags,
+    cost.cost_tags_activated_later,
     # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.
     eks.efa_agree,
     eks.node_templates,

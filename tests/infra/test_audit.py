@@ -43,13 +43,13 @@ def test_trail_records_all_regions_and_both_buckets_data_events_signed_and_encry
     assert trail["cloudWatchLogsGroupArn"] == f"{group.outputs['arn']}:*"
 
 
-def test_log_bucket_is_object_locked_in_compliance_mode_for_the_configured_days(stack):
+def test_log_bucket_is_object_locked_in_the_stacks_mode_for_the_configured_days(stack):
     bucket = audit_bucket(stack)
-    assert bucket.inputs["objectLockEnabled"] is True and bucket.inputs["forceDestroy"] is False
+    assert bucket.inputs["objectLockEnabled"] is True
     (lock,) = of(stack, "s3.BucketObjectLockConfiguration", bucket)
     assert lock["objectLockEnabled"] == "Enabled"
     assert lock["rule"]["defaultRetention"] == {
-        "mode": "COMPLIANCE",
+        "mode": stack.config.audit_lock,
         "days": stack.config.audit_retention_days,
     }
     assert of(stack, "s3.BucketVersioning", bucket)[0]["versioningConfiguration"] == {"status": "Enabled"}
@@ -60,9 +60,34 @@ def test_log_bucket_is_object_locked_in_compliance_mode_for_the_configured_days(
     assert encryption["rules"][0]["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"] == stack.key_arn
 
 
-def test_prod_log_bucket_is_protected_and_kept_on_destroy(prod, dev):
-    assert (audit_bucket(prod).protect, audit_bucket(prod).retain_on_delete) == (True, True)
-    assert (audit_bucket(dev).protect, audit_bucket(dev).retain_on_delete) == (False, False)
+def test_prod_locks_in_compliance_mode_and_keeps_bucket_and_key_on_destroy(prod):
+    bucket, key = audit_bucket(prod), prod.one("kms.Key")
+    assert prod.config.audit_lock == "COMPLIANCE"
+    assert (bucket.protect, bucket.retain_on_delete, bucket.inputs["forceDestroy"]) == (True, True, False)
+    assert (key.protect, key.retain_on_delete) == (True, True)
+
+
+@pytest.mark.parametrize("name", ["dev", "staging", "eks-dev"])
+def test_unprotected_stacks_lock_in_governance_mode_and_destroy_deletes_the_logs(variant, name):
+    stack = variant(name)
+    bucket, key = audit_bucket(stack), stack.one("kms.Key")
+    assert stack.config.audit_lock == "GOVERNANCE"
+    assert (bucket.protect, bucket.retain_on_delete, bucket.inputs["forceDestroy"]) == (False, False, True)
+    assert (key.protect, key.retain_on_delete) == (False, False)
+    # The bucket is deleted before the key: a destroy that fails on the bucket leaves its key in place.
+    assert key.urn in bucket.dependencies
+
+
+def test_compliance_mode_without_protect_data_is_refused():
+    from infra.config import StackConfigError, parse_stack_config, read_stack_file
+
+    values = {**read_stack_file("dev"), "trainstack:auditLockMode": "COMPLIANCE"}
+    with pytest.raises(StackConfigError, match="trainstack:auditLockMode = 'COMPLIANCE' on a stack without"):
+        parse_stack_config("dev", values)
+    with pytest.raises(StackConfigError, match="trainstack:auditLockMode = 'LEGAL'"):
+        parse_stack_config("dev", {**values, "trainstack:auditLockMode": "LEGAL"})
+    kept = parse_stack_config("dev", {**values, "trainstack:protectData": True})
+    assert kept.audit_lock == "COMPLIANCE"
 
 
 def test_log_bucket_admits_only_this_trail_and_tls(stack):
@@ -89,6 +114,13 @@ def test_key_policy_lets_cloudtrail_encrypt_only_for_the_stack_trail(stack):
     context = encrypt["Condition"]["StringLike"]["kms:EncryptionContext:aws:cloudtrail:arn"]
     assert context == f"arn:aws:cloudtrail:*:{trail.split(':')[4]}:trail/*"
     assert found["CloudTrailDescribesKey"]["Condition"] == {"StringEquals": {"aws:SourceArn": trail}}
+    # "Granting decrypt permissions": with the log bucket's S3 Bucket Key, CreateTrail needs kms:Decrypt.
+    decrypt = found["CloudTrailDecryptsForBucketKey"]
+    assert (decrypt["Principal"], decrypt["Action"]) == (
+        {"Service": "cloudtrail.amazonaws.com"},
+        "kms:Decrypt",
+    )
+    assert decrypt["Condition"] == {"StringEquals": {"aws:SourceArn": trail}}
 
 
 def test_each_cis_event_has_a_metric_filter_and_an_alarm_on_the_stack_topic(stack):
@@ -148,11 +180,14 @@ def test_bad_organization_trail_is_refused():
 
 
 @mock_aws
-def test_a_locked_log_file_cannot_be_deleted_before_its_retention_ends(dev):
-    """The planned Object Lock configuration, applied to moto's S3: deleting the locked version is refused."""
-    (lock,) = of(dev, "s3.BucketObjectLockConfiguration", audit_bucket(dev))
+@pytest.mark.parametrize(("name", "bypass_deletes"), [("prod", False), ("dev", True)])
+def test_a_locked_log_file_cannot_be_deleted_before_its_retention_ends(variant, name, bypass_deletes):
+    """The planned Object Lock configuration, applied to moto's S3: deleting the locked version is refused; with
+    s3:BypassGovernanceRetention's header (what force_destroy sends) only governance mode gives way."""
+    stack = variant(name)
+    (lock,) = of(stack, "s3.BucketObjectLockConfiguration", audit_bucket(stack))
     s3 = boto3.client("s3", region_name="us-east-1")
-    bucket = audit_bucket(dev).id
+    bucket = audit_bucket(stack).id
     s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
     retention = lock["rule"]["defaultRetention"]
     s3.put_object_lock_configuration(
@@ -167,6 +202,13 @@ def test_a_locked_log_file_cannot_be_deleted_before_its_retention_ends(dev):
     with pytest.raises(ClientError) as refused:
         s3.delete_object(Bucket=bucket, Key=key, VersionId=version)
     assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    if bypass_deletes:
+        s3.delete_object(Bucket=bucket, Key=key, VersionId=version, BypassGovernanceRetention=True)
+        assert "Versions" not in s3.list_object_versions(Bucket=bucket)
+    else:
+        with pytest.raises(ClientError) as refused:
+            s3.delete_object(Bucket=bucket, Key=key, VersionId=version, BypassGovernanceRetention=True)
+        assert refused.value.response["Error"]["Code"] == "AccessDenied"
 
 
 @pytest.fixture(scope="module")

@@ -183,6 +183,11 @@ ROWS = {
         {"trainstack:organizationTrail": "org-trail"},
         ("trainstack:organizationTrail = 'org-trail': not a trail ARN like arn:aws:cloudtrail:",),
     ),
+    "stack-audit-compliance-unprotected": Row(
+        "dev",
+        {"trainstack:auditLockMode": "COMPLIANCE"},
+        ("trainstack:auditLockMode = 'COMPLIANCE' on a stack without trainstack:protectData",),
+    ),
     "stack-unknown-key": Row(
         "dev",
         {"trainstack:nodeCont": 2},

@@ -119,12 +119,24 @@ def lookup_event(cloudtrail_record: dict, read_only: str = "false") -> dict:
     }
 
 
-def stubbed_cloudtrail(by_source: dict[str, list[dict]]) -> tuple[object, Stubber]:
+def in_region(region: str, cloudtrail: object):
+    """`collect`'s client factory for a stack whose every lookup must go to `region`'s client."""
+
+    def factory(asked: str) -> object:
+        assert asked == region, f"LookupEvents in {asked}, expected {region}"
+        return cloudtrail
+
+    return factory
+
+
+def stubbed_cloudtrail(
+    by_source: dict[str, list[dict]], region: str = REGION, sources: tuple[str, ...] = audit.EVENT_SOURCES
+) -> tuple[object, Stubber]:
     cloudtrail = boto3.client(
-        "cloudtrail", region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"
+        "cloudtrail", region_name=region, aws_access_key_id="testing", aws_secret_access_key="testing"
     )
     stubber = Stubber(cloudtrail)
-    for source in audit.EVENT_SOURCES:
+    for source in sources:
         stubber.add_response(
             "lookup_events",
             {"Events": by_source.get(source, [])},
@@ -152,7 +164,7 @@ MANAGEMENT = {
 
 def test_management_events_are_listed_newest_first_without_reads():
     cloudtrail, stubber = stubbed_cloudtrail(MANAGEMENT)
-    events = audit.collect(OUTPUTS, cloudtrail, None, SINCE, NOW)
+    events = audit.collect(OUTPUTS, in_region(REGION, cloudtrail), None, SINCE, NOW)
     stubber.assert_no_pending_responses()
     assert [(e.time, e.action) for e in events] == [
         ("2026-12-03T11:00:00Z", "batch:TerminateJob"),
@@ -166,6 +178,31 @@ def test_management_events_are_listed_newest_first_without_reads():
         events[2].target == "job llama-a (6f1e0d2c-aaaa-bbbb-cccc-000000000001) on trainstack-dev-gpu-1a2b3c4"
     )
     assert events[-1].error == "AccessDenied"
+
+
+def test_a_us_west_2_stack_finds_its_iam_changes_in_us_east_1():
+    """CloudTrail User Guide, "Global service events": IAM's events are recorded in us-east-1 whatever the region
+    the call came from, so a us-west-2 stack's PutRolePolicy is in us-east-1's event history, not us-west-2's."""
+    west = StackOutputs("prod", {**OUTPUTS.values, "region": "us-west-2"})
+    global_sources = tuple(s for s in audit.EVENT_SOURCES if s in audit.GLOBAL_EVENT_SOURCES)
+    regional_sources = tuple(s for s in audit.EVENT_SOURCES if s not in audit.GLOBAL_EVENT_SOURCES)
+    assert global_sources == ("iam.amazonaws.com",)
+    by_region = {
+        "us-east-1": stubbed_cloudtrail(
+            {"iam.amazonaws.com": [lookup_event({**POLICY_CHANGE, "awsRegion": "us-east-1"})]},
+            "us-east-1",
+            global_sources,
+        ),
+        "us-west-2": stubbed_cloudtrail(MANAGEMENT, "us-west-2", regional_sources),
+    }
+    events = audit.collect(west, lambda region: by_region[region][0], None, SINCE, NOW)
+    for _, stubber in by_region.values():
+        stubber.assert_no_pending_responses()
+    assert ("iam:PutRolePolicy", "roleName trainstack-dev-job") in [(e.action, e.target) for e in events]
+    # The lookup as it was (every source in the stack's region) finds no IAM change there.
+    west_only, stubber = stubbed_cloudtrail({}, "us-west-2")
+    before = audit.collect(west, lambda region: west_only, None, SINCE, NOW)
+    assert [e for e in before if e.action.startswith("iam:")] == []
 
 
 def put_log_file(s3, records: list[dict], day: str) -> None:
@@ -184,7 +221,7 @@ def test_a_run_shows_its_submission_its_stop_and_its_checkpoint_writes():
     other_bucket = {**CHECKPOINT_WRITE, "requestParameters": {"bucketName": "unrelated", "key": "llama-a/x"}}
     put_log_file(s3, [CHECKPOINT_WRITE, other_bucket], "2026/12/03")
     cloudtrail, _ = stubbed_cloudtrail(MANAGEMENT)
-    events = audit.collect(OUTPUTS, cloudtrail, s3, SINCE, NOW, run="llama-a")
+    events = audit.collect(OUTPUTS, in_region(REGION, cloudtrail), s3, SINCE, NOW, run="llama-a")
     assert [(e.action, e.who, e.kind) for e in events] == [
         ("batch:TerminateJob", BOB, "management"),
         ("s3:PutObject", CHECKPOINT_WRITE["userIdentity"]["arn"], "data"),
@@ -195,7 +232,7 @@ def test_a_run_shows_its_submission_its_stop_and_its_checkpoint_writes():
 
 def test_table_and_json_name_the_same_events(capsys):
     cloudtrail, _ = stubbed_cloudtrail(MANAGEMENT)
-    events = audit.collect(OUTPUTS, cloudtrail, None, SINCE, NOW, run="llama-a")
+    events = audit.collect(OUTPUTS, in_region(REGION, cloudtrail), None, SINCE, NOW, run="llama-a")
     table = audit.render_table(events).splitlines()
     assert table[0].split() == ["time", "who", "action", "target", "kind", "error"]
     assert "batch:TerminateJob" in table[1] and "batch:SubmitJob" in table[2]

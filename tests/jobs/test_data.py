@@ -26,6 +26,8 @@ from trainer.jobs.data import (
     vcpu_hours,
 )
 
+from .conftest import IMAGE_TAG
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DATA_VCPUS = 8
 
@@ -86,7 +88,7 @@ def test_a_local_corpus_is_uploaded_and_submitted_as_an_array_job_then_a_depende
     root, tokenizer = corpus
     outputs = load_outputs("test", str(data_stack.outputs_file))
 
-    submission = submit_data(outputs, str(root), "stdlib", tokenizer, shard_bytes=60_000)
+    submission = submit_data(outputs, str(root), "stdlib", tokenizer, tag=IMAGE_TAG, shard_bytes=60_000)
 
     plan = submission.plan
     assert len(plan.shards) >= 3 and plan.shards[0][0] == 0 and plan.shards[-1][1] == len(plan.objects)
@@ -98,7 +100,15 @@ def test_a_local_corpus_is_uploaded_and_submitted_as_an_array_job_then_a_depende
     shards, merge = submitted(data_stack)
     plan_uri = f"s3://trainstack-test-datasets/stdlib/.staging/{plan.version}/plan.json"
     assert shards["jobQueue"] == merge["jobQueue"] == "data-queue"
-    assert shards["jobDefinition"] == merge["jobDefinition"] == data_stack.outputs["data_job_definition"]
+    # Never the stack's own definition, whose `:latest` the IMMUTABLE repository never receives: its revision with
+    # the pushed tag (ECR User Guide, "Image tag mutability").
+    assert shards["jobDefinition"] == merge["jobDefinition"] != data_stack.outputs["data_job_definition"]
+    (revision,) = data_stack.client("batch").describe_job_definitions(
+        jobDefinitions=[shards["jobDefinition"]]
+    )["jobDefinitions"]
+    assert (
+        revision["containerProperties"]["image"] == f"{data_stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
+    )
     assert shards["arrayProperties"] == {"size": len(plan.shards)}
     assert shards["containerOverrides"] == {
         "command": ["data", "shard", "--plan", plan_uri, "--region", "us-east-1"]
@@ -121,7 +131,9 @@ def test_the_children_and_the_merge_publish_what_a_local_prepare_writes_and_a_re
     root, tokenizer = corpus
     outputs = load_outputs("test", str(data_stack.outputs_file))
     limits = ValidationLimits(max_reject_rate=0.05)
-    submission = submit_data(outputs, str(root), "stdlib", tokenizer, shard_bytes=60_000, limits=limits)
+    submission = submit_data(
+        outputs, str(root), "stdlib", tokenizer, tag=IMAGE_TAG, shard_bytes=60_000, limits=limits
+    )
     plan_uri = f"s3://trainstack-test-datasets/{submission.plan.staging}/plan.json"
 
     for index in range(len(submission.plan.shards)):  # what each array child runs, by its array index
@@ -153,14 +165,18 @@ def test_the_children_and_the_merge_publish_what_a_local_prepare_writes_and_a_re
     assert latest == {"version": submission.plan.version, "prefix": f"/fsx/datasets/{published}"}
 
     jobs_before = len(submitted(data_stack))
-    again = submit_data(outputs, str(root), "stdlib", tokenizer, shard_bytes=60_000, limits=limits)
+    again = submit_data(
+        outputs, str(root), "stdlib", tokenizer, tag=IMAGE_TAG, shard_bytes=60_000, limits=limits
+    )
     assert again.published and again.plan.version == submission.plan.version
     assert len(submitted(data_stack)) == jobs_before
     assert "already published" in again.summary()
 
     (root / "zz" / "new.txt").write_text("a changed input")
     try:
-        changed = submit_data(outputs, str(root), "stdlib", tokenizer, shard_bytes=60_000, limits=limits)
+        changed = submit_data(
+            outputs, str(root), "stdlib", tokenizer, tag=IMAGE_TAG, shard_bytes=60_000, limits=limits
+        )
     finally:
         (root / "zz" / "new.txt").unlink()
     assert not changed.published and changed.plan.version != submission.plan.version
@@ -175,7 +191,9 @@ def test_make_data_with_a_stack_submits_from_an_s3_source(data_stack, corpus, tm
     for path in sorted(root.rglob("*.txt"))[:6]:
         s3.upload_file(str(path), "raw-corpus", f"web/{path.relative_to(root).as_posix()}")
 
-    done = data_stack.make("data", "SRC=s3://raw-corpus/web/", f"TOKENIZER={tokenizer}", "NAME=web")
+    done = data_stack.make(
+        "data", "SRC=s3://raw-corpus/web/", f"TOKENIZER={tokenizer}", "NAME=web", f"IMAGE={IMAGE_TAG}"
+    )
 
     assert done.returncode == 0, done.stderr
     assert "submitted 1 shard(s) of 6 object(s)" in done.stdout
@@ -190,14 +208,17 @@ def test_make_data_with_a_stack_submits_from_an_s3_source(data_stack, corpus, tm
         ("no tokenizer", "--tokenizer '/nonexistent/tokenizer.json' is not a file"),
         ("empty source", "holds no objects matching"),
         ("missing local source", "--src '/nonexistent/corpus' does not exist"),
+        ("unpushed image", "IMAGE=feedface: no such tag in "),
     ],
 )
 def test_bad_submissions_fail_before_anything_is_submitted(data_stack, corpus, change, message):
     root, tokenizer = corpus
     data_stack.client("s3").create_bucket(Bucket="empty-corpus")
     values = dict(data_stack.outputs)
-    src, given = str(root), tokenizer
-    if change == "no data outputs":
+    src, given, tag = str(root), tokenizer, IMAGE_TAG
+    if change == "unpushed image":
+        tag = "feedface"
+    elif change == "no data outputs":
         values.pop("data_job_queue")
     elif change == "no tokenizer":
         given = Path("/nonexistent/tokenizer.json")
@@ -209,7 +230,7 @@ def test_bad_submissions_fail_before_anything_is_submitted(data_stack, corpus, c
     outputs = load_outputs("test", str(data_stack.outputs_file))
 
     with pytest.raises(DataJobError, match=message):
-        submit_data(outputs, src, "c", given)
+        submit_data(outputs, src, "c", given, tag=tag)
     assert submitted(data_stack) == []
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from tests.conftest import stack_plan
 from trainer.__main__ import main as trainer_main
+from trainer.jobs.submit import JOB_DEFINITION_OUTPUTS
 
 from .conftest import IMAGE_TAG, Stack
 
@@ -75,3 +79,35 @@ def test_push_names_a_job_definition_the_stack_no_longer_has(stack: Stack, capsy
     outputs = ["--stack", "test", "--outputs", str(stack.outputs_file)]
     assert trainer_main(["push", *outputs, "--tag", IMAGE_TAG]) == 2
     assert f"push: job definition {gone!r} (spot_job_definition) is missing" in capsys.readouterr().err
+
+
+def placeholder_outputs(stack: str) -> dict[str, str]:
+    """{output: image} of every job definition `stack` registers naming `:latest` of its own repository."""
+    plan = stack_plan(stack)
+    repository = next(r for r in plan.resources if r.type == "aws:ecr/repository:Repository")
+    latest = f"{repository.outputs['repositoryUrl']}:latest"
+    by_arn = {value: name for name, value in plan.outputs.items() if isinstance(value, str)}
+    found = {}
+    for definition in (r for r in plan.resources if r.type == "aws:batch/jobDefinition:JobDefinition"):
+        properties = definition.inputs.get("containerProperties") or definition.inputs.get("nodeProperties")
+        if latest in str(properties):
+            found[by_arn[definition.outputs["arn"]]] = latest
+    return found
+
+
+def uncovered(stack: str, covered: tuple[str, ...]) -> list[str]:
+    """Exported definitions naming `:latest`, which an IMMUTABLE repository never receives (ECR User Guide, "Image
+    tag mutability"), that no verb re-points at the pushed tag."""
+    return sorted(output for output in placeholder_outputs(stack) if output not in covered)
+
+
+@pytest.mark.parametrize("name", ["dev", "staging", "prod", "eks-dev"])
+def test_every_job_definition_a_stack_names_latest_in_gets_a_revision_per_push(name):
+    assert uncovered(name, JOB_DEFINITION_OUTPUTS) == []
+
+
+def test_round_three_left_the_data_queues_definition_on_latest():
+    """The data queue's single-node definition was not re-pointed, so a data job submitted after a `pulumi up`
+    pulled a tag that does not exist."""
+    assert "data_job_definition" in placeholder_outputs("dev")
+    assert uncovered("dev", ("job_definition", "spot_job_definition")) == ["data_job_definition"]

@@ -23,6 +23,7 @@ def test_make_train_team_submits_to_the_team_share_with_its_tag(stack):
     assert result.returncode == 0, result.stderr
     (submitted,) = stack.requests("SubmitJob")
     assert submitted["shareIdentifier"] == "vision"
+    assert submitted["schedulingPriorityOverride"] == 0  # fair-share queues refuse a job without a priority
     assert submitted["tags"] == {"trainstack:run": "vision-a", "trainstack:stack": "test", "team": "vision"}
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from policy.audit import audit_trail_recorded, cis_metric_filters
+from policy.audit import audit_trail_recorded, cis_metric_filters, cloudtrail_key_policy, locked_logs_kept
 
 TRAIL = "aws:cloudtrail/trail:Trail"
 ORG_TRAIL = "arn:aws:cloudtrail:us-east-1:111122223333:trail/org-trail"
@@ -57,11 +58,50 @@ def test_a_trail_missing_a_setting_fails_on_that_setting(planned, violations, ch
     assert name == "trainstack-dev-audit" and wanted in message
 
 
-def test_a_log_bucket_without_compliance_mode_lock_fails(planned, violations):
-    lock = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
-    governance = {"rule": {"defaultRetention": {"mode": "GOVERNANCE", "days": 365}}}
-    [(_, message)] = violations(audit_trail_recorded, *with_props(planned("dev"), lock, **governance))
-    assert "without Object Lock in compliance mode" in message
+LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
+BUCKET = "aws:s3/bucket:Bucket"
+
+
+def test_a_log_bucket_without_an_object_lock_default_retention_fails(planned, violations):
+    [(_, message)] = violations(audit_trail_recorded, *with_props(planned("dev"), LOCK, rule=None))
+    assert "without an Object Lock default retention" in message
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "eks-dev"])
+def test_every_stack_can_be_destroyed_without_losing_a_key_locked_logs_need(planned, violations, stack):
+    assert violations(locked_logs_kept, *planned(stack)) == []
+
+
+def test_round_three_dev_compliance_lock_on_an_unprotected_stack_fails(planned, violations):
+    """The source's case (S3 User Guide: compliance mode "can't be ... deleted by any user, including the root
+    user"): dev as built before issue 36, COMPLIANCE for 365 days, neither bucket nor key protected."""
+    compliance = {"rule": {"defaultRetention": {"mode": "COMPLIANCE", "days": 365}}}
+    resources = with_props(with_props(planned("dev"), LOCK, **compliance), BUCKET, forceDestroy=False)
+    found = violations(locked_logs_kept, *resources)
+    messages = [message for name, message in found if name == "trainstack-dev-audit-logs"]
+    assert len(messages) == 2
+    assert "COMPLIANCE mode but not protected" in messages[0]
+    assert "its key 'trainstack-dev-key' is not protected" in messages[1]
+
+
+def test_prod_with_an_unprotected_key_fails(planned, violations):
+    resources = []
+    for r in planned("prod"):
+        if r.resource_type == "aws:kms/key:Key":
+            r = copy.copy(r)
+            r.opts = copy.copy(r.opts)
+            r.opts.protect = False
+        resources.append(r)
+    [(name, message)] = violations(locked_logs_kept, *resources)
+    assert (
+        name == "trainstack-prod-audit-logs" and "its key 'trainstack-prod-key' is not protected" in message
+    )
+
+
+def test_a_governance_locked_bucket_without_force_destroy_fails_in_an_unprotected_stack(planned, violations):
+    resources = with_props(planned("dev"), BUCKET, forceDestroy=False)
+    [(name, message)] = violations(locked_logs_kept, *resources)
+    assert name == "trainstack-dev-audit-logs" and "force_destroy=True" in message
 
 
 def test_a_missing_cis_filter_fails_naming_its_control(planned, violations):
@@ -77,3 +117,50 @@ def test_a_cis_alarm_without_an_action_fails(planned, violations):
     alarm = "aws:cloudwatch/metricAlarm:MetricAlarm"
     found = violations(cis_metric_filters, *with_props(planned("dev"), alarm, alarmActions=[]))
     assert len(found) == 5 and all("no alarm with an action" in message for _, message in found)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "eks-dev"])
+def test_every_stack_key_lets_cloudtrail_encrypt_decrypt_and_describe(planned, violations, stack):
+    assert violations(cloudtrail_key_policy, *planned(stack)) == []
+
+
+def test_the_key_policy_of_round_three_without_decrypt_fails_with_a_bucket_key(planned, violations):
+    """The guide's failing case: GenerateDataKey* and DescribeKey only, the log bucket with an S3 Bucket Key."""
+    key = "aws:kms/key:Key"
+    resources = planned("dev")
+    (planned_key,) = [r for r in resources if r.resource_type == key]
+    document = json.loads(planned_key.props["policy"])
+    document["Statement"] = [
+        s for s in document["Statement"] if s.get("Sid") != "CloudTrailDecryptsForBucketKey"
+    ]
+    [(name, message)] = violations(
+        cloudtrail_key_policy, *with_props(resources, key, policy=json.dumps(document))
+    )
+    assert name == "trainstack-dev-audit"
+    assert "kms:Decrypt (its bucket uses an S3 Bucket Key)" in message
+    assert "InsufficientEncryptionPolicyException" in message
+
+
+def test_without_a_bucket_key_decrypt_is_not_required_but_encrypt_and_describe_are(planned, violations):
+    encryption = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    key = "aws:kms/key:Key"
+    resources = planned("dev")
+    (planned_key,) = [r for r in resources if r.resource_type == key]
+    document = json.loads(planned_key.props["policy"])
+    document["Statement"] = [
+        s
+        for s in document["Statement"]
+        if s.get("Sid") not in ("CloudTrailDecryptsForBucketKey", "CloudTrailDescribesKey")
+    ]
+    no_bucket_key = [
+        {**dict(rule), "bucketKeyEnabled": False}
+        for rule in next(r for r in resources if r.resource_type == encryption and "audit" in r.name).props[
+            "rules"
+        ]
+    ]
+    changed = with_props(resources, key, policy=json.dumps(document))
+    changed = [
+        with_props([r], encryption, rules=no_bucket_key)[0] if "audit" in r.name else r for r in changed
+    ]
+    [(_, message)] = violations(cloudtrail_key_policy, *changed)
+    assert "kms:DescribeKey:" in message and "kms:Decrypt" not in message

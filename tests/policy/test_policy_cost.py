@@ -8,7 +8,13 @@ import json
 import pytest
 
 from infra.config import load_stack_config
-from policy.cost import AWS_PROVIDER, COST_ALLOCATION_TAGS, cost_allocation_tags
+from policy.cost import (
+    AWS_PROVIDER,
+    COST_ALLOCATION_TAG,
+    COST_ALLOCATION_TAGS,
+    cost_allocation_tags,
+    cost_tags_activated_later,
+)
 
 NAT = "aws:ec2/natGateway:NatGateway"
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -61,3 +67,19 @@ def test_the_tag_keys_are_the_stacks_own():
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_every_stack_passes(planned, violations, stack):
     assert violations(cost_allocation_tags, *planned(stack)) == []
+
+
+def test_activating_the_team_tag_in_the_program_is_refused(resource, violations):
+    """Round 3's Teams component activated `team` in the `pulumi up` that first applied it: AWS lists a key for
+    activation only once it reaches billing data (terraform-provider-aws issue 29068: "empty result")."""
+    activation = resource(
+        COST_ALLOCATION_TAG, {"tagKey": "team", "status": "Active"}, name="trainstack-prod-team-tag"
+    )
+    [(name, message)] = violations(cost_tags_activated_later, activation)
+    assert name == "trainstack-prod-team-tag" and "up to 24 hours" in message and "payer account" in message
+
+
+def test_a_stack_with_teams_activates_no_tag(planned, violations):
+    teams = [{"name": "vision", "gpuQuota": 32, "members": ["arn:aws:iam::123456789012:role/vision"]}]
+    resources = planned("prod", **{"trainstack:teams": json.dumps(teams)})
+    assert violations(cost_tags_activated_later, *resources) == []

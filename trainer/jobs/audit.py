@@ -2,7 +2,10 @@
 
 Two sources (docs/security.md#audit-trail):
 - management events from CloudTrail `LookupEvents` (the last 90 days of the account's event history, whatever trail
-  exists), one lookup per service the stack's control plane lives in, keeping writes only (`ReadOnly` false);
+  exists), one lookup per service the stack's control plane lives in, keeping writes only (`ReadOnly` false); a
+  global service's (IAM's) in us-east-1, where CloudTrail records them whatever the stack's region (CloudTrail User
+  Guide, "Global service events": events of IAM, STS and CloudFront "will be recorded in ... us-east-1"; "update
+  the Region of your lookup-events API calls to view global service events");
 - S3 data events (object writes and deletes in the datasets and checkpoints buckets), which event history does not
   hold: read from the stack trail's log files, `AWSLogs/<account>/CloudTrail/<region>/<yyyy>/<mm>/<dd>/*.json.gz`
   (CloudTrail User Guide, "CloudTrail log file examples" / "Finding your CloudTrail log files").
@@ -17,7 +20,7 @@ import gzip
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -33,6 +36,9 @@ EVENT_SOURCES = (
     "cloudtrail.amazonaws.com",
     "s3.amazonaws.com",
 )
+# Of those, the global services, whose events CloudTrail records in GLOBAL_SERVICE_REGION (see above).
+GLOBAL_EVENT_SOURCES = ("iam.amazonaws.com",)
+GLOBAL_SERVICE_REGION = "us-east-1"
 JOB_STOPS = ("CancelJob", "TerminateJob")
 DATA_WRITES = ("PutObject", "DeleteObject", "DeleteObjects", "CompleteMultipartUpload", "CopyObject")
 DEFAULT_SINCE = timedelta(days=7)
@@ -100,15 +106,27 @@ def _event(record: dict[str, Any], kind: str) -> AuditEvent:
     )
 
 
-def management_records(cloudtrail: Any, since: datetime, until: datetime) -> Iterator[dict[str, Any]]:
-    """Write events of the watched services, as CloudTrail records (LookupEvents' `CloudTrailEvent` JSON).
-    LookupEvents takes one attribute per call and is throttled per account and region (CloudTrail API reference):
-    one call per service, the client's adaptive retries absorb the throttling."""
+def lookup_region(source: str, stack_region: str) -> str:
+    """Where event history holds `source`'s events: us-east-1 for a global service, else the stack's region."""
+    return GLOBAL_SERVICE_REGION if source in GLOBAL_EVENT_SOURCES else stack_region
+
+
+def management_records(
+    cloudtrail: Callable[[str], Any], region: str, since: datetime, until: datetime
+) -> Iterator[dict[str, Any]]:
+    """Write events of the watched services, as CloudTrail records (LookupEvents' `CloudTrailEvent` JSON), each
+    looked up in its `lookup_region` through `cloudtrail(region)`. LookupEvents takes one attribute per call and is
+    throttled per account and region (CloudTrail API reference): one call per service, the client's adaptive
+    retries absorb the throttling."""
     for source in EVENT_SOURCES:
-        pages = cloudtrail.get_paginator("lookup_events").paginate(
-            LookupAttributes=[{"AttributeKey": "EventSource", "AttributeValue": source}],
-            StartTime=since,
-            EndTime=until,
+        pages = (
+            cloudtrail(lookup_region(source, region))
+            .get_paginator("lookup_events")
+            .paginate(
+                LookupAttributes=[{"AttributeKey": "EventSource", "AttributeValue": source}],
+                StartTime=since,
+                EndTime=until,
+            )
         )
         for page in pages:
             for event in page["Events"]:
@@ -156,13 +174,13 @@ def for_run(records: list[tuple[dict[str, Any], str]], run: str) -> list[tuple[d
 
 def collect(
     outputs: StackOutputs,
-    cloudtrail: Any,
+    cloudtrail: Callable[[str], Any],
     s3: Any | None,
     since: datetime,
     until: datetime,
     run: str | None = None,
 ) -> list[AuditEvent]:
-    records = [(r, "management") for r in management_records(cloudtrail, since, until)]
+    records = [(r, "management") for r in management_records(cloudtrail, outputs.region, since, until)]
     trail_bucket = outputs.values.get("audit_bucket")
     if s3 is not None and trail_bucket:
         account = outputs["kms_key_arn"].split(":")[4]
@@ -203,7 +221,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"audit: {error}", file=sys.stderr)
         return 2
     events = collect(
-        outputs, client("cloudtrail", outputs.region), client("s3", outputs.region), since, now, args.run
+        outputs,
+        lambda region: client("cloudtrail", region),
+        client("s3", outputs.region),
+        since,
+        now,
+        args.run,
     )
     if args.format == "json":
         print(json.dumps([asdict(e) for e in events], indent=2))

@@ -40,7 +40,7 @@ from trainer.data.manifest import DatasetFiles
 from trainer.data.sources import DEFAULT_GLOBS
 from trainer.data.tokenizer import file_sha256
 from trainer.data.validate import DEFAULT_MAX_REJECT_RATE, ValidationLimits, check_limits
-from trainer.jobs.submit import FSX_DATASETS
+from trainer.jobs.submit import FSX_DATASETS, SubmitError, image_problems, image_tag, job_definition_for
 from trainer.jobs.upload import TRANSFER
 
 # Batch user guide, "Array jobs": an array job has 2 to 10,000 children.
@@ -201,12 +201,14 @@ def submit_data(
     name: str,
     tokenizer: Path,
     *,
+    tag: str,
     text_key: str = "text",
     globs: Sequence[str] = DEFAULT_GLOBS,
     limits: ValidationLimits | None = None,
     shard_bytes: int = DEFAULT_SHARD_MB << 20,
 ) -> DataSubmission:
-    """Everything `data submit` does; every check runs before anything is uploaded or submitted."""
+    """Everything `data submit` does, its jobs running the image `tag` of the stack's repository; every check runs
+    before anything is uploaded or submitted."""
     limits = limits or ValidationLimits()
     for needed in ("data_job_queue", "data_job_definition"):
         if needed not in outputs.values:
@@ -221,6 +223,8 @@ def submit_data(
         )
     if shard_bytes < 1:
         raise DataJobError(f"--shard-mb {shard_bytes / 2**20:g}: must be positive")
+    if problems := image_problems(outputs, tag):
+        raise DataJobError("; ".join(problems))
     s3, batch = client("s3", outputs.region), client("batch", outputs.region)
     if not src.startswith("s3://"):
         local = Path(src)
@@ -256,7 +260,11 @@ def submit_data(
     plan_key = f"{plan.staging}/plan.json"
     s3.put_object(Bucket=datasets, Key=plan_key, Body=plan.model_dump_json().encode(), **encryption)
     plan_uri = f"s3://{datasets}/{plan_key}"
-    queue, definition = outputs["data_job_queue"], outputs["data_job_definition"]
+    # The stack's definition names `:latest`, which its IMMUTABLE repository never receives (ECR User Guide, "Image
+    # tag mutability"), and a container job cannot override its image at submission: submit to the revision that
+    # names the pushed tag, as `make train` does (trainer/jobs/submit.py job_definition_for).
+    queue = outputs["data_job_queue"]
+    definition = job_definition_for(f"{outputs['ecr_repository_url']}:{tag}", outputs, "data_job_definition")
     array = {"arrayProperties": {"size": len(plan.shards)}} if len(plan.shards) > 1 else {}
     shards = batch.submit_job(
         jobName=f"data-{name}-{version}-shards",
@@ -405,6 +413,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     submit.add_argument("--name", required=True, help="the dataset's folder in the datasets bucket")
     submit.add_argument("--tokenizer", type=Path, required=True, help="the tokenizer.json every shard uses")
+    submit.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
     submit.add_argument("--text-key", default="text")
     submit.add_argument("--glob", action="append", dest="globs", metavar="PATTERN")
     submit.add_argument("--shard-mb", type=int, default=DEFAULT_SHARD_MB, help="source bytes per array child")
@@ -436,6 +445,7 @@ def main(args: argparse.Namespace) -> int:
                 args.src,
                 args.name,
                 args.tokenizer,
+                tag=image_tag(args.image),
                 text_key=args.text_key,
                 globs=args.globs or DEFAULT_GLOBS,
                 limits=limits,
@@ -459,5 +469,8 @@ def main(args: argparse.Namespace) -> int:
                     print(run_publish(args.region, args.plan, workdir))
     except (StackError, DataJobError, DataError) as error:
         print(f"data: {error}", file=sys.stderr)
+        return 2
+    except SubmitError as error:
+        print(f"data: {'; '.join(error.problems)}", file=sys.stderr)
         return 2
     return 0

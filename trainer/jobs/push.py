@@ -1,7 +1,8 @@
 """`python -m trainer push --stack <env>`: push the locally built image to the stack's ECR repository under an
 immutable tag (the git commit `make image` tagged it with), then give every job definition the stack exports a
-revision with that image: the Spot queue's single-node definition as well as the multi-node one, whose placeholder
-image (`:latest`, infra/cluster.py) an immutable repository never receives."""
+revision with that image: the Spot and data queues' single-node definitions as well as the multi-node one, whose
+placeholder image (`:latest`, infra/cluster.py) an immutable repository never receives. Submit to the printed
+revisions: a later `pulumi up` may register a newer one naming `:latest` again."""
 
 from __future__ import annotations
 

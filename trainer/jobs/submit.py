@@ -243,10 +243,11 @@ def dataset_problems(cfg: TrainConfig, outputs: StackOutputs) -> list[str]:
     return problems
 
 
-# Every job definition a stack exports (trainer/contract/outputs.py): the multi-node one, and the Spot queue's
-# single-node one when `trainstack:spot` is on. Each names a placeholder image (infra/cluster.py), so each gets a
-# revision with the pushed tag: the registry's tags are immutable and nothing else ever points them at a new image.
-JOB_DEFINITION_OUTPUTS = ("job_definition", "spot_job_definition")
+# Every job definition a stack exports (trainer/contract/outputs.py): the multi-node one, the Spot queue's single-node
+# one when `trainstack:spot` is on, and the data queue's. Each names a placeholder image (infra/cluster.py,
+# infra/data_prep.py), so each gets a revision with the pushed tag: the registry's tags are immutable and nothing
+# else ever points them at a new image (tests/jobs/test_push.py checks every stack's definitions are listed here).
+JOB_DEFINITION_OUTPUTS = ("job_definition", "spot_job_definition", "data_job_definition")
 
 
 def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_definition") -> str:

@@ -1,9 +1,10 @@
 """`make train STACK=<env> TEAM=<name>` on a stack shared by teams (infra/teams.py, docs/security.md#teams).
 
 A stack with teams has a fair-share GPU queue: Batch refuses a job without a share identifier there (Batch API
-SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy), and the team roles may submit only with
-their own share and `team` tag. A stack without teams takes no TEAM. Batch has no per-share GPU ceiling, so the
-team's `gpuQuota` is checked here against this job's GPUs.
+SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy) or without a scheduling priority
+(`FAIR_SHARE_PRIORITY`), and the team roles may submit only with their own share and `team` tag. A stack without
+teams takes no TEAM. Batch has no per-share GPU ceiling, so the team's `gpuQuota` is checked here against this
+job's GPUs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[s
     return []
 
 
+# A job on a fair-share queue needs a scheduling priority, from its job definition or the submission: Batch answers
+# 400 "Either schedulingPriority in job definition or schedulingPriorityOverride should be specified"
+# (nextflow-io/nextflow pull 3505, which then sends 0 by default; meta-pytorch/torchx pull 544 likewise). The stack's
+# definitions set none, and `make train` re-registers them per image, so every team job carries it. One value for
+# every job: priority orders jobs only within one share (botocore batch model, SubmitJob.schedulingPriorityOverride,
+# 0-9999), and the teams' shares are what divides the queue.
+FAIR_SHARE_PRIORITY = 0
+
+
 def team_submit_arguments(team: str | None) -> dict[str, Any]:
-    """SubmitJob arguments for a team's job: its fair-share identifier and the tag its role must set."""
-    return {"shareIdentifier": team, "tags": {TEAM_TAG: team}} if team else {}
+    """SubmitJob arguments for a team's job: its fair-share identifier and priority, and the tag its role must set."""
+    if not team:
+        return {}
+    return {
+        "shareIdentifier": team,
+        "schedulingPriorityOverride": FAIR_SHARE_PRIORITY,
+        "tags": {TEAM_TAG: team},
+    }
