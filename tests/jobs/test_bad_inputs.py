@@ -100,6 +100,18 @@ ROWS = {
         "EKS cluster 'trainstack-absent' does not exist in us-east-1; run make up STACK=test",
         on_eks(),
     ),
+    # The JobSet v0.12.0 webhook's name rule (trainer/jobs/jobset.py), checked before the token or any AWS call.
+    "eks-run-name-leading-digit": Row(
+        ("IMAGE=0123456789ab", "RUN=8b-llama"),
+        "RUN='8b-llama': on EKS the run names the JobSet, its Jobs and pods (DNS-1035 labels)",
+        on_eks(),
+    ),
+    "eks-run-name-too-long-for-pod-names": Row(
+        ("IMAGE=0123456789ab", "RUN=" + "l" * 49, "NODES=4"),
+        "characters, with room for its 6-character random suffix); a DNS label holds 63: shorten the run name to "
+        "at most 48",
+        on_eks(),
+    ),
     "dataset-bucket-outside-allowed-regions": Row(
         ("IMAGE=0123456789ab",),
         "dataset location s3://trainstack-test-datasets-eu (datasets_bucket) is in eu-west-1, outside stack "
