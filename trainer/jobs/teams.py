@@ -3,14 +3,15 @@
 A stack with teams has a fair-share GPU queue: Batch refuses a job without a share identifier there (Batch API
 SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy), and the team roles may submit only with
 their own share and `team` tag. A stack without teams takes no TEAM. Batch has no per-share GPU ceiling, so the
-team's `gpuQuota` is checked here against this job's GPUs.
+team's `gpuQuota` is checked here against this job's GPUs. Every job carries a `team` tag from its submission on (a
+team's name, or the stack's own STACK_TEAM), so no team role can tag it afterwards (infra/teams.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.contract.teams import TEAM_TAG
+from trainer.contract.teams import STACK_TEAM, TEAM_TAG
 from trainer.jobs.outputs import StackOutputs
 
 
@@ -38,6 +39,11 @@ def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[s
     return []
 
 
+def team_tags(team: str | None) -> dict[str, str]:
+    """The `team` tag of a job: the team's name, or the stack's own value for a job of no team."""
+    return {TEAM_TAG: team or STACK_TEAM}
+
+
 def team_submit_arguments(team: str | None) -> dict[str, Any]:
-    """SubmitJob arguments for a team's job: its fair-share identifier and the tag its role must set."""
-    return {"shareIdentifier": team, "tags": {TEAM_TAG: team}} if team else {}
+    """SubmitJob arguments for a job: a team's fair-share identifier, and every job's `team` tag."""
+    return {"tags": team_tags(team), **({"shareIdentifier": team} if team else {})}
