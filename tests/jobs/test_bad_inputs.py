@@ -90,6 +90,13 @@ ROWS = {
         "stack 'test' is shared by teams vision: say which with TEAM=<name>",
         shared_by_teams,
     ),
+    "team-data-outside-its-prefix": Row(
+        ("IMAGE=0123456789ab", "TEAM=vision", "NODES=1"),
+        "data.prefixes[0] = '/fsx/datasets/corpus/corpus': team vision's data lives under "
+        "/fsx/datasets/teams/vision/ (s3://trainstack-test-datasets/teams/vision/); upload it with "
+        "make data STACK=test TEAM=vision SRC=... LOCAL=1",
+        shared_by_teams,
+    ),
     "eks-outputs-missing-keys": Row(
         ("IMAGE=0123456789ab",),
         "stack 'test' lacks the outputs fsx_claim; run `make up STACK=test`",
