@@ -41,7 +41,7 @@ import pulumi_aws as aws
 
 from infra.config import IdentityCenterGroup, StackConfig, TeamConfig, permission_set_name
 from infra.iam import BATCH_READ_ACTIONS, allow, policy_document
-from trainer.contract.teams import TEAM_TAG, TEAMS_PREFIX
+from trainer.contract.teams import JOB_TAG_KEYS, TEAM_TAG, TEAMS_PREFIX
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
@@ -111,10 +111,6 @@ def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.bat
     )
 
 
-# The tag keys a team's SubmitJob sets (trainer/jobs/request.py batch_job_request): nothing else may be written.
-JOB_TAG_KEYS = ["trainstack:run", "trainstack:stack", TEAM_TAG]
-
-
 def team_access_statements(
     cfg: StackConfig,
     account: pulumi.Input[str],
@@ -148,7 +144,7 @@ def team_access_statements(
             [jobs],
             Condition={
                 "StringEquals": {f"aws:RequestTag/{TEAM_TAG}": TEAM},
-                "ForAllValues:StringEquals": {"aws:TagKeys": JOB_TAG_KEYS},
+                "ForAllValues:StringEquals": {"aws:TagKeys": list(JOB_TAG_KEYS)},
                 "Null": {f"aws:ResourceTag/{TEAM_TAG}": "true"},
             },
         ),

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 # The role's principal tag, the job tag the role must set, and the cost-allocation tag.
 TEAM_TAG = "team"
+# Every tag a training job gets at submission (trainer/jobs/request.py), and so all a team role may set
+# (infra/teams.py).
+RUN_TAG, STACK_TAG = "trainstack:run", "trainstack:stack"
+JOB_TAG_KEYS = (RUN_TAG, STACK_TAG, TEAM_TAG)
 # The `team` tag of every job the stack's verbs submit for no team (data preparation, a stack without teams): no
 # team is called this (team names are a-z, 0-9 and '-': infra/config.py), so no team role may set or stop it.
 STACK_TEAM = "_stack"

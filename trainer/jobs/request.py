@@ -13,7 +13,7 @@ from typing import Any
 
 from trainer.contract.container import CHECKPOINTS_DIR, STOP_GRACE_SECONDS
 from trainer.contract.stack import DEFAULT_JOB_TIMEOUT_HOURS, ROOT, stack_job_limits
-from trainer.contract.teams import run_path
+from trainer.contract.teams import RUN_TAG, STACK_TAG, run_path
 from trainer.jobs.jobset import JobSettings, RenderError, jobset_manifest
 from trainer.jobs.outputs import StackOutputs
 from trainer.jobs.teams import team_submit_arguments
@@ -72,7 +72,7 @@ def batch_job_request(submission: Submission, outputs: StackOutputs, job_definit
                 }
             ],
         },
-        "tags": {"trainstack:run": submission.run, "trainstack:stack": outputs.stack, **team.pop("tags", {})},
+        "tags": {RUN_TAG: submission.run, STACK_TAG: outputs.stack, **team.pop("tags", {})},
         "propagateTags": True,
         **team,
     }
