@@ -10,9 +10,10 @@ vision` and `make cancel`. botocore's
 `before-call` event records every call with its parameters; each becomes the IAM requests it authorises (action,
 resource ARN, condition keys: AUTHORISATIONS, each from the service's reference) and each request is decided
 against the planned team policy by tests/iam_evaluation.py, with the role's tag as `aws:PrincipalTag/team`.
-moto's own IAM enforcement is no judge here: it authorises every service but S3 against resource "*" and reads a
+moto's own IAM enforcement judges S3 only: it authorises every other service against resource "*" and reads a
 condition on a key the request lacks as an explicit deny (moto 5.2.5 core/responses.py call_action,
-iam/access_control.py), so under it no scoped policy passes a single Batch call.
+iam/access_control.py), so under it no scoped policy passes a single Batch call; for S3, where it checks the bucket
+and object ARNs, the last test turns it on (moto.core.authorization.enable_iam_authentication) as a second judge.
 
 A call no policy statement allows fails the test and is named; so does a call with no entry in AUTHORISATIONS, so a
 new call in the workflow cannot pass unexamined; and every Allow statement of the policy must be needed by some
@@ -33,7 +34,9 @@ import boto3
 import botocore.handlers
 import pytest
 import requests
+from botocore.exceptions import ClientError
 from moto.batch.models import batch_backends
+from moto.core.authorization import enable_iam_authentication
 
 from infra.mocks import ACCOUNT_ID
 from tests.iam_evaluation import Request, decide
@@ -221,6 +224,7 @@ class Workflow:
     world: World
     outputs: dict[str, Any]
     out: dict[str, str]
+    credentials: dict[str, str]  # the team role's session, as environment variables
 
     @property
     def policy(self) -> str:
@@ -407,7 +411,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         outputs["kms_key_arn"],
         lambda job: admin.describe_jobs(jobs=[job])["jobs"][0].get("tags", {}),
     )
-    yield Workflow(plan, recorder.calls, world, outputs, out)
+    yield Workflow(plan, recorder.calls, world, outputs, out, team_session)
     mp.undo()
 
 
@@ -501,3 +505,36 @@ def test_a_call_without_an_authorisation_entry_fails(workflow):
     unknown = Call("ecr", "ListImages", {"repositoryName": "x"})
     (line,) = denials([unknown], [workflow.policy], workflow.role_tags, workflow.world)
     assert line.startswith("ecr.ListImages: no entry in AUTHORISATIONS")
+
+
+def test_moto_s3_enforcement_agrees_on_the_team_prefixes(workflow):
+    """moto's own IAM enforcement, where it covers the service (S3: bucket and object ARNs), on the team's S3
+    statements with the role's tag substituted as IAM does for the session (moto substitutes no variables)."""
+    role = workflow.plan.one("iam.Role", "-team-vision").outputs["name"]
+    document = json.loads(workflow.policy)
+    s3_only = [s for s in document["Statement"] if all(a.startswith("s3:") for a in s["Action"])]
+    text = json.dumps({**document, "Statement": s3_only}).replace("${aws:PrincipalTag/team}", "vision")
+    iam = boto3.client("iam", region_name=REGION)
+    arn = iam.create_policy(PolicyName="team-access-s3", PolicyDocument=text)["Policy"]["Arn"]
+    iam.attach_role_policy(RoleName=role, PolicyArn=arn)
+    session = boto3.session.Session(
+        aws_access_key_id=workflow.credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=workflow.credentials["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=workflow.credentials["AWS_SESSION_TOKEN"],
+        region_name=REGION,
+    )
+    s3 = session.client("s3")
+    datasets, checkpoints = workflow.outputs["datasets_bucket"], workflow.outputs["checkpoints_bucket"]
+    with enable_iam_authentication():
+        assert s3.get_bucket_location(Bucket=datasets)["LocationConstraint"] == REGION
+        s3.head_object(Bucket=datasets, Key="teams/vision/corpus/corpus.bin")
+        s3.put_object(Bucket=checkpoints, Key=f"teams/vision/{RUN}/note.txt", Body=b"x")
+        assert s3.get_object(Bucket=checkpoints, Key=f"teams/vision/{RUN}/health.json")["Body"].read()
+        for call in (
+            lambda: s3.put_object(Bucket=checkpoints, Key=f"teams/speech/{RUN}/note.txt", Body=b"x"),
+            lambda: s3.head_object(Bucket=datasets, Key="corpus/corpus.bin"),
+            lambda: s3.delete_object(Bucket=checkpoints, Key=f"teams/vision/{RUN}/note.txt"),
+        ):
+            with pytest.raises(ClientError) as refused:
+                call()
+            assert refused.value.response["Error"]["Code"] in ("AccessDenied", "403")
