@@ -198,7 +198,8 @@ format: $(VENV)/.dev-installed ## Apply ruff's formatting and safe fixes
 render: $(VENV)/.train-installed $(VENV)/.infra-installed ## STACK=<env>: print the job the stack would receive (no AWS call)
 	$(need_stack)
 	@$(PY) -m trainer render $(STACK_ARGS) --config "$(or $(CONFIG),$(CLUSTER_CONFIG))" \
-	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") $(ARGS)
+	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
+	  $(if $(TEAM),--team "$(TEAM)") $(ARGS)
 
 .PHONY: status
 status: $(VENV)/.train-installed ## STACK=<env> [JOB=id]: the stack's recent jobs, or one job in detail
@@ -232,14 +233,15 @@ push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to t
 	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")
 
 .PHONY: data
-data: $(VENV)/.train-installed ## SRC=path|s3://... [STACK=<env> TOKENIZER=file IMAGE=tag] [NAME=name] [LOCAL=1]: prepare text/JSONL here, or on the stack's CPU queue
+data: $(VENV)/.train-installed ## SRC=path|s3://... [STACK=<env> TOKENIZER=file IMAGE=tag] [NAME=name] [LOCAL=1 [TEAM=name]]: prepare text/JSONL here, or on the stack's CPU queue
 	@test -n "$(SRC)" || { echo "make data: give SRC=<file, directory or s3://bucket/prefix of text/JSONL>" >&2; exit 2; }
 ifeq ($(STACK),)
 	$(PY) -m trainer prepare "$(SRC)" --output "data/$(DATA_NAME)/$(DATA_NAME)"
 else ifneq ($(LOCAL),)
 	$(PY) -m trainer prepare "$(SRC)" --output "data/$(DATA_NAME)/$(DATA_NAME)"
-	$(PY) -m trainer upload $(STACK_ARGS) --prefix "data/$(DATA_NAME)/$(DATA_NAME)"
+	$(PY) -m trainer upload $(STACK_ARGS) --prefix "data/$(DATA_NAME)/$(DATA_NAME)" $(if $(TEAM),--team "$(TEAM)")
 else
+	@test -z "$(TEAM)" || { echo "make data STACK=$(STACK) TEAM=$(TEAM): the CPU queue's data jobs are the stack's; a team prepares here and uploads to its own prefix with LOCAL=1 (docs/security.md#teams)" >&2; exit 2; }
 	@test -n "$(TOKENIZER)" || { echo "make data STACK=$(STACK): give TOKENIZER=<tokenizer.json> (every shard uses it; docs/data.md)" >&2; exit 2; }
 	$(PY) -m trainer data submit $(STACK_ARGS) --src "$(SRC)" --name "$(DATA_NAME)" --tokenizer "$(TOKENIZER)" \
 	  $(if $(IMAGE),--image "$(IMAGE)")

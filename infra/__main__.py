@@ -40,7 +40,9 @@ lake = DataLake("data-lake", DataLakeArgs(cfg, keys), opts)
 registry = Registry("registry", RegistryArgs(cfg, keys), opts)
 identity = Identity("identity", IdentityArgs(cfg, account_id, keys, lake, registry), opts)
 lustre = Lustre("lustre", LustreArgs(cfg, network, keys, lake), opts)
-teams = Teams("teams", TeamsArgs(cfg, account_id, keys, lake), opts)  # none: single-tenant, as before
+teams = Teams(
+    "teams", TeamsArgs(cfg, account_id, keys, lake, identity, registry), opts
+)  # none: single-tenant, as before
 cluster: Cluster | Eks
 orchestration: dict[str, Any]
 if cfg.orchestrator == "eks":  # JobSet + Kueue on EKS (docs/eks.md)

@@ -299,7 +299,7 @@ class Cluster(pulumi.ComponentResource):
 
         self.log_group = aws.cloudwatch.LogGroup(
             f"{prefix}-jobs",
-            name=f"{cfg.log_group_prefix}/jobs",
+            name=cfg.jobs_log_group,
             retention_in_days=cfg.log_retention_days,
             kms_key_id=args.keys.key.arn,
             opts=child,

@@ -628,6 +628,11 @@ class StackConfig(BaseModel):
         return f"/{NAMESPACE}/{self.stack}"
 
     @property
+    def jobs_log_group(self) -> str:
+        """The Batch jobs' log group (infra/cluster.py), which the team roles read (infra/teams.py)."""
+        return f"{self.log_group_prefix}/jobs"
+
+    @property
     def data_regions(self) -> list[str]:
         """Where this stack's data may live (`allowedRegions`, default: the stack's region)."""
         return self.allowed_regions or [self.region]

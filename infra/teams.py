@@ -2,13 +2,22 @@
 
 Attribute-based (IAM User Guide, "Define permissions based on attributes with ABAC authorization"): each team role
 carries the tag `team=<name>`, which is the `aws:PrincipalTag/team` of every session of that role, and all team roles
-share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new config entry, never new policy text:
+share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new config entry, never new policy text.
+It allows exactly the calls `make train|status|logs|cancel STACK= TEAM=` and `make data STACK= TEAM= LOCAL=1` make
+(tests/jobs/test_team_workflow.py runs them as the role and checks every call against this policy):
 
-- S3: list, read and write only under `teams/<team>/` of the datasets and checkpoints buckets;
+- S3: list, read and write (not delete: the platform operators prune) only under `teams/<team>/` of the datasets
+  and checkpoints buckets (its runs, data and model versions: trainer/contract/teams.py), and the two buckets'
+  location (the residency check);
+- ECR: describe the stack's repository's images (the image check, and the digest the job records);
 - Batch: submit only to the stack's GPU queue with the job definitions of the stack, with the share identifier
   `<team>` (`batch:ShareIdentifier`, Batch User Guide "Resource: Use the batch:ShareIdentifier condition key") and
-  the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); cancel or terminate only jobs
-  tagged `team=<team>` (`aws:ResourceTag/team`).
+  the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); register a revision of the
+  training definition for a new image (passing only its two roles, tagged only with the stack's own tags);
+  terminate (what `make cancel` does) only jobs tagged `team=<team>` (`aws:ResourceTag/team`); never tag a job that
+  already has a `team` tag (every job the stack's verbs submit gets one at submission: trainer/jobs/teams.py), nor
+  untag one.
+- CloudWatch Logs: read the jobs' log group.
 - Describe/List of jobs take no resource (Service Authorization Reference, "Actions, resources, and condition keys
   for AWS Batch"): every team can see the queue's job list, not only its own (docs/security.md, what is not covered).
 
@@ -34,11 +43,13 @@ import pulumi_aws as aws
 
 from infra.config import IdentityCenterGroup, StackConfig, TeamConfig, permission_set_name
 from infra.iam import BATCH_READ_ACTIONS, allow, policy_document
-from trainer.contract.teams import TEAM_TAG, TEAMS_PREFIX
+from trainer.contract.teams import JOB_TAG_KEYS, TEAM_TAG, TEAMS_PREFIX
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
+    from infra.identity import Identity
     from infra.keys import Keys
+    from infra.registry import Registry
 
 # IAM policy variable: the calling session's `team` principal tag (IAM User Guide, "IAM policy elements: Variables").
 TEAM = "${aws:PrincipalTag/" + TEAM_TAG + "}"
@@ -107,48 +118,99 @@ def team_access_statements(
     account: pulumi.Input[str],
     buckets: Sequence[pulumi.Input[str]],
     key_arn: pulumi.Input[str],
+    repository_arn: pulumi.Input[str],
+    job_roles: Sequence[pulumi.Input[str]],
 ) -> list[dict[str, Any]]:
     """The one team policy: every scope is `${aws:PrincipalTag/team}`, nothing names a team."""
     batch = pulumi.Output.concat("arn:aws:batch:", cfg.region, ":", account)
     own_objects = [pulumi.Output.concat(bucket, "/", TEAMS_PREFIX, TEAM, "/*") for bucket in buckets]
+    # Pulumi names the queue and the definition <name>-<suffix>; a SubmitJob names a revision (<name>-<suffix>:<n>).
+    train_definitions = pulumi.Output.concat(batch, ":job-definition/", cfg.name_prefix, "-train-*")
+    jobs = pulumi.Output.concat(batch, ":job/*")
     return [
         allow(
             "SubmitToOwnShare",
             ["batch:SubmitJob"],
-            [
-                # Pulumi names the queue and the definition <name>-<suffix>; submit registers revisions of it.
-                pulumi.Output.concat(batch, ":job-queue/", cfg.name_prefix, "-gpu-*"),
-                pulumi.Output.concat(batch, ":job-definition/", cfg.name_prefix, "-train-*"),
-            ],
+            [pulumi.Output.concat(batch, ":job-queue/", cfg.name_prefix, "-gpu-*"), train_definitions],
             Condition={"StringEquals": {"batch:ShareIdentifier": TEAM, f"aws:RequestTag/{TEAM_TAG}": TEAM}},
         ),
-        # Tagging on create is authorised as batch:TagResource too (Batch User Guide, "Tag your resources"): only
-        # with the team's own tag, and never on a job already tagged for another team (IfExists: new jobs have none).
+        # Tags given to SubmitJob are authorised as batch:TagResource on the new job too (Service Authorization
+        # Reference, AWS Batch "API operations" table: SubmitJob -> batch:SubmitJob, batch:TagResource). On
+        # creation the job has no tags (aws:ResourceTag/team absent: the Null operator, IAM User Guide "IAM JSON
+        # policy elements: Condition operators"), and afterwards it always has a `team` tag, so this allows
+        # tagging only at submission, only with the team's own name (aws:RequestTag/team) and only the keys
+        # submit sets (aws:TagKeys, ForAllValues: every key in the request is one of them).
         allow(
             "TagOwnJobsOnSubmit",
             ["batch:TagResource"],
-            [pulumi.Output.concat(batch, ":job/*")],
+            [jobs],
             Condition={
                 "StringEquals": {f"aws:RequestTag/{TEAM_TAG}": TEAM},
-                "StringEqualsIfExists": {f"aws:ResourceTag/{TEAM_TAG}": TEAM},
+                "ForAllValues:StringEquals": {"aws:TagKeys": list(JOB_TAG_KEYS)},
+                "Null": {f"aws:ResourceTag/{TEAM_TAG}": "true"},
             },
         ),
+        # And whatever else allows it: no team re-tags or untags a job that has a team tag (IAM User Guide, "Policy
+        # evaluation logic": an explicit deny overrides any allow).
+        {
+            "Sid": "NeverRetagJobs",
+            "Effect": "Deny",
+            "Action": ["batch:TagResource", "batch:UntagResource"],
+            "Resource": [jobs],
+            "Condition": {"Null": {f"aws:ResourceTag/{TEAM_TAG}": "false"}},
+        },
         allow(
             "StopOwnJobs",
-            ["batch:CancelJob", "batch:TerminateJob"],
-            [pulumi.Output.concat(batch, ":job/*")],
+            [
+                "batch:TerminateJob"
+            ],  # `make cancel` terminates (trainer/jobs/job.py cancel): dequeued or running
+            [jobs],
             Condition={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": TEAM}},
         ),
+        # A new image needs a new revision of the multi-node definition (Batch cannot override its image at
+        # submission: trainer/jobs/submit.py job_definition_for). RegisterJobDefinition takes the job-definition
+        # resource (Service Authorization Reference, AWS Batch, Actions table); the revision carries the
+        # definition's job and execution roles (iam:PassRole on exactly those, IAM User Guide "Grant a user
+        # permissions to pass a role to an AWS service") and its tags, which are the stack's default tags
+        # (infra/__main__.py) and are authorised as batch:TagResource: only those keys with the stack's values.
+        allow("RegisterTrainingDefinitions", ["batch:RegisterJobDefinition"], [train_definitions]),
+        allow("PassTheDefinitionsRoles", ["iam:PassRole"], list(job_roles)),
+        allow(
+            "TagDefinitionsWithTheStackTags",
+            ["batch:TagResource"],
+            [train_definitions],
+            Condition={
+                "ForAllValues:StringEquals": {"aws:TagKeys": sorted(cfg.tags)},
+                "StringEquals": {f"aws:RequestTag/{key}": value for key, value in sorted(cfg.tags.items())},
+            },
+        ),
         allow("SeeQueue", list(BATCH_READ_ACTIONS), ["*"]),
+        # The image check and the digest the job records (ECR DescribeImages: the repository resource, Service
+        # Authorization Reference, Amazon ECR).
+        allow("SeeImages", ["ecr:DescribeImages"], [repository_arn]),
+        # The run's log (CloudWatch Logs GetLogEvents on a stream of the group; CloudWatch Logs User Guide,
+        # "Overview of managing access permissions": the group ARN with ":*" in IAM policies).
+        allow(
+            "ReadJobLogs",
+            ["logs:GetLogEvents"],
+            [
+                pulumi.Output.concat(
+                    "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.jobs_log_group, ":*"
+                )
+            ],
+        ),
+        # The residency check (trainer/jobs/residency.py): S3 GetBucketLocation, on the bucket resource.
+        allow("LocateBuckets", ["s3:GetBucketLocation"], list(buckets)),
         allow(
             "ListOwnPrefixes",
             ["s3:ListBucket"],
             list(buckets),
             Condition={"StringLike": {"s3:prefix": [f"{TEAMS_PREFIX}{TEAM}/", f"{TEAMS_PREFIX}{TEAM}/*"]}},
         ),
+        # HeadObject is authorised as s3:GetObject (S3 API Reference, HeadObject "Permissions").
         allow(
             "ReadWriteOwnPrefixes",
-            ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
+            ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
             own_objects,
         ),
         # The key policy lets principals of the account use the key only through S3 (and the stack's services).
@@ -162,6 +224,8 @@ class TeamsArgs:
     account_id: pulumi.Input[str]
     keys: Keys
     lake: DataLake
+    identity: Identity
+    registry: Registry
 
 
 class Teams(pulumi.ComponentResource):
@@ -180,7 +244,16 @@ class Teams(pulumi.ComponentResource):
         self.policy = aws.iam.Policy(
             f"{cfg.name_prefix}-team-access",
             description="Every team role: its own queue share, jobs and S3 prefixes (scoped by the team tag)",
-            policy=policy_document(*team_access_statements(cfg, args.account_id, buckets, args.keys.key.arn)),
+            policy=policy_document(
+                *team_access_statements(
+                    cfg,
+                    args.account_id,
+                    buckets,
+                    args.keys.key.arn,
+                    args.registry.repository.arn,
+                    [args.identity.job_role.arn, args.identity.execution_role.arn],
+                )
+            ),
             opts=child,
         )
         for team in cfg.teams:

@@ -1,25 +1,25 @@
 """Teams (infra/teams.py) under the Pulumi mocks, and each team's access decided by evaluating the generated policy.
 
-The evaluator is moto 5.2.5's IAM policy engine (`moto.iam.access_control.IAMPolicy`): the package index holds no
-maintained IAM policy evaluator for Python (principalmapper 1.1.5, the one that evaluates conditions and policy
-variables, last released in 2022, fails to import on Python 3.10+). moto matches actions and resources with
-wildcards and evaluates `StringEquals` conditions; it does not substitute policy variables, so the tests substitute
-`${aws:PrincipalTag/team}` with the role's tag first, as IAM does at request time (IAM User Guide, "IAM policy
-elements: Variables and tags"), and it ignores other condition operators (pinned below: `StringLike` list scoping is
-therefore not proven offline). The documented example at the end checks the engine against AWS's own text.
+The evaluator is tests/iam_evaluation.py (IAM's evaluation logic, condition operators and policy variables, from the
+IAM User Guide): moto 5.2.5's engine evaluates only `StringEquals` and reads a condition on an absent key as an
+explicit deny, so it cannot decide the `Null` and `ForAllValues` conditions that keep a team from re-tagging jobs.
+The documented examples at the end check the evaluator against AWS's own text. The whole team workflow, run as the
+role against moto, is tests/jobs/test_team_workflow.py.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+from dataclasses import dataclass
 
 import pytest
-from moto.iam.access_control import IAMPolicy, PermissionResult
 
 from infra.config import StackConfigError, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
 from infra.teams import TEAM, identity_center_role_pattern
+from tests.iam_evaluation import Request
+from tests.iam_evaluation import decide as evaluate
 from trainer.contract.teams import team_prefix
 
 TEAMS = [
@@ -57,28 +57,37 @@ def sso_teams(variant):
     return variant("prod", **{"trainstack:teams": json.dumps(SSO_TEAMS)})
 
 
-def role_policy(stack, team: str) -> IAMPolicy:
-    """The policy attached to a team's role, with the team tag substituted as IAM substitutes it for a session."""
+@dataclass(frozen=True)
+class RolePolicy:
+    """The policy attached to a team's role, and the role's tags (its sessions' aws:PrincipalTag values)."""
+
+    document: str
+    tags: dict[str, str]
+
+
+def role_policy(stack, team: str) -> RolePolicy:
     role = stack.one("iam.Role", f"-team-{team}")
-    tag = role.inputs["tags"]["team"]
     (attachment,) = [a for a in stack.all("iam.RolePolicyAttachment") if a.name.endswith(f"-team-{team}")]
     (policy,) = [p for p in stack.all("iam.Policy") if p.outputs["arn"] == attachment.inputs["policyArn"]]
-    return IAMPolicy(policy.inputs["policy"].replace(TEAM, tag))
+    return RolePolicy(policy.inputs["policy"], dict(role.inputs["tags"]))
 
 
-def decide(policy: IAMPolicy, action: str, resource: str, **context: str) -> PermissionResult:
-    return policy.is_action_permitted(action, resource, incoming_condition_values=context or None)
+def decide(policy: RolePolicy | dict, action: str, resource: str, **context: str) -> str:
+    if isinstance(policy, dict):  # a documented example, for a user named "someone"
+        return evaluate([policy], Request(action, resource, context), {"aws:username": "someone"})
+    variables = {f"aws:PrincipalTag/{k}": v for k, v in policy.tags.items()}
+    return evaluate([policy.document], Request(action, resource, context), variables)
 
 
 def object_arn(stack, bucket: str, key: str) -> str:
     return f"{stack.one('s3.Bucket', f'-{bucket}').outputs['arn']}/{key}"
 
 
-ALLOWED = PermissionResult.PERMITTED
+ALLOWED = "allowed"
 
 
 @pytest.mark.parametrize("bucket", ["datasets", "checkpoints"])
-@pytest.mark.parametrize("action", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"])
+@pytest.mark.parametrize("action", ["s3:GetObject", "s3:PutObject"])
 def test_each_team_reaches_its_own_prefix_and_not_the_others(two_teams, bucket, action):
     for team, other in (("vision", "speech"), ("speech", "vision")):
         policy = role_policy(two_teams, team)
@@ -106,21 +115,63 @@ def test_a_team_submits_only_to_its_own_share_with_its_tag(two_teams):
     assert decide(policy, "batch:SubmitJob", spot_queue, **own) != ALLOWED
 
 
-def test_a_team_tags_jobs_only_with_its_own_name(two_teams):
-    """The tag-on-create check (StringEquals); its StringEqualsIfExists guard against re-tagging another team's
-    job is not evaluated by moto (docs/security.md, what only a real account shows)."""
-    job = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"
+JOB = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"
+# What SubmitJob's tags put in the request (aws:RequestTag/<key>, aws:TagKeys) for team vision's job.
+VISION_JOB_TAGS = {
+    "aws:RequestTag/team": "vision",
+    "aws:RequestTag/trainstack:run": "llama",
+    "aws:RequestTag/trainstack:stack": "prod",
+    "aws:TagKeys": ["trainstack:run", "trainstack:stack", "team"],
+}
+
+
+def test_a_team_tags_jobs_only_at_submission_with_its_own_name_and_keys(two_teams):
     policy = role_policy(two_teams, "vision")
-    assert decide(policy, "batch:TagResource", job, **{"aws:RequestTag/team": "vision"}) == ALLOWED
-    assert decide(policy, "batch:TagResource", job, **{"aws:RequestTag/team": "speech"}) != ALLOWED
+    assert decide(policy, "batch:TagResource", JOB, **VISION_JOB_TAGS) == ALLOWED
+    speech = {**VISION_JOB_TAGS, "aws:RequestTag/team": "speech"}
+    assert decide(policy, "batch:TagResource", JOB, **speech) != ALLOWED
+    extra_key = {**VISION_JOB_TAGS, "aws:TagKeys": ["team", "priority"], "aws:RequestTag/priority": "high"}
+    assert decide(policy, "batch:TagResource", JOB, **extra_key) != ALLOWED
 
 
-@pytest.mark.parametrize("action", ["batch:CancelJob", "batch:TerminateJob"])
+@pytest.mark.parametrize("owner", ["speech", "vision", "_stack"])
+@pytest.mark.parametrize("action", ["batch:TagResource", "batch:UntagResource"])
+def test_no_team_retags_or_untags_a_job_that_has_a_team_tag(two_teams, owner, action):
+    """The data-preparation jobs carry team=_stack (trainer/jobs/teams.py): no team can claim them, nor another
+    team's, nor re-tag its own; the Deny holds whatever else allows it."""
+    policy = role_policy(two_teams, "vision")
+    decision = decide(policy, action, JOB, **VISION_JOB_TAGS, **{"aws:ResourceTag/team": owner})
+    assert decision == "explicitly denied"
+
+
+def test_no_team_stops_a_job_tagged_for_the_stack_or_another_team(two_teams):
+    policy = role_policy(two_teams, "vision")
+    for owner in ("speech", "_stack"):
+        assert decide(policy, "batch:TerminateJob", JOB, **{"aws:ResourceTag/team": owner}) != ALLOWED
+    assert decide(policy, "batch:TerminateJob", JOB) != ALLOWED  # untagged: no aws:ResourceTag/team
+
+
+def test_a_team_registers_training_revisions_passing_only_their_roles_and_the_stack_tags(two_teams):
+    policy = role_policy(two_teams, "vision")
+    assert decide(policy, "batch:RegisterJobDefinition", DEFINITION.rsplit(":", 1)[0]) == ALLOWED
+    data = f"{BATCH}:job-definition/trainstack-prod-data-1a2b3c4"
+    assert decide(policy, "batch:RegisterJobDefinition", data) != ALLOWED
+    job_role = two_teams.one("iam.Role", "-job").outputs["arn"]
+    assert decide(policy, "iam:PassRole", job_role) == ALLOWED
+    admin = f"arn:aws:iam::{ACCOUNT_ID}:role/admin"
+    assert decide(policy, "iam:PassRole", admin) != ALLOWED
+    tags = two_teams.config.tags
+    stack_tags = {f"aws:RequestTag/{k}": v for k, v in tags.items()} | {"aws:TagKeys": list(tags)}
+    assert decide(policy, "batch:TagResource", DEFINITION, **stack_tags) == ALLOWED
+    changed = {**stack_tags, "aws:RequestTag/owner": "someone-else"}
+    assert decide(policy, "batch:TagResource", DEFINITION, **changed) != ALLOWED
+
+
+@pytest.mark.parametrize("action", ["batch:TerminateJob"])
 def test_a_team_stops_only_jobs_tagged_with_its_name(two_teams, action):
-    job = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"
     policy = role_policy(two_teams, "speech")
-    assert decide(policy, action, job, **{"aws:ResourceTag/team": "speech"}) == ALLOWED
-    assert decide(policy, action, job, **{"aws:ResourceTag/team": "vision"}) != ALLOWED
+    assert decide(policy, action, JOB, **{"aws:ResourceTag/team": "speech"}) == ALLOWED
+    assert decide(policy, action, JOB, **{"aws:ResourceTag/team": "vision"}) != ALLOWED
 
 
 def test_a_new_team_needs_no_new_policy_text(two_teams):
@@ -200,7 +251,7 @@ def test_the_permission_set_only_assumes_its_own_team_role(sso_teams):
                 "Resource": [roles[team]],
             }
         ]
-        policy = IAMPolicy(inline.inputs["inlinePolicy"])
+        policy = document
         assert decide(policy, "sts:AssumeRole", roles[team]) == ALLOWED
         assert decide(policy, "sts:AssumeRole", roles[other]) != ALLOWED
         assert (
@@ -385,7 +436,7 @@ S3_HOME_LIST_EXAMPLE = {
 
 
 def test_evaluator_decides_the_documented_share_identifier_example_as_aws_describes():
-    policy = IAMPolicy(json.dumps(BATCH_SHARE_EXAMPLE))
+    policy = BATCH_SHARE_EXAMPLE
     queue = "arn:aws:batch:us-east-2:555555555555:job-queue/jobqueue1"
     assert decide(policy, "batch:SubmitJob", queue, **{"batch:ShareIdentifier": "lowCpu"}) == ALLOWED
     assert decide(policy, "batch:SubmitJob", queue, **{"batch:ShareIdentifier": "highCpu"}) != ALLOWED
@@ -393,9 +444,21 @@ def test_evaluator_decides_the_documented_share_identifier_example_as_aws_descri
     assert decide(policy, "batch:SubmitJob", other_queue, **{"batch:ShareIdentifier": "lowCpu"}) != ALLOWED
 
 
-def test_evaluator_ignores_string_like_so_prefix_listing_is_not_proven_offline():
-    """AWS denies listing another user's home/ prefix under this example; moto 5.2.5 allows it (StringLike is not
-    evaluated). When moto learns StringLike this fails: then assert the teams' ListOwnPrefixes scoping too."""
-    policy = IAMPolicy(json.dumps(S3_HOME_LIST_EXAMPLE))
+def test_evaluator_scopes_listing_by_prefix_as_the_documented_home_directory_example():
+    """AWS lets the user list the bucket's root, home/ and their own home/<username>/ only."""
+    policy = S3_HOME_LIST_EXAMPLE
     bucket = "arn:aws:s3:::amzn-s3-demo-bucket"
-    assert decide(policy, "s3:ListBucket", bucket, **{"s3:prefix": "home/someone-else/"}) == ALLOWED
+    for prefix in ("", "home/", "home/someone/", "home/someone/photos/"):
+        assert decide(policy, "s3:ListBucket", bucket, **{"s3:prefix": prefix}) == ALLOWED
+    assert decide(policy, "s3:ListBucket", bucket, **{"s3:prefix": "home/someone-else/"}) != ALLOWED
+    assert decide(policy, "s3:ListBucket", bucket) != ALLOWED  # no prefix in the request: StringLike fails
+
+
+def test_a_team_lists_only_its_own_prefixes(two_teams):
+    policy = role_policy(two_teams, "vision")
+    for bucket in ("datasets", "checkpoints"):
+        arn = two_teams.one("s3.Bucket", f"-{bucket}").outputs["arn"]
+        assert decide(policy, "s3:ListBucket", arn, **{"s3:prefix": "teams/vision/"}) == ALLOWED
+        assert decide(policy, "s3:ListBucket", arn, **{"s3:prefix": "teams/vision/llama/"}) == ALLOWED
+        assert decide(policy, "s3:ListBucket", arn, **{"s3:prefix": "teams/speech/"}) != ALLOWED
+        assert decide(policy, "s3:ListBucket", arn, **{"s3:prefix": ""}) != ALLOWED

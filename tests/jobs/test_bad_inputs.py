@@ -90,6 +90,13 @@ ROWS = {
         "stack 'test' is shared by teams vision: say which with TEAM=<name>",
         shared_by_teams,
     ),
+    "team-data-outside-its-prefix": Row(
+        ("IMAGE=0123456789ab", "TEAM=vision", "NODES=1"),
+        "data.prefixes[0] = '/fsx/datasets/corpus/corpus': team vision's data lives under "
+        "/fsx/datasets/teams/vision/ (s3://trainstack-test-datasets/teams/vision/); upload it with "
+        "make data STACK=test TEAM=vision SRC=... LOCAL=1",
+        shared_by_teams,
+    ),
     "eks-outputs-missing-keys": Row(
         ("IMAGE=0123456789ab",),
         "stack 'test' lacks the outputs fsx_claim; run `make up STACK=test`",
@@ -98,6 +105,18 @@ ROWS = {
     "eks-cluster-missing": Row(
         ("IMAGE=0123456789ab", "RUN=llama-eks"),
         "EKS cluster 'trainstack-absent' does not exist in us-east-1; run make up STACK=test",
+        on_eks(),
+    ),
+    # The JobSet v0.12.0 webhook's name rule (trainer/jobs/jobset.py), checked before the token or any AWS call.
+    "eks-run-name-leading-digit": Row(
+        ("IMAGE=0123456789ab", "RUN=8b-llama"),
+        "RUN='8b-llama': on EKS the run names the JobSet, its Jobs and pods (DNS-1035 labels)",
+        on_eks(),
+    ),
+    "eks-run-name-too-long-for-pod-names": Row(
+        ("IMAGE=0123456789ab", "RUN=" + "l" * 49, "NODES=4"),
+        "characters, with room for its 6-character random suffix); a DNS label holds 63: shorten the run name to "
+        "at most 48",
         on_eks(),
     ),
     "dataset-bucket-outside-allowed-regions": Row(

@@ -113,6 +113,8 @@ def test_a_local_corpus_is_uploaded_and_submitted_as_an_array_job_then_a_depende
     assert shards["containerOverrides"] == {
         "command": ["data", "shard", "--plan", plan_uri, "--region", "us-east-1"]
     }
+    # Tagged at submission with the stack's own team value, so no team role can tag (and then stop) them.
+    assert shards["tags"]["team"] == merge["tags"]["team"] == "_stack"
     assert merge["dependsOn"] == [{"jobId": submission.array_job_id}]
     assert "arrayProperties" not in merge
     assert merge["containerOverrides"] == {

@@ -1,7 +1,7 @@
 """`make train|status|logs|cancel STACK=<eks env>` end to end: moto for STS, EKS, ECR and S3, and a loopback HTTP
 server standing in for the cluster's API server. The stand-in authenticates the bearer token the way EKS's
-authenticator does (decodes it and replays the presigned STS GetCallerIdentity URL, with the cluster's name in
-`x-k8s-aws-id`, against STS), records every JobSet it receives and checks it against the pinned JobSet CRD schema
+authenticator does (refuses one signed more than 15 minutes ago, decodes it and replays the presigned STS
+GetCallerIdentity URL, with the cluster's name in `x-k8s-aws-id`, against STS), records every JobSet it receives and checks it against the pinned JobSet CRD schema
 with unknown fields rejected."""
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from trainer.__main__ import main as trainer_main
+from trainer.aws.outputs import load_outputs
 from trainer.contract.container import SUBMISSION_ENV
-from trainer.jobs.eks import K8S_AWS_ID_HEADER, TOKEN_PREFIX, eks_token
+from trainer.jobs.eks import K8S_AWS_ID_HEADER, TOKEN_PREFIX, TOKEN_VALID_SECONDS, connect, eks_token
 
 from .conftest import DATASET, IMAGE_TAG, REGION, TOKENIZER, Stack, without_submission_env
 from .jobset_schema import jobset_errors
@@ -65,6 +66,7 @@ class ApiServer:
     # What the controller and the pods do once a JobSet is created (a test sets it: a run that completes).
     on_create: Callable[[dict], None] | None = None
     ca: bytes = b"-----BEGIN CERTIFICATE-----\n"  # its certificate when it serves TLS
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)  # the authenticator's clock (a test's fake one)
 
     def authenticate(self, header: str) -> str | None:
         """The caller's ARN, as the authenticator learns it from STS, or None for a token it refuses."""
@@ -75,6 +77,10 @@ class ApiServer:
         if query.get("Action") != ["GetCallerIdentity"]:
             return None
         if K8S_AWS_ID_HEADER not in query.get("X-Amz-SignedHeaders", [""])[0].split(";"):
+            return None
+        # aws-iam-authenticator pkg/token/token.go: valid 15 minutes after X-Amz-Date, whatever X-Amz-Expires says.
+        signed = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        if self.now() - signed > timedelta(seconds=TOKEN_VALID_SECONDS):
             return None
         # moto's server picks the service from an Authorization header's credential scope; a presigned URL carries
         # that scope in X-Amz-Credential (real STS needs no such header).
@@ -259,6 +265,39 @@ def test_the_token_is_a_presigned_get_caller_identity_url_with_the_cluster_signe
     assert query["X-Amz-Expires"] == ["60"]
     assert query["X-Amz-SignedHeaders"][0].split(";") == ["host", K8S_AWS_ID_HEADER]
     assert ApiServer(CLUSTER).authenticate(f"Bearer {token}") == "arn:aws:sts::123456789012:user/moto"
+
+
+class FakeClock:
+    """One clock for the token's age (monotonic seconds), its signing time (botocore's) and the authenticator's."""
+
+    def __init__(self) -> None:
+        self.start, self.seconds = datetime.now(UTC), 0.0
+
+    def monotonic(self) -> float:
+        return self.seconds
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=self.seconds)
+
+
+def test_the_token_is_made_again_before_the_authenticator_would_refuse_it(eks_stack, api_server, monkeypatch):
+    """A `make logs FOLLOW=1` that polls a JobSet Kueue holds for an hour: every request is authenticated."""
+    clock = FakeClock()
+    monkeypatch.setattr("botocore.auth.get_current_datetime", lambda: clock.now().replace(tzinfo=None))
+    api_server.now = clock.now
+    cluster = connect(load_outputs("test", str(eks_stack.outputs_file)), clock.monotonic)
+    first = cluster.api.configuration.api_key["authorization"]
+    tokens = set()
+    for _ in range(60):  # a poll a minute
+        assert cluster.jobsets() == []
+        tokens.add(cluster.api.configuration.api_key["authorization"])
+        clock.seconds += 60
+    assert len(api_server.callers) == 60
+    assert 4 <= len(tokens) <= 5  # one per 13 minutes, not one per request
+    # The failing case: the first token, kept, is refused once 15 minutes have passed since it was signed.
+    assert api_server.authenticate(f"Bearer {first}") is None
+    clock.seconds = TOKEN_VALID_SECONDS - 1  # and accepted until then
+    assert api_server.authenticate(f"Bearer {first}") is not None
 
 
 def test_make_train_submits_exactly_the_jobset_make_render_prints(eks_stack, api_server, capsys):

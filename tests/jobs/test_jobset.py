@@ -164,14 +164,33 @@ def test_rendering_is_deterministic_json():
     assert leader_host("llama-8b") == "llama-8b-node-0-0.llama-8b"
 
 
+# The JobSet v0.12.0 admission webhook (pkg/webhooks/jobset_webhook.go): the longest pod name
+# `<run>-node-0-<nodes-1>` + "-abcde" must be a DNS-1035 label (a letter first, 63 characters at most). render()
+# has 4 nodes: "-node-0-3-abcde" is 15 characters, so 48 is the longest run; with 10 nodes too ("-node-0-9").
 @pytest.mark.parametrize(
-    ("run", "message"),
+    ("run", "nodes", "message"),
     [
-        ("Llama_8B", "RUN='Llama_8B': on EKS the run names the JobSet"),
-        ("-x", "starting and ending with a letter or digit"),
-        ("a" * 60, "is 69 characters; a DNS label holds 63: shorten the run name to at most 54"),
+        ("Llama_8B", 4, "RUN='Llama_8B': on EKS the run names the JobSet"),
+        ("8b-llama", 4, "starting with a letter"),  # DNS-1123 would take it; DNS-1035 does not
+        ("-x", 4, "starting with a letter"),
+        ("llama-", 4, "ending with a letter or digit"),
+        (
+            "a" * 49,
+            4,
+            "'" + "a" * 49 + "-node-0-3-abcde' \\(64 characters.*shorten the run name to at most 48",
+        ),
+        ("a" * 54, 10, "\\(69 characters.*at most 48"),
+        ("a" * 48, 11, "\\(64 characters.*at most 47"),  # "-node-0-10"
+        ("a" * 60, 4, "\\(75 characters.*at most 48"),
     ],
 )
-def test_a_run_name_that_is_no_dns_label_is_refused(run, message):
+def test_a_run_name_the_jobset_webhook_refuses_is_refused_before_sending(run, nodes, message):
     with pytest.raises(RenderError, match=message):
-        render(run=run)
+        render(run=run, nodes=nodes)
+
+
+@pytest.mark.parametrize(("run", "nodes"), [("a" * 48, 4), ("a" * 48, 10), ("l8b-llama-3", 1), ("x", 4)])
+def test_a_run_name_the_jobset_webhook_accepts_renders(run, nodes):
+    pod = f"{run}-node-0-{nodes - 1}-abcde"
+    assert len(pod) <= 63
+    assert render(run=run, nodes=nodes)["metadata"]["name"] == run

@@ -55,7 +55,7 @@ def test_smoke_submits_a_two_node_preflight_job_like_train_does(stack):
         "--shared-dir",
         "/fsx/checkpoints/smoke-a/preflight",
     ]
-    assert request["tags"] == {"trainstack:run": "smoke-a", "trainstack:stack": "test"}
+    assert request["tags"] == {"trainstack:run": "smoke-a", "trainstack:stack": "test", "team": "_stack"}
     (registered,) = stack.requests("RegisterJobDefinition")  # the image, as `make train` sets it
     image = f"{stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
     assert [r["container"]["image"] for r in registered["nodeProperties"]["nodeRangeProperties"]] == [image]

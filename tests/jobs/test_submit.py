@@ -46,7 +46,7 @@ def test_submission_runs_the_trainer_on_the_requested_nodes(stack):
     assert {"name": "TRAINSTACK_RUN", "value": "llama-a"} in container["environment"]
     (pushed,) = stack.client("ecr").describe_images(repositoryName="trainstack-test")["imageDetails"]
     assert {"name": "TRAINSTACK_IMAGE_DIGEST", "value": pushed["imageDigest"]} in container["environment"]
-    assert submitted["tags"] == {"trainstack:run": "llama-a", "trainstack:stack": "test"}
+    assert submitted["tags"] == {"trainstack:run": "llama-a", "trainstack:stack": "test", "team": "_stack"}
     assert f"job id:     {stack.jobs()[0]['jobId']}" in result.stdout
     assert "console:    https://us-east-1.console.aws.amazon.com/batch/home" in result.stdout
 

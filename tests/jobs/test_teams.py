@@ -1,5 +1,6 @@
-"""`make train STACK=... TEAM=<name>` on a stack shared by teams: the job carries the team's share and tag, and a
-missing, unknown or over-quota team is refused before anything is submitted."""
+"""`make train STACK=... TEAM=<name>` on a stack shared by teams: the job carries the team's share and tag, its run
+and data live under the team's prefix, and a missing, unknown or over-quota team, or data outside its prefix, is
+refused before anything is submitted."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import pytest
 from .conftest import Stack
 from .test_submit import submit_in_process, train
 
+# A team's copy of the conftest corpus, where `make data STACK= TEAM=vision LOCAL=1` puts it.
+TEAM_DATA = "/fsx/datasets/teams/vision/corpus/corpus"
+TEAM_ARGS = f"--set data.prefixes=[{TEAM_DATA}] --set data.tokenizer_path={TEAM_DATA}.tokenizer.json"
+
 TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 16, "speech": 32}}
 
 
@@ -17,14 +22,55 @@ def share(stack: Stack) -> None:
     stack.outputs_file.write_text(json.dumps({**stack.outputs, **TEAMS}))
 
 
-def test_make_train_team_submits_to_the_team_share_with_its_tag(stack):
+def team_data(stack: Stack, team: str = "vision") -> None:
+    for suffix in (".bin", ".idx", ".tokenizer.json"):
+        key = f"teams/{team}/corpus/corpus{suffix}"
+        stack.client("s3").put_object(Bucket="trainstack-test-datasets", Key=key, Body=b"x")
+
+
+def command(submitted: dict) -> list[str]:
+    return submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"]
+
+
+def test_make_train_team_submits_to_the_team_share_with_its_tag_and_its_run_under_its_prefix(stack):
     share(stack)
-    result = train(stack, "TEAM=vision", "NODES=2", "RUN=vision-a")
+    team_data(stack)
+    result = train(stack, "TEAM=vision", "NODES=2", "RUN=vision-a", args=TEAM_ARGS)
     assert result.returncode == 0, result.stderr
     (submitted,) = stack.requests("SubmitJob")
     assert submitted["shareIdentifier"] == "vision"
     assert submitted["schedulingPriorityOverride"] == 0  # fair-share queues refuse a job without a priority
     assert submitted["tags"] == {"trainstack:run": "vision-a", "trainstack:stack": "test", "team": "vision"}
+    assert "logging.run_dir=/fsx/checkpoints/teams/vision/vision-a" in command(submitted)
+    assert "(s3://trainstack-test-checkpoints/teams/vision/vision-a)" in result.stdout
+
+
+def test_two_teams_runs_of_one_name_never_share_a_checkpoint_directory(stack, capsys):
+    share(stack)
+    team_data(stack, "vision")
+    team_data(stack, "speech")
+    for team in ("vision", "speech"):
+        data = TEAM_ARGS.replace("/vision/", f"/{team}/")
+        status, stderr = submit_in_process(
+            stack, capsys, "--team", team, "--nodes", "1", "--run", "llama", args=data
+        )
+        assert status == 0, stderr
+    vision, speech = (command(s) for s in stack.requests("SubmitJob"))
+    assert "logging.run_dir=/fsx/checkpoints/teams/vision/llama" in vision
+    assert "logging.run_dir=/fsx/checkpoints/teams/speech/llama" in speech
+
+
+def test_a_team_run_reads_only_data_under_its_own_prefix(stack, capsys):
+    share(stack)
+    status, stderr = submit_in_process(stack, capsys, "--team", "vision", "--nodes", "1")
+    assert status == 2
+    assert (
+        "data.prefixes[0] = '/fsx/datasets/corpus/corpus': team vision's data lives under "
+        "/fsx/datasets/teams/vision/ (s3://trainstack-test-datasets/teams/vision/); upload it with "
+        "make data STACK=test TEAM=vision SRC=... LOCAL=1"
+    ) in stderr
+    assert "data.tokenizer_path = '/fsx/datasets/corpus/corpus.tokenizer.json'" in stderr
+    assert stack.requests("SubmitJob") == []
 
 
 @pytest.mark.parametrize(

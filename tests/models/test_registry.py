@@ -146,6 +146,26 @@ def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_and_neve
     assert len(keys) == len(set(keys)) == 2  # no key written twice
 
 
+def test_a_teams_store_reads_and_writes_only_under_its_prefix(bucket, runs):
+    """models --stack --team: the team's runs are exported under teams/<team>/ (trainer/contract/teams.py)."""
+    s3, key = bucket
+    for path in sorted(p for p in runs.rglob("*") if p.is_file()):
+        relative = str(path.relative_to(runs))
+        s3.put_object(Bucket=BUCKET, Key=f"teams/vision/{relative}", Body=path.read_bytes())
+        if "iter_0000005" in relative:  # another team's run of the same name: not vision's
+            s3.put_object(Bucket=BUCKET, Key=f"teams/speech/{relative}", Body=path.read_bytes())
+    store = S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key, root="teams/vision/")
+    registry = Registry(store)
+    assert store.where == f"s3://{BUCKET}/teams/vision"
+    assert [f.location for f in registry.versions] == [
+        f"s3://{BUCKET}/teams/vision/tiny/checkpoints/iter_0000005",
+        f"s3://{BUCKET}/teams/vision/tiny/checkpoints/iter_0000010",
+    ]
+    _, where = registry.promote(versions(registry)[1], "production")
+    assert where.startswith(f"s3://{BUCKET}/teams/vision/{TAGS}/production/")
+    assert Registry(store).tags() == {"production": versions(registry)[1]}
+
+
 def test_s3_evaluations_beside_a_record_are_read(bucket, runs):
     s3, key = bucket
     checkpoint = runs / "tiny" / "checkpoints" / "iter_0000010"

@@ -1,12 +1,37 @@
-"""What a team is called where, shared by the stack (infra/teams.py) and `make train TEAM=` (trainer/jobs/teams.py)."""
+"""What a team is called where, shared by the stack (infra/teams.py) and `make train TEAM=` (trainer/jobs/teams.py).
+
+A team's runs live under `teams/<name>/` of the checkpoints bucket and `/fsx/checkpoints/teams/<name>/` (the
+bucket's root is /fsx/checkpoints: infra/lustre.py), its datasets under `teams/<name>/` of the datasets bucket and
+`/fsx/datasets/teams/<name>/`: the prefixes its role may read and write, so it reads its own checkpoints through S3
+and two teams' runs of one name never share (or resume) one directory.
+"""
 
 from __future__ import annotations
 
 # The role's principal tag, the job tag the role must set, and the cost-allocation tag.
 TEAM_TAG = "team"
+# Every tag a training job gets at submission (trainer/jobs/request.py), and so all a team role may set
+# (infra/teams.py).
+RUN_TAG, STACK_TAG = "trainstack:run", "trainstack:stack"
+JOB_TAG_KEYS = (RUN_TAG, STACK_TAG, TEAM_TAG)
+# The `team` tag of every job the stack's verbs submit for no team (data preparation, a stack without teams): no
+# team is called this (team names are a-z, 0-9 and '-': infra/config.py), so no team role may set or stop it.
+STACK_TEAM = "_stack"
 # Each team's datasets and checkpoints live under teams/<name>/ of the stack's buckets.
 TEAMS_PREFIX = "teams/"
 
 
 def team_prefix(team: str) -> str:
     return f"{TEAMS_PREFIX}{team}/"
+
+
+def run_path(run: str, team: str | None) -> str:
+    """Where a run lives below /fsx/checkpoints and the checkpoints bucket's root: `<run>`, or a team's
+    `teams/<team>/<run>`."""
+    return f"{team_prefix(team)}{run}" if team and team != STACK_TEAM else run
+
+
+def job_team(tags: dict[str, str] | None) -> str | None:
+    """The team whose job this is, from its tags; None for the stack's own jobs."""
+    team = (tags or {}).get(TEAM_TAG)
+    return team if team and team != STACK_TEAM else None

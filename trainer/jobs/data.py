@@ -41,6 +41,7 @@ from trainer.data.sources import DEFAULT_GLOBS
 from trainer.data.tokenizer import file_sha256
 from trainer.data.validate import DEFAULT_MAX_REJECT_RATE, ValidationLimits, check_limits
 from trainer.jobs.submit import FSX_DATASETS, SubmitError, image_problems, image_tag, job_definition_for
+from trainer.jobs.teams import team_tags
 from trainer.jobs.upload import TRANSFER
 
 # Batch user guide, "Array jobs": an array job has 2 to 10,000 children.
@@ -271,7 +272,7 @@ def submit_data(
         jobQueue=queue,
         jobDefinition=definition,
         containerOverrides={"command": ["data", "shard", "--plan", plan_uri, "--region", outputs.region]},
-        tags={"dataset": name, "version": version},
+        tags={"dataset": name, "version": version, **team_tags(None)},  # the stack's, no team's
         **array,
     )["jobId"]
     merge = batch.submit_job(
@@ -280,7 +281,7 @@ def submit_data(
         jobDefinition=definition,
         dependsOn=[{"jobId": shards}],
         containerOverrides={"command": ["data", "publish", "--plan", plan_uri, "--region", outputs.region]},
-        tags={"dataset": name, "version": version},
+        tags={"dataset": name, "version": version, **team_tags(None)},  # the stack's, no team's
     )["jobId"]
     vcpus = _definition_vcpus(batch, definition)
     return DataSubmission(plan, False, shards, merge, vcpus)

@@ -3,6 +3,8 @@
 token    `k8s-aws-v1.` + base64url(an STS GetCallerIdentity URL presigned with the cluster's name in the signed
          `x-k8s-aws-id` header), unpadded: the scheme of aws/aws-cli 1.45.55
          awscli/customizations/eks/get_token.py (TokenGenerator, STSClientFactory); no kubectl or AWS CLI needed.
+         Valid 15 minutes from its signing, so a long `make logs FOLLOW=1` gets a fresh one before each request
+         once the last is 13 minutes old (`BearerToken`).
 JobSets  create, read, list and delete in the stack's namespace; the logs of the pod of node rank 0.
 """
 
@@ -12,8 +14,9 @@ import atexit
 import base64
 import os
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,10 +29,17 @@ from trainer.aws.outputs import StackOutputs
 from trainer.contract.jobset import JOBSET_NAME_KEY
 from trainer.jobs.jobset import CONTAINER, JOBSET_API_VERSION
 
-# aws/aws-cli 1.45.55 awscli/customizations/eks/get_token.py: TOKEN_PREFIX, K8S_AWS_ID_HEADER, URL_TIMEOUT.
+# aws/aws-cli 1.45.55 awscli/customizations/eks/get_token.py: TOKEN_PREFIX, K8S_AWS_ID_HEADER, URL_TIMEOUT (the
+# X-Amz-Expires it signs, 60: STS ignores it) and TOKEN_EXPIRATION_MINS (14: the expirationTimestamp it reports).
 TOKEN_PREFIX = "k8s-aws-v1."
 K8S_AWS_ID_HEADER = "x-k8s-aws-id"
 URL_TIMEOUT_SECONDS = 60
+# The token's real life: kubernetes-sigs/aws-iam-authenticator pkg/token/token.go presignedURLExpiration ("presigned
+# STS urls are valid for 15 minutes after timestamp in x-amz-date"; the authenticator refuses older ones whatever
+# X-Amz-Expires says). A new one is made 14 minutes after signing, as the AWS CLI's expirationTimestamp tells
+# client-go to, less a minute for this machine's clock and the request's time on the wire.
+TOKEN_VALID_SECONDS = 15 * 60
+TOKEN_REFRESH_SECONDS = 14 * 60 - 60
 JOBSET_GROUP, JOBSET_VERSION = JOBSET_API_VERSION.split("/")
 JOBSET_PLURAL = "jobsets"
 # Labels on every pod of a JobSet: its name and restart count (jobset v0.12.0 jobset_controller.go
@@ -44,7 +54,7 @@ class ClusterError(RuntimeError):
 
 
 def eks_token(cluster_name: str, region: str) -> str:
-    """The bearer token for `cluster_name`, valid while STS accepts the presigned URL (60 s to start using it)."""
+    """The bearer token for `cluster_name`: valid for TOKEN_VALID_SECONDS from now (whatever X-Amz-Expires says)."""
     sts = client("sts", region)
 
     def keep_cluster_id(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
@@ -65,6 +75,23 @@ def eks_token(cluster_name: str, region: str) -> str:
         HttpMethod="GET",
     )
     return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+
+
+@dataclass
+class BearerToken:
+    """The API client's `refresh_api_key_hook` (kubernetes client Configuration: called before every request): a new
+    token once the one in use is TOKEN_REFRESH_SECONDS old, so polling and following outlive one token."""
+
+    cluster_name: str
+    region: str
+    clock: Callable[[], float] = time.monotonic
+    made_at: float | None = field(default=None, init=False)
+
+    def __call__(self, configuration: k8s.Configuration) -> None:
+        now = self.clock()
+        if self.made_at is None or now - self.made_at >= TOKEN_REFRESH_SECONDS:
+            configuration.api_key = {"authorization": eks_token(self.cluster_name, self.region)}
+            self.made_at = now
 
 
 def cluster_problems(outputs: StackOutputs) -> list[str]:
@@ -201,11 +228,13 @@ class Cluster:
             ) from None
 
 
-def connect(outputs: StackOutputs) -> Cluster:
-    """A client for the stack's API server: its endpoint and CA from the outputs, a fresh token from STS."""
+def connect(outputs: StackOutputs, clock: Callable[[], float] = time.monotonic) -> Cluster:
+    """A client for the stack's API server: its endpoint and CA from the outputs, a token from STS made fresh
+    before it expires (BearerToken)."""
     configuration = k8s.Configuration()
     configuration.host = outputs["eks_cluster_endpoint"]
-    configuration.api_key = {"authorization": eks_token(outputs["eks_cluster_name"], outputs.region)}
+    configuration.refresh_api_key_hook = BearerToken(outputs["eks_cluster_name"], outputs.region, clock)
+    configuration.refresh_api_key_hook(configuration)  # the first token now: STS refusing it fails here
     configuration.api_key_prefix = {"authorization": "Bearer"}
     try:
         ca = base64.b64decode(outputs["eks_cluster_ca"], validate=True)

@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 
 from trainer.aws.clients import batch_job_url, client, log_stream_url
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
+from trainer.contract.teams import job_team, run_path
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cost_report
 from trainer.health.report import HEALTH_FILE, summary
 
@@ -96,8 +97,10 @@ def print_status(outputs: StackOutputs, job_id: str | None) -> None:
 
 def _run_file(outputs: StackOutputs, job: dict[str, Any], name: str) -> tuple[str, Any]:
     """A JSON file rank 0 writes into the job's run directory, as the checkpoints bucket holds it (submit names the
-    job after its run): its S3 address, and its contents or None while it is not there."""
-    bucket, key = outputs["checkpoints_bucket"], f"{job['jobName']}/{name}"
+    job after its run, under its team's prefix when its `team` tag names one): its S3 address, and its contents or
+    None while it is not there."""
+    bucket = outputs["checkpoints_bucket"]
+    key = f"{run_path(job['jobName'], job_team(job.get('tags')))}/{name}"
     try:
         body = client("s3", outputs.region).get_object(Bucket=bucket, Key=key)["Body"]
     except ClientError as error:
@@ -110,7 +113,7 @@ def _run_file(outputs: StackOutputs, job: dict[str, Any], name: str) -> tuple[st
 def health_line(outputs: StackOutputs, job: dict[str, Any]) -> str:
     """What the run's health checks found (stragglers by rank, host and instance; a hang), from the health.json
     rank 0 writes into the run directory /fsx/checkpoints/<run>, which FSx exports to the checkpoints bucket as
-    <run>/health.json (the data repository association maps /checkpoints to the bucket's root: infra/lustre.py)."""
+    <run>/health.json (a team's: teams/<team>/<run>/health.json; the data repository association maps /checkpoints to the bucket's root: infra/lustre.py)."""
     where, report = _run_file(outputs, job, HEALTH_FILE)
     return summary(report) if report is not None else f"no health report yet ({where})"
 

@@ -48,10 +48,14 @@ MEMORY_REQUEST = "32000Mi"
 # Kubernetes well-known label the kubelet sets from the EC2 instance type (kubernetes.io/docs/reference/labels-
 # annotations-taints/, node.kubernetes.io/instance-type).
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# A JobSet name becomes a DNS label in every pod's hostname `<jobset>-<rjob>-<job index>-<pod index>` (jobset
-# v0.12.0 pkg/controllers/jobset_controller.go GenJobName + the Indexed Job's pod hostname): 63 characters at most.
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The JobSet admission webhook's name rule (jobset v0.12.0 pkg/webhooks/jobset_webhook.go ValidateCreate): the longest
+# Job name `<jobset>-<rjob>-<replicas-1>` and the longest pod name `<jobset>-<rjob>-<job index>-<pod index>` plus
+# a 6-character `-abcde` stand-in for the pod's random suffix (pkg/util/placement GenJobName, GenPodName) must each
+# be a DNS-1035 label (k8s.io/apimachinery validation.IsDNS1035Label: a lower-case letter first, then lower-case
+# letters, digits and '-', ending in a letter or digit, 63 characters at most); else the API server answers 422.
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
+POD_SUFFIX = "-abcde"
 # Job failure reasons (Kubernetes batch/v1 JobConditionReason): a podFailurePolicy FailJob rule ends the Job with this.
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 
@@ -70,16 +74,19 @@ class JobSettings:
 
 
 def jobset_name_problems(run: str, nodes: int) -> list[str]:
-    longest = f"{run}-{REPLICATED_JOB}-0-{nodes - 1}"
-    if not DNS_LABEL.match(run):
+    """The JobSet webhook's refusals of `run` as the name of a JobSet of `nodes` pods (see DNS_1035_LABEL)."""
+    if not DNS_1035_LABEL.match(run):
         return [
-            f"RUN={run!r}: on EKS the run names the JobSet and every pod's DNS name: use lower-case letters, "
-            "digits and '-', starting and ending with a letter or digit"
+            f"RUN={run!r}: on EKS the run names the JobSet, its Jobs and pods (DNS-1035 labels): use lower-case "
+            "letters, digits and '-', starting with a letter and ending with a letter or digit"
         ]
-    if len(longest) > DNS_LABEL_MAX:
+    job = f"{run}-{REPLICATED_JOB}-0"
+    pod = f"{job}-{nodes - 1}{POD_SUFFIX}"
+    if len(pod) > DNS_LABEL_MAX:
         return [
-            f"RUN={run!r}: the last pod's hostname {longest!r} is {len(longest)} characters; a DNS label holds "
-            f"{DNS_LABEL_MAX}: shorten the run name to at most {len(run) - (len(longest) - DNS_LABEL_MAX)}"
+            f"RUN={run!r}: the JobSet webhook checks the last pod's name as {pod!r} ({len(pod)} characters, with "
+            f"room for its 6-character random suffix); a DNS label holds {DNS_LABEL_MAX}: shorten the run name to "
+            f"at most {len(run) - (len(pod) - DNS_LABEL_MAX)}"
         ]
     return []
 

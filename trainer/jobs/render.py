@@ -3,7 +3,7 @@
 The JobSet as YAML on an EKS stack, the SubmitJob request as JSON on a Batch stack; no AWS call. The outputs come
 from OUTPUTS=file.json, else `pulumi stack output`, else, when the stack does not exist (no Pulumi CLI, or the
 stack was never brought up), from the offline preview of `Pulumi.<env>.yaml` (infra/preview.py), which says so on
-stderr. The same checks as `make train` that need no AWS call run first (layout, run name).
+stderr. The same checks as `make train` that need no AWS call run first (layout, run name, TEAM= and its data).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def render(outputs: StackOutputs, submission_args: argparse.Namespace) -> str:
         submission_args.nodes,
         tag,
         submission_args.run,
+        submission_args.team,
     )
     if outputs.orchestrator == "eks":
         if problems := eks_problems(submission, outputs):
@@ -73,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, help="nodes for this job (default: the stack's node count)")
     parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
     parser.add_argument("--run", help="run name (default: the config's name)")
+    parser.add_argument("--team", help="on a stack shared by teams: the team the job is for")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 from trainer.aws.outputs import StackOutputs
 from trainer.contract.container import CHECKPOINTS_DIR, STOP_GRACE_SECONDS
 from trainer.contract.stack import DEFAULT_JOB_TIMEOUT_HOURS, ROOT, stack_job_limits
+from trainer.contract.teams import RUN_TAG, STACK_TAG, run_path
 from trainer.jobs.jobset import JobSettings, RenderError, jobset_manifest
 from trainer.jobs.teams import team_submit_arguments
 
@@ -31,7 +32,13 @@ class Submission:
 
     @property
     def run_dir(self) -> str:
-        return f"{CHECKPOINTS_DIR}/{self.run}"
+        """/fsx/checkpoints/<run>, or a team's /fsx/checkpoints/teams/<team>/<run> (trainer/contract/teams.py)."""
+        return f"{CHECKPOINTS_DIR}/{self.run_key}"
+
+    @property
+    def run_key(self) -> str:
+        """The run's prefix in the checkpoints bucket (FSx exports /fsx/checkpoints to the bucket's root)."""
+        return run_path(self.run, self.team)
 
 
 def job_settings(stack: str) -> JobSettings:
@@ -65,7 +72,7 @@ def batch_job_request(submission: Submission, outputs: StackOutputs, job_definit
                 }
             ],
         },
-        "tags": {"trainstack:run": submission.run, "trainstack:stack": outputs.stack, **team.pop("tags", {})},
+        "tags": {RUN_TAG: submission.run, STACK_TAG: outputs.stack, **team.pop("tags", {})},
         "propagateTags": True,
         **team,
     }

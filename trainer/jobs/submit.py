@@ -3,7 +3,8 @@
 Everything is checked before anything is submitted: the config's parallel layout against the node count and the
 GPUs per node (tensor parallelism stays inside a node's NVLink domain), the image tag in the stack's ECR
 repository, the job queue enabled, and the datasets present in the bucket behind /fsx/datasets. Checkpoints go to
-/fsx/checkpoints/<run>, so submitting the same run again resumes it.
+/fsx/checkpoints/<run> (a team's to /fsx/checkpoints/teams/<team>/<run>, and its data must be under its own
+/fsx/datasets/teams/<team>/: trainer/contract/teams.py), so submitting the same run again resumes it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from trainer.contract.container import (
     IMAGE_TAG_ENV,
     SUBMITTED_AT_ENV,
 )
+from trainer.contract.teams import run_path, team_prefix
 from trainer.jobs.jobset import RenderError, jobset_name_problems
 from trainer.jobs.request import Submission, batch_job_request, job_settings, jobset_for
 from trainer.jobs.residency import residency_problems
@@ -66,8 +68,9 @@ def plan(
     nodes: int | None,
     tag: str,
     run: str | None,
+    team: str | None = None,
 ) -> tuple[Submission, TrainConfig]:
-    """The job to submit, with every check that needs no AWS call."""
+    """The job to submit (for `team`, under its prefixes), with every check that needs no AWS call."""
     problems: list[str] = []
     config_path = config_path.resolve()
     if not config_path.is_relative_to(ROOT / "trainer"):
@@ -102,10 +105,12 @@ def plan(
             f"{outputs['instance_type']} node: tensor parallelism must stay inside one node's NVLink domain"
         )
     problems += [f"{p} ({nodes} nodes x {gpus} GPUs)" for p in layout_problems(cfg, nodes * gpus, "cuda")]
+    refused = team_problems(outputs, team, nodes) if nodes_valid else []
+    problems += refused or team_data_problems(cfg, team, outputs)
     if problems:
         raise SubmitError(problems)
     relative_config = str(config_path.relative_to(ROOT))
-    run_dir = f"{CHECKPOINTS_DIR}/{run}"
+    run_dir = f"{CHECKPOINTS_DIR}/{run_path(run, team)}"
     command = ["train", "--config", relative_config, "--set", f"logging.run_dir={run_dir}"]
     for override in overrides:
         command += ["--set", override]
@@ -121,8 +126,28 @@ def plan(
             IMAGE_TAG_ENV: tag,
         },
         planned_layout=planned_layout,
+        team=team,
     )
     return submission, cfg
+
+
+def data_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """The config's data on the cluster: (key, path) for each dataset prefix and the tokenizer."""
+    paths = [(f"data.prefixes[{i}]", p) for i, p in enumerate(cfg.data.prefixes)]
+    return [*paths, ("data.tokenizer_path", cfg.data.tokenizer_path)]
+
+
+def team_data_problems(cfg: TrainConfig, team: str | None, outputs: StackOutputs) -> list[str]:
+    """A team's job reads its data from its own prefix, the only one its role may check (infra/teams.py)."""
+    if not team:
+        return []
+    own = f"{FSX_DATASETS}{team_prefix(team)}"
+    return [
+        f"{key} = {path!r}: team {team}'s data lives under {own} (s3://{outputs['datasets_bucket']}/"
+        f"{team_prefix(team)}); upload it with make data STACK={outputs.stack} TEAM={team} SRC=... LOCAL=1"
+        for key, path in data_paths(cfg)
+        if not path.startswith(own)
+    ]
 
 
 def _plan_auto_layout(
@@ -218,11 +243,8 @@ def dataset_problems(cfg: TrainConfig, outputs: StackOutputs) -> list[str]:
     problems = []
     s3 = client("s3", outputs.region)
     bucket = outputs["datasets_bucket"]
-    wanted: list[tuple[str, str, tuple[str, ...]]] = [
-        (f"data.prefixes[{i}]", p, (".bin", ".idx")) for i, p in enumerate(cfg.data.prefixes)
-    ]
-    wanted.append(("data.tokenizer_path", cfg.data.tokenizer_path, ("",)))
-    for key, path, suffixes in wanted:
+    for key, path in data_paths(cfg):
+        suffixes = ("",) if key == "data.tokenizer_path" else (".bin", ".idx")
         if not path.startswith(FSX_DATASETS):
             problems.append(
                 f"{key} = {path!r}: the cluster reads data from {FSX_DATASETS} (FSx linked to s3://{bucket}); "
@@ -337,7 +359,7 @@ def print_jobset_submitted(submission: Submission, outputs: StackOutputs, name: 
     if submission.planned_layout:
         print(f"  layout:     {submission.planned_layout} (planned: docs/plan.md)")
     print(f"  job id:     {name}")
-    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run})")
+    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run_key})")
     print(
         f"  logs:       pod {name}-node-0-0 in namespace {outputs['k8s_namespace']}, once Kueue admits the JobSet"
     )
@@ -375,10 +397,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
         tag = image_tag(args.image)
-        submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run)
-        if problems := team_problems(outputs, args.team, submission.nodes):
-            raise SubmitError(problems)
-        submission = dataclasses.replace(submission, team=args.team)
+        submission, cfg = plan(args.config, args.overrides, outputs, args.nodes, tag, args.run, args.team)
         if problems := eks_problems(submission, outputs):
             raise SubmitError(problems)
         if problems := aws_problems(submission, cfg, outputs, tag):
@@ -411,7 +430,7 @@ def main(args: argparse.Namespace) -> int:
     if submission.planned_layout:
         print(f"  layout:     {submission.planned_layout} (planned: docs/plan.md)")
     print(f"  job id:     {job_id}")
-    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run})")
+    print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run_key})")
     print(f"  logs:       log group {group}, main node stream appears when it starts")
     print(f"  console:    {batch_job_url(region, job_id)}")
     print(f"  log group:  {log_group_url(region, group)}")

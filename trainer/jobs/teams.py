@@ -4,7 +4,8 @@ A stack with teams has a fair-share GPU queue: Batch refuses a job without a sha
 SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy) or without a scheduling priority
 (`FAIR_SHARE_PRIORITY`), and the team roles may submit only with their own share and `team` tag. A stack without
 teams takes no TEAM. Batch has no per-share GPU ceiling, so the team's `gpuQuota` is checked here against this
-job's GPUs.
+job's GPUs. Every job carries a `team` tag from its submission on (a team's name, or the stack's own STACK_TEAM), so
+no team role can tag it afterwards (infra/teams.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.aws.outputs import StackOutputs
-from trainer.contract.teams import TEAM_TAG
+from trainer.contract.teams import STACK_TEAM, TEAM_TAG
 
 
 def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
@@ -48,12 +49,17 @@ def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[s
 FAIR_SHARE_PRIORITY = 0
 
 
+def team_tags(team: str | None) -> dict[str, str]:
+    """The `team` tag of a job: the team's name, or the stack's own value for a job of no team."""
+    return {TEAM_TAG: team or STACK_TEAM}
+
+
 def team_submit_arguments(team: str | None) -> dict[str, Any]:
-    """SubmitJob arguments for a team's job: its fair-share identifier and priority, and the tag its role must set."""
+    """SubmitJob arguments for a job: every job's `team` tag, and a team's fair-share identifier and priority."""
     if not team:
-        return {}
+        return {"tags": team_tags(team)}
     return {
         "shareIdentifier": team,
         "schedulingPriorityOverride": FAIR_SHARE_PRIORITY,
-        "tags": {TEAM_TAG: team},
+        "tags": team_tags(team),
     }

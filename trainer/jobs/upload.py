@@ -1,7 +1,8 @@
 """`python -m trainer upload --stack <env> --prefix PATH`: put a prepared dataset (PREFIX.bin, PREFIX.idx and the
 files prepared beside them, such as the tokenizer, and a chat dataset's loss mask PREFIX-mask.bin/.idx) into the
-stack's datasets bucket, where FSx's data repository association shows them under /fsx/datasets. Multipart,
-encrypted with the stack's KMS key, with progress."""
+stack's datasets bucket, where FSx's data repository association shows them under /fsx/datasets (a team's under
+its own teams/<team>/, the prefix its role may write: trainer/contract/teams.py). Multipart, encrypted with the
+stack's KMS key, with progress."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 
 from trainer.aws.clients import client
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
+from trainer.contract.teams import team_prefix
 from trainer.data.chat import chat_manifest_path, mask_prefix
 from trainer.jobs.submit import FSX_DATASETS
+from trainer.jobs.teams import team_problems
 
 TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=64 * 2**20, max_concurrency=8)
 
@@ -42,7 +45,7 @@ def dataset_files(prefix: Path) -> list[Path]:
 
 
 def upload(outputs: StackOutputs, prefix: Path, name: str) -> list[str]:
-    """Upload and return the S3 keys written, under <name>/."""
+    """Upload and return the S3 keys written, under <name>/ (a team's name is teams/<team>/<name>)."""
     files = dataset_files(prefix)
     s3 = client("s3", outputs.region)
     bucket = outputs["datasets_bucket"]
@@ -74,12 +77,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--name", help="folder in the bucket and under /fsx/datasets (default: PREFIX's name)"
     )
+    parser.add_argument("--team", help="on a stack shared by teams: upload under the team's own prefix")
 
 
 def main(args: argparse.Namespace) -> int:
     name = args.name or args.prefix.name
     try:
         outputs = load_outputs(args.stack, args.outputs)
+        if args.team:
+            if problems := team_problems(outputs, args.team, 0):
+                raise UploadError("; ".join(problems))
+            name = team_prefix(args.team) + name
         keys = upload(outputs, args.prefix, name)
     except (StackError, UploadError) as error:
         print(f"upload: {error}", file=sys.stderr)

@@ -6,7 +6,9 @@
     models promote NAME --tag production                 point a tag at a version (a new event, never a rewrite)
 
 `--format json` prints the records as JSON. With --stack, the stack's checkpoints bucket is read (and written,
-for promote) through its outputs (trainer/aws/outputs.py); without, a local directory (default runs/).
+for promote) through its outputs (trainer/aws/outputs.py), with --team only the team's own prefix (its runs and
+tags: trainer/contract/teams.py, the part of the bucket its role may list); without, a local directory (default
+runs/).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.checkpoint.version import RecordError
+from trainer.contract.teams import team_prefix
 from trainer.models.registry import Found, LocalStore, Registry, RegistryError, S3Store, Store
 
 DEFAULT_DIR = Path("runs")
@@ -34,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--stack", help="read the stack's checkpoints bucket instead")
     common.add_argument("--outputs", help="with --stack: a JSON file of stack outputs instead of `pulumi`")
+    common.add_argument("--team", help="with --stack: only the team's own runs and tags (teams/<team>/)")
     common.add_argument("--format", choices=("text", "json"), default="text")
     actions.add_parser("list", parents=[common], help="every model version, oldest first, with its tags")
     show = actions.add_parser(
@@ -49,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def store_for(args: argparse.Namespace) -> Store:
     if args.stack is None:
-        if args.outputs:
-            raise RegistryError("--outputs goes with --stack")
+        if args.outputs or args.team:
+            raise RegistryError(f"{'--outputs' if args.outputs else '--team'} goes with --stack")
         return LocalStore(args.dir)
     from trainer.aws.clients import client
     from trainer.aws.outputs import load_outputs
@@ -61,6 +65,7 @@ def store_for(args: argparse.Namespace) -> Store:
         client("sts", outputs.region),
         outputs["checkpoints_bucket"],
         outputs["kms_key_arn"],
+        team_prefix(args.team) if args.team else "",
     )
 
 

@@ -128,14 +128,17 @@ class LocalStore:
 
 
 class S3Store:
-    """Versions in a stack's checkpoints bucket (KMS-encrypted, versioned), where FSx exports /fsx/checkpoints."""
+    """Versions in a stack's checkpoints bucket (KMS-encrypted, versioned), where FSx exports /fsx/checkpoints; with
+    a `root` (a team's teams/<team>/: trainer/contract/teams.py), only below it: its runs and its tag events."""
 
-    def __init__(self, s3: Any, sts: Any, bucket: str, kms_key_arn: str):
-        self.s3, self.sts, self.bucket, self.kms_key_arn = s3, sts, bucket, kms_key_arn
-        self.where = f"s3://{bucket}"
+    def __init__(self, s3: Any, sts: Any, bucket: str, kms_key_arn: str, root: str = ""):
+        self.s3, self.sts, self.bucket, self.kms_key_arn, self.root = s3, sts, bucket, kms_key_arn, root
+        self.where = f"s3://{bucket}/{root}".rstrip("/")
 
     def _keys(self, prefix: str = "") -> list[str]:
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.root + prefix
+        )
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
     def _read(self, key: str) -> bytes:
@@ -163,7 +166,7 @@ class S3Store:
         ]
 
     def append_tag_event(self, event: TagEvent) -> str:
-        key = _event_name(event)
+        key = self.root + _event_name(event)
         try:
             self.s3.put_object(
                 Bucket=self.bucket,
