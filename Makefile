@@ -47,7 +47,8 @@ lock: $(VENV)/.dev-installed ## Re-pin every transitive dependency into requirem
 # make train: CONFIG picks the recipe, NPROC the process count (default: one per GPU, or the config's
 # TP x PP x DP on CPU), FRESH=1 starts over instead of resuming, ARGS passes more (e.g. --set schedule.train_iters=50).
 # With STACK=<env>: NODES, IMAGE (tag), RUN (name: checkpoints under /fsx/checkpoints/<run>), see docs/cluster.md;
-# TEAM=<name> on a stack shared by teams (docs/security.md#teams).
+# TEAM=<name> on a stack shared by teams (docs/security.md#teams); REPLACE=1 stops a queued or running job of
+# the same run first (without it, submitting is refused while one is).
 LOCAL_CONFIG   := trainer/configs/local.yaml
 CLUSTER_CONFIG := $(shell sed -n 's/^TRAINSTACK_DEFAULT_CONFIG="\(.*\)"$$/\1/p' image/container.env)
 CONFIG ?=
@@ -63,7 +64,7 @@ train: $(VENV)/.train-installed ## Train: on this machine by default; STACK=<env
 ifneq ($(STACK),)
 	$(PY) -m trainer submit $(STACK_ARGS) --config "$(or $(CONFIG),$(CLUSTER_CONFIG))" \
 	  $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
-	  $(if $(TEAM),--team "$(TEAM)") $(ARGS)
+	  $(if $(TEAM),--team "$(TEAM)") $(if $(REPLACE),--replace) $(ARGS)
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
 	$(PY) -m trainer train --config "$(or $(CONFIG),$(LOCAL_CONFIG))" $(if $(NPROC),--nproc $(NPROC)) $(if $(FRESH),--fresh) \

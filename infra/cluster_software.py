@@ -69,6 +69,8 @@ def fsx_persistent_volume(
             "capacity": {"storage": f"{cfg.fsx_storage_capacity_gib}Gi"},
             "volumeMode": "Filesystem",
             "accessModes": ["ReadWriteMany"],
+            # Passed to mount.lustre by the FSx CSI driver: flock coherent across nodes (mount.lustre(8)), for a run's
+            # lock on its directory (trainer/launch/run_lock.py), as the Batch nodes mount it (infra/node_bootstrap.py).
             "mountOptions": ["flock"],
             "persistentVolumeReclaimPolicy": "Retain",
             # No provisioner: a static volume is bound by name only, never by a class's dynamic provisioning.

@@ -63,6 +63,9 @@ fi
 
 dnf install -y lustre-client
 mkdir -p {FSX_MOUNT}
+# flock: locks coherent across all client nodes (mount.lustre(8); localflock would lock per node), as the FSx for
+# Lustre User Guide's own mount command has it ("Mounting from an Amazon EC2 instance": -o relatime,flock). A run's
+# lock on its directory needs it (trainer/launch/run_lock.py); the preflight refuses a mount without it.
 echo "{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT} lustre defaults,noatime,flock,_netdev 0 0" >> {FSTAB}
 mount {FSX_MOUNT}
 # A bind mount of an empty directory would look mounted inside the container: require Lustre here.

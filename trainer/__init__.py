@@ -44,6 +44,11 @@ for _message in (
 ):
     warnings.filterwarnings("ignore", message=_message)
 
+# First of all: a process another trainer process started (a rank, torchrun, a checkpoint writer) ends with it.
+from trainer.distributed import lifetime  # noqa: E402
+
+lifetime.end_with_parent()
+
 # Before megatron-core is imported too: its fused functions are not compiled where CUDA is absent (they do not run
 # there; compiling them at import is half of a CPU process's start-up).
 from trainer.distributed import cpu_jit  # noqa: E402

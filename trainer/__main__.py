@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from trainer.distributed import lifetime
     from trainer.distributed.quick_exit import quick_exit
 
+    lifetime.start_children()  # torchrun, a rank's writer and evaluations end with this process
     quick_exit(main())

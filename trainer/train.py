@@ -43,6 +43,7 @@ from trainer.engines import Engine
 from trainer.evaluation.during_training import IntervalEvaluation, evaluation_problems
 from trainer.health import report as health_report
 from trainer.health.monitor import HealthMonitor, prepare_flight_recorder
+from trainer.launch import run_lock
 from trainer.metrics import MetricsLogger, peak_memory_gib, peak_tflops_per_device
 from trainer.model import llama
 from trainer.model.flops import model_flops_per_sequence
@@ -101,8 +102,12 @@ def main(args: argparse.Namespace) -> int:
         args.overrides.append("checkpoint.allow_schedule_change=true")
     # A restarted rank (torchrun's restart, Batch's next attempt) resumes: only the first attempt starts over.
     fresh = args.fresh and local.first_attempt()
+    lock = None
     try:
         cfg = load_config(args.config, args.overrides)
+        # One live run per run directory, held before anything is written there (--fresh's removal included): an
+        # existing directory at once, before the checks read its checkpoints; a new one once the checks pass.
+        lock = _hold_run_directory(cfg, worker) if cfg.run_dir.is_dir() else None
         world_size = int(os.environ["WORLD_SIZE"]) if worker else local.processes(cfg, args.nproc)
         # Everything checked before a training process starts work: layout, data, engine settings, checkpoint.
         device = parallel.device_type()
@@ -121,18 +126,39 @@ def main(args: argparse.Namespace) -> int:
         problems += exporters.listen_problems(cfg.monitoring, device, world_size)
         if problems:
             raise ConfigError(problems)
-    except ConfigError as error:
+        lock = lock or _hold_run_directory(cfg, worker)
+    except (ConfigError, run_lock.RunHeld) as error:
+        if lock is not None:
+            lock.release()
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
-    if not worker:
-        code = local.run_torchrun(world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds)
-        if code == 0 and args.sample_tokens:
-            from trainer.evaluation.generate import sample_after_training  # only when a sample is asked for
+    try:
+        if not worker:
+            code = local.run_torchrun(
+                world_size, _verb_args(args), args.max_restarts, args.stop_grace_seconds
+            )
+            if code == 0 and args.sample_tokens:  # the sample's imports only when it is asked for
+                from trainer.evaluation.generate import sample_after_training
 
-            sample_after_training(cfg, args.sample_prompt, args.sample_tokens)
-        return code
-    assert stop is not None  # a torchrun worker made its StopRequest first thing
-    return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
+                sample_after_training(cfg, args.sample_prompt, args.sample_tokens)
+            return code
+        assert stop is not None  # a torchrun worker made its StopRequest first thing
+        return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _hold_run_directory(cfg: TrainConfig, worker: bool) -> run_lock.RunLock | None:
+    """Outside torchrun, the supervisor takes the run directory's lock and hands it to its ranks; under torchrun,
+    rank 0 takes it unless its supervisor holds it (a cluster's `launch`, a hand-started torchrun: no one does)."""
+    if not worker:
+        lock = run_lock.acquire(cfg.run_dir)
+        run_lock.hand_to_ranks(lock)
+        return lock
+    if int(os.environ.get("RANK", "0")) == 0 and not run_lock.held_by_supervisor(cfg.run_dir):
+        return run_lock.acquire(cfg.run_dir)
+    return None
 
 
 def _work(

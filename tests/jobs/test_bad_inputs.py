@@ -27,6 +27,15 @@ class Row:
     target: str = "train"  # or finetune: `make finetune STACK=` (trainer/jobs/finetune.py)
 
 
+def run_in_flight(stack: Stack) -> None:
+    """A job of run llama-a RUNNING in the stack's queue (moto ends jobs at once: held there once it has)."""
+    from .test_one_job_per_run import _running
+
+    batch = stack.client("batch")
+    batch.submit_job(jobName="llama-a", jobQueue="gpu-queue", jobDefinition=stack.outputs["job_definition"])
+    _running(stack)
+
+
 def without_outputs(*names: str) -> Callable[[Stack], None]:
     def setup(stack: Stack) -> None:
         stack.outputs_file.write_text(json.dumps({k: v for k, v in stack.outputs.items() if k not in names}))
@@ -125,6 +134,11 @@ ROWS = {
         "'test''s allowed regions us-east-1",
         datasets_in_another_region,
     ),
+    "run-in-flight": Row(
+        ("IMAGE=0123456789ab", "RUN=llama-a"),
+        "RUN=llama-a: job ",
+        run_in_flight,
+    ),
     "finetune-dataset-missing": Row(
         ("IMAGE=0123456789ab", "DATASET=chat-v3"),
         "DATASET=chat-v3: s3://trainstack-test-datasets/chat-v3/chat-v3.bin, ",
@@ -144,11 +158,15 @@ def test_bad_stack_input_submits_nothing(row_id, stack):
     if row.setup:
         row.setup(stack)
     outputs_before = hashlib.sha256(stack.outputs_file.read_bytes()).hexdigest()
+    jobs_before = [job["jobId"] for job in stack.jobs()]
 
     result = stack.make(row.target, f"CONFIG={CONFIG}", DATA_ARGS, *row.variables)
 
     assert result.returncode == row.exit_status, result.stderr
     assert row.says in result.stderr
     assert "Traceback" not in result.stderr
-    assert stack.jobs() == [] and stack.requests("RegisterJobDefinition") == []
+    assert [job["jobId"] for job in stack.jobs()] == jobs_before and stack.requests(
+        "RegisterJobDefinition"
+    ) == []
+    assert stack.requests("TerminateJob") == []
     assert hashlib.sha256(stack.outputs_file.read_bytes()).hexdigest() == outputs_before

@@ -314,7 +314,8 @@ def test_make_train_submits_exactly_the_jobset_make_render_prints(eks_stack, api
     assert sent == yaml.safe_load(rendered)  # and the moment's values, nothing else
     assert set(moment) == set(SUBMISSION_ENV)
     assert jobset_errors(received) == []
-    assert api_server.callers == ["arn:aws:sts::123456789012:user/moto"]
+    # Two calls, each as the caller: the run's JobSets listed (one job per run), then the JobSet created.
+    assert api_server.callers == ["arn:aws:sts::123456789012:user/moto"] * 2
     assert "job id:     llama-eks" in out
     assert "make logs STACK=test JOB=llama-eks FOLLOW=1" in out
     pod = received["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
@@ -349,13 +350,29 @@ def test_an_eks_run_name_must_be_a_dns_label(eks_stack, api_server, capsys):
 
 def test_a_run_that_exists_and_a_refused_token_are_one_line_each(eks_stack, api_server, capsys):
     assert submit(eks_stack, capsys)[0] == 0
-    status, _, err = submit(eks_stack, capsys)
+    api_server.jobsets["llama-eks"]["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    status, _, err = submit(eks_stack, capsys)  # ended, so no job of the run is live, but its name is taken
     assert status == 1
-    assert "HTTP 409, it already exists: choose another RUN or make cancel the old one" in err
+    assert "HTTP 409, it already exists: choose another RUN, or REPLACE=1 to delete the old one first" in err
     api_server.cluster = "another-cluster"  # STS answers, but for another cluster's id the token is refused
     api_server.authenticate = lambda header: None  # type: ignore[method-assign]
     status, _, err = submit(eks_stack, capsys, "llama-two")
     assert status == 1 and "HTTP 401, the token was refused" in err
+
+
+def test_a_live_jobset_of_the_run_refuses_a_second_and_replace_deletes_it_first(
+    eks_stack, api_server, capsys
+):
+    assert submit(eks_stack, capsys)[0] == 0  # SUBMITTED: Kueue has not admitted it yet
+    status, _, err = submit(eks_stack, capsys)
+    assert status == 2 and len(api_server.received) == 1 and api_server.deletions == []
+    assert "RUN=llama-eks: job llama-eks of this run is SUBMITTED on stack test" in err
+    assert "make cancel STACK=test JOB=llama-eks" in err and "REPLACE=1" in err
+    status, out, err = submit(eks_stack, capsys, "llama-eks", "--replace")
+    assert status == 0, err
+    assert "replacing run 'llama-eks': stopping llama-eks (SUBMITTED)" in out
+    assert [d["name"] for d in api_server.deletions] == ["llama-eks"]
+    assert len(api_server.received) == 2 and "llama-eks" in api_server.jobsets
 
 
 def test_an_unreachable_api_server_is_named(eks_stack, api_server, capsys):

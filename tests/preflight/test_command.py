@@ -61,6 +61,11 @@ def test_lustre_is_told_from_a_bind_mount_of_the_root_volume():
     assert lustre_problem("/fsx", MOUNTINFO["root_volume"]["line"]).startswith(
         "/fsx is on ext4 (/dev/vda mounted at /)"
     )
+    local_locks = MOUNTINFO["lustre"]["line"].replace(",flock,", ",localflock,")
+    assert lustre_problem("/fsx", local_locks) == (
+        "/fsx is Lustre mounted without flock (rw,localflock,lazystatfs): a run's lock on its directory would not "
+        "hold across nodes; mount it with -o flock (infra/node_bootstrap.py)"
+    )
 
 
 def test_checkpoint_root_must_be_writable_and_on_lustre_in_the_cluster(tmp_path):

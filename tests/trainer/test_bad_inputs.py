@@ -124,6 +124,18 @@ def run_with_own_checkpoint(paths: Paths) -> None:
     (checkpoints / "latest").write_text("iter_0000020\n")
 
 
+# Run locks the rows' setups hold, as a live run would; released once the row has run.
+HELD: list = []
+
+
+def run_in_use(paths: Paths) -> None:
+    """{tmp}/run with a checkpoint of its own, held by a live run (here: this process)."""
+    from trainer.launch import run_lock
+
+    run_with_own_checkpoint(paths)
+    HELD.append(run_lock.acquire(Path(paths["tmp"]) / "run"))
+
+
 def yaml_with_a_typo(paths: Paths) -> None:
     text = Path(paths["config"]).read_text().replace("micro_batch_size:", "micro_batch_sise:")
     Path(paths["tmp"], "typo.yaml").write_text(text)
@@ -386,6 +398,16 @@ ROWS: dict[str, Row] = {
         ),
         run_with_own_checkpoint,
     ),
+    "train-run-directory-in-use": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run",
+        ("run directory {tmp}/run is in use by another run: pid", "stop it with kill -TERM"),
+        run_in_use,
+    ),
+    "train-fresh-on-a-run-directory-in-use": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run --fresh",
+        ("run directory {tmp}/run is in use by another run: pid", "stop it with kill -TERM"),
+        run_in_use,
+    ),
     "checkpoint-load-with-another-data-split": Row(
         f"{TRAIN} --set checkpoint.load={{checkpoints}} --set data.split=70,30,0",
         (
@@ -598,6 +620,13 @@ def no_launch(monkeypatch):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
 
     monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+
+
+@pytest.fixture(autouse=True)
+def release_held():
+    yield
+    while HELD:
+        HELD.pop().release()
 
 
 @pytest.mark.parametrize("row_id", ROWS)

@@ -1,6 +1,6 @@
 """All-reduce bus bandwidth over message sizes, as nccl-tests reports it, on every process torchrun started.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.allreduce OUT.json
+    python -m trainer.distributed.torchrun --standalone --nproc-per-node=N -m trainer.bench.allreduce OUT.json
 
 NCCL on GPUs, gloo on CPUs (the same code). For each size: the mean time of a few all-reduces (sum, float32),
 algorithm bandwidth = bytes / time, bus bandwidth = algbw x 2 (n-1)/n, the traffic each rank's links carry in a

@@ -39,7 +39,7 @@ from trainer.bench.training import (
 )
 from trainer.data.prepare import default_workers, prepare_dataset
 from trainer.distributed import fast_path
-from trainer.distributed.torchrun import Rendezvous
+from trainer.distributed.torchrun import Rendezvous, torchrun
 from trainer.metrics import peak_tflops_per_device
 from trainer.model.flops import Kernels, model_flops_per_sequence
 from trainer.plan.fit import fit_problem, largest_micro_batch
@@ -298,7 +298,7 @@ def add_allreduce(report: dict, out: Path, devices: int, max_bytes: int) -> None
 
 def allreduce_sweep(path: Path, processes: int, max_bytes: int) -> dict:
     single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)
-    command = [sys.executable, "-m", "torch.distributed.run", *single_node.torchrun_args(processes, 0, 0)]
+    command = [*torchrun(), *single_node.torchrun_args(processes, 0, 0)]
     command += ["-m", "trainer.bench.allreduce", str(path), "--max-bytes", str(max_bytes)]
     path.parent.mkdir(parents=True, exist_ok=True)
     _run_part(command, ALLREDUCE_TIMEOUT_S, "all-reduce sweep")

@@ -7,12 +7,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import ParallelDims, TrainConfig, load_config
-from trainer.distributed.torchrun import Rendezvous
+from trainer.distributed.torchrun import Rendezvous, torchrun
 from trainer.plan.memory import estimate_stages
 from trainer.plan.performance import bubble_fraction
 from trainer.plan.search import vocab_size
@@ -93,7 +92,7 @@ def run_overhead(config: Path, processes: int, out: Path, *, steps: int, timeout
 
 def _torchrun(arguments: list[str], processes: int, run_dir: Path, name: str, timeout_s: int) -> None:
     single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)
-    command = [sys.executable, "-m", "torch.distributed.run", *single_node.torchrun_args(processes, 0, 0)]
+    command = [*torchrun(), *single_node.torchrun_args(processes, 0, 0)]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "log.txt"
     environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -1,6 +1,6 @@
 """One process of a measured training run, started by torchrun: the production build and step, instrumented.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=N -m trainer.bench.worker \
+    python -m trainer.distributed.torchrun --standalone --nproc-per-node=N -m trainer.bench.worker \
         CONFIG OUT [--set key=value ...] [--steps N] [--load CHECKPOINT]
         [--checkpoint [--checkpoint-keep-last N] [--background-saves N]]
 

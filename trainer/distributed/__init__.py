@@ -13,4 +13,5 @@ optimizer        AdamW through megatron-core's optimizer stack, and the warmup +
 fast_path        the GPU fast path's runtime pieces (TransformerEngine userbuffers, FP8, overlap)
 megatron_compat  the one place that bridges megatron-core's assumptions of CUDA, applied only without it
 cpu_jit          megatron-core's fused functions left uncompiled where CUDA is absent
+lifetime         a trainer process started by another ends with it (PR_SET_PDEATHSIG)
 """

@@ -58,15 +58,15 @@ def devices_per_node() -> int:
     return torch.cuda.device_count()
 
 
+def torchrun() -> list[str]:
+    """torch.distributed.run as this module runs it (`run_torchrun`): its ranks end with it (distributed/lifetime)."""
+    return [sys.executable, "-m", "trainer.distributed.torchrun"]
+
+
 def torchrun_command(
     rdzv: Rendezvous, nproc: int, port: int, max_restarts: int, verb: list[str]
 ) -> list[str]:
-    torchrun = [
-        sys.executable,
-        "-m",
-        "trainer.distributed.torchrun",
-    ]  # torch.distributed.run, see run_torchrun
-    return [*torchrun, *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
+    return [*torchrun(), *rdzv.torchrun_args(nproc, port, max_restarts), "-m", "trainer", *verb]
 
 
 def add_supervision_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +207,8 @@ def run_torchrun() -> int:
 
 
 if __name__ == "__main__":
+    from trainer.distributed import lifetime
     from trainer.distributed.quick_exit import quick_exit
 
+    lifetime.start_children()  # the ranks end with torchrun (which ends with its supervisor)
     quick_exit(run_torchrun())

@@ -215,7 +215,7 @@ class Cluster:
                 401: "the token was refused: check AWS credentials and the cluster's access entries",
                 403: "forbidden: the caller's access entry lacks the rights in this namespace",
                 404: "not found",
-                409: "it already exists: choose another RUN or make cancel the old one",
+                409: "it already exists: choose another RUN, or REPLACE=1 to delete the old one first",
             }.get(error.status, error.reason)
             raise ClusterError(
                 f"{what} in namespace {self.namespace} at {self.outputs['eks_cluster_endpoint']}: "

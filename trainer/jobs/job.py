@@ -165,6 +165,63 @@ def cancel(outputs: StackOutputs, job_id: str) -> str:
     return job["status"]
 
 
+# A job in these states may still start, or runs: it holds, or will hold, its run directory /fsx/checkpoints/<run>.
+LIVE = tuple(status for status in STATUSES if status not in TERMINAL)
+
+
+def run_jobs(outputs: StackOutputs, run: str) -> list[tuple[str, str]]:
+    """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status)."""
+    if outputs.orchestrator == "eks":
+        return [(name, status) for name, status in _jobsets(outputs) if name == run]
+    # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
+    # Reference, ListJobs `filters`): the exact name is kept here.
+    pages = (
+        client("batch", outputs.region)
+        .get_paginator("list_jobs")
+        .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [run]}])
+    )
+    return [
+        (j["jobId"], j["status"]) for page in pages for j in page["jobSummaryList"] if j["jobName"] == run
+    ]
+
+
+def stop_and_wait(
+    outputs: StackOutputs, jobs: list[tuple[str, str]], reason: str, timeout_s: float, poll_s: float = 5.0
+) -> list[tuple[str, str]]:
+    """Stop `jobs` and wait until each has ended (Batch) or is gone (EKS, where a JobSet's name stays taken until it
+    is deleted, so an ended one is deleted too); the jobs still there after `timeout_s`."""
+    eks = outputs.orchestrator == "eks"
+    if eks:
+        from trainer.jobs.eks import connect
+
+        cluster = connect(outputs)
+        for name, _ in jobs:
+            cluster.delete_jobset(name)  # each pod gets SIGTERM, then its termination grace
+    else:
+        for job_id, status in jobs:
+            if (
+                status in LIVE
+            ):  # Batch sends SIGTERM: the trainer saves at the next step boundary, then SIGKILL
+                client("batch", outputs.region).terminate_job(jobId=job_id, reason=reason)
+    ids = [job for job, _ in jobs]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if eks:
+            waiting = [(name, status) for name, status in _jobsets(outputs) if name in ids]
+        else:
+            found = client("batch", outputs.region).describe_jobs(jobs=ids)["jobs"]
+            waiting = [(j["jobId"], j["status"]) for j in found if j["status"] not in TERMINAL]
+        if not waiting or time.monotonic() >= deadline:
+            return waiting
+        time.sleep(poll_s)
+
+
+def _jobsets(outputs: StackOutputs) -> list[tuple[str, str]]:
+    from trainer.jobs.eks import connect, jobset_status
+
+    return [(str(js["metadata"]["name"]), jobset_status(js)) for js in connect(outputs).jobsets()]
+
+
 def print_jobset_status(outputs: StackOutputs, name: str | None) -> None:
     from trainer.jobs.eks import connect, created_at, jobset_status, status_reason
 

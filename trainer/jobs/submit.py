@@ -34,6 +34,7 @@ from trainer.contract.container import (
     SUBMITTED_AT_ENV,
 )
 from trainer.contract.teams import run_path, team_prefix
+from trainer.jobs.job import LIVE, run_jobs, stop_and_wait
 from trainer.jobs.jobset import RenderError, jobset_name_problems
 from trainer.jobs.request import Submission, batch_job_request, job_settings, jobset_for
 from trainer.jobs.residency import residency_problems
@@ -367,6 +368,48 @@ def print_jobset_submitted(submission: Submission, outputs: StackOutputs, name: 
     print(f"follow it:    make logs STACK={outputs.stack} JOB={name} FOLLOW=1")
 
 
+# One job per run (issue 40): how often --replace looks whether the old job has ended, and how long beyond the
+# trainer's stop grace it waits (Batch stops a container with SIGTERM, then SIGKILL; EKS after the pods' grace).
+REPLACE_POLL_S = 5.0
+REPLACE_SLACK_S = 120.0
+
+
+def make_way(submission: Submission, outputs: StackOutputs, *, replace: bool, dry_run: bool) -> None:
+    """A run's jobs all write its run directory, so one at a time: refuse while a job of this run is queued or
+    running; with --replace stop it first and wait until it has ended (its run lock goes with its processes)."""
+    jobs = run_jobs(outputs, submission.run)
+    live = [(job, status) for job, status in jobs if status in LIVE]
+    stack, run = outputs.stack, submission.run
+    if live and not replace:
+        raise SubmitError(
+            [
+                f"RUN={run}: job {job} of this run is {status} on stack {stack}, and would share "
+                f"{submission.run_dir} with this one. Wait for it (make status STACK={stack} JOB={job}), stop it "
+                f"(make cancel STACK={stack} JOB={job}), or replace it: make train STACK={stack} RUN={run} "
+                "REPLACE=1 (stops it, then submits)"
+                for job, status in live
+            ]
+        )
+    # On EKS a JobSet's name stays taken after it ends: replacing deletes an ended one too.
+    old = jobs if outputs.orchestrator == "eks" else live
+    if not (replace and old):
+        return
+    if dry_run:
+        print(f"would stop {', '.join(f'{job} ({status})' for job, status in old)} first")
+        return
+    grace = job_settings(stack).stop_grace_seconds + REPLACE_SLACK_S
+    print(f"replacing run {run!r}: stopping {', '.join(f'{job} ({status})' for job, status in old)}")
+    reason = f"replaced by a new submission of run {run} (make train REPLACE=1)"
+    if left := stop_and_wait(outputs, old, reason, grace, REPLACE_POLL_S):
+        raise SubmitError(
+            [
+                f"RUN={run}: job {job} is still {status} {grace:g} s after it was told to stop; submit again once "
+                f"it has ended (make status STACK={stack} JOB={job})"
+                for job, status in left
+            ]
+        )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", required=True, help="the stack to run on (dev, staging, prod)")
     parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
@@ -382,6 +425,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="check everything and print the job; submit nothing"
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="a job of this run is queued or running: stop it, wait until it has ended, then submit (REPLACE=1)",
     )
 
 
@@ -406,6 +454,7 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"note: {args.config} differs from the image's copy (commit {tag}); the job uses the image's"
             )
+        make_way(submission, outputs, replace=args.replace, dry_run=args.dry_run)
         if args.dry_run:
             print(f"would submit {submission}")
             return 0

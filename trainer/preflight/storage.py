@@ -1,4 +1,4 @@
-"""Is the checkpoint root the cluster's shared Lustre file system?
+"""Is the checkpoint root the cluster's shared Lustre file system, mounted so that a run's lock holds on it?
 
 `os.path.ismount` is not enough: when the host's FSx mount fails, Docker still bind-mounts the host's empty /fsx
 directory (on the root volume) into the container, where it is a mount point of the root volume's file system.
@@ -22,6 +22,7 @@ class Mount:
     root: str  # the path inside the source file system that is mounted here ("/" unless a bind mount)
     fstype: str
     source: str
+    super_options: tuple[str, ...] = ()  # the file system's own options, the field after the source
 
 
 def _unescape(field: str) -> str:
@@ -35,8 +36,15 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if "-" not in fields[6:]:
             continue
         separator = fields.index("-", 6)
+        options = tuple(fields[separator + 3].split(",")) if len(fields) > separator + 3 else ()
         mounts.append(
-            Mount(_unescape(fields[4]), _unescape(fields[3]), fields[separator + 1], fields[separator + 2])
+            Mount(
+                _unescape(fields[4]),
+                _unescape(fields[3]),
+                fields[separator + 1],
+                fields[separator + 2],
+                options,
+            )
         )
     return mounts
 
@@ -64,6 +72,13 @@ def lustre_problem(path: str, mountinfo_text: str) -> str | None:
         return (
             f"{path} is on {mount.fstype} ({origin} mounted at {mount.mount_point}), not Lustre: the host's FSx "
             "mount failed and checkpoints would go to a disk deleted with the instance"
+        )
+    # A run's lock (trainer/launch/run_lock.py) holds across nodes only with `flock` ("coherent across all client
+    # nodes"; `localflock`: this node only; `noflock`: flock fails), mount.lustre(8).
+    if "flock" not in mount.super_options:
+        return (
+            f"{path} is Lustre mounted without flock ({','.join(mount.super_options) or 'no options'}): a run's "
+            "lock on its directory would not hold across nodes; mount it with -o flock (infra/node_bootstrap.py)"
         )
     return None
 
