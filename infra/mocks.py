@@ -32,6 +32,7 @@ class PlannedResource:
     outputs: dict[str, Any] = field(default_factory=dict, repr=False)  # as faked: ARNs, names, DNS names
     urn: str = ""
     property_dependencies: dict[str, list[str]] = field(default_factory=dict, repr=False)  # input -> URNs
+    dependencies: list[str] = field(default_factory=list, repr=False)  # depends_on URNs (and the inputs')
 
     def to_json(self) -> dict[str, Any]:
         """The preview's JSON object: option names as the engine spells them."""
@@ -154,6 +155,7 @@ class RecordingMonitor(MockMonitor):
             recorded.property_dependencies = {
                 key: list(dependencies.urns) for key, dependencies in request.propertyDependencies.items()
             }
+            recorded.dependencies = list(request.dependencies)
         return response
 
 
