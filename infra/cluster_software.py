@@ -41,7 +41,7 @@ from infra.k8s_versions import (
     NVIDIA_DEVICE_PLUGIN,
     HelmChart,
 )
-from trainer.contract.gpu_nodes import GPU_TOLERATION
+from trainer.contract.gpu_nodes import GPU_TOLERATION, PODS_READY_TIMEOUT_MINUTES
 
 if TYPE_CHECKING:
     from infra.eks import Eks
@@ -60,7 +60,7 @@ HUGEPAGES_PER_NODE_MIB = karpenter.HUGEPAGES_PER_NODE_MIB
 # An admitted job whose pods are not all ready in this long is evicted and requeued (Kueue waitForPodsReady.timeout:
 # kubernetes-sigs/kueue v0.19.2 apis/config/v1beta2/configuration_types.go). A p5 from Karpenter needs its launch,
 # boot, the device plugins and an image pull of several GB; Kueue's own example timeout (5m) is for CPU pods.
-PODS_READY_TIMEOUT = "30m"
+PODS_READY_TIMEOUT = f"{PODS_READY_TIMEOUT_MINUTES}m"
 # The Kueue Configuration the chart ships (kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml,
 # managerConfig.controllerManagerConfigYaml), kept whole because a release's value replaces the whole file.
 KUEUE_DEFAULT_CONFIG: dict[str, Any] = {
