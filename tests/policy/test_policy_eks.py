@@ -298,3 +298,11 @@ def test_a_cluster_without_the_audit_log_fails(resource, violations):
         violations(eks.audit_logs, resource(eks.EKS_CLUSTER, {"enabledClusterLogTypes": ["audit"]}, name="c"))
         == []
     )
+
+
+def test_make_compliance_counts_eks8_on_the_eks_stack():
+    from policy.compliance import statuses
+
+    rows = {row.control: row for row in statuses("eks-dev")}
+    assert rows["EKS.8"].status == "pass" and rows["EKS.8"].resources == ["trainstack-eks-dev-eks"]
+    assert rows["trainstack.eks-teams"].status == "pass"
