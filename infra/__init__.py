@@ -12,6 +12,8 @@
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
     eks             the GPU cluster on EKS instead (orchestrator: eks): control plane, access, node groups, add-ons
     cluster_software  what an EKS stack installs in its cluster: device plugins, JobSet, Kueue, FSx volume, queues
+    karpenter       GPU nodes that follow admitted work on EKS: EC2NodeClass, NodePool, NodeOverlay, controller IAM
+    eks_teams       teams on an EKS stack: namespace, Kueue queues in a cohort, RBAC, access entry, pod identity
     data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
     budget          the stack's AWS Budgets budget on its cost-allocation tag, notifying the alarm topic
@@ -19,6 +21,7 @@
     teams           teams on a shared stack: a role each, one tag-based policy, fair share
     k8s_versions    what an EKS stack runs in its cluster, pinned once: Kubernetes minor, Helm charts, add-ons
     k8s_validate    offline validation of generated Kubernetes objects (built-in schemas, pinned CRDs, strict)
+    crds/           pinned upstream CRD schemas of charts only this project installs (Karpenter), as fixtures
     preview         the offline preview: the real program under mocks, printed
     mocks           the Pulumi mocks the offline preview and the tests run the program under
 

@@ -19,6 +19,7 @@ from infra.config import pulumi_stack_config  # noqa: E402
 from infra.data_lake import DataLake, DataLakeArgs  # noqa: E402
 from infra.data_prep import DataPrep, DataPrepArgs  # noqa: E402
 from infra.eks import Eks, EksArgs  # noqa: E402
+from infra.eks_teams import EksTeams, EksTeamsArgs  # noqa: E402
 from infra.identity import Identity, IdentityArgs  # noqa: E402
 from infra.keys import Keys, KeysArgs  # noqa: E402
 from infra.lustre import Lustre, LustreArgs  # noqa: E402
@@ -49,6 +50,11 @@ if cfg.orchestrator == "eks":  # JobSet + Kueue on EKS (docs/eks.md)
     cluster = Eks("eks", EksArgs(cfg, account_id, network, keys, lustre), opts)
     software = ClusterSoftware("cluster-software", ClusterSoftwareArgs(cfg, cluster, lustre), opts)
     orchestration = {**cluster.outputs, **software.outputs}
+    if cfg.teams:  # a namespace, queue, RBAC and pod identity per team (docs/eks.md#teams)
+        eks_teams = EksTeams(
+            "eks-teams", EksTeamsArgs(cfg, cluster, software, keys, lake, lustre, teams.roles), opts
+        )
+        orchestration.update(eks_teams.outputs)
 else:
     cluster = Cluster(
         "cluster", ClusterArgs(cfg, network, keys, lustre, identity, registry, teams.scheduling_policy), opts

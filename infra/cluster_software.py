@@ -9,7 +9,12 @@ function below from the stack config, so tests and `infra.k8s_validate` check ex
   (kubernetes-sigs/aws-fsx-csi-driver examples/kubernetes/static_provisioning), bound by name to one claim;
 - the queue: one flavor for the GPU node group's instance type, a ClusterQueue whose quota is whole nodes of the
   stack (GPUs and EFA devices from the catalog, so a job either fits entirely or waits: kubernetes-sigs/kueue issue
-  2796), and the LocalQueue jobs name in the `kueue.x-k8s.io/queue-name` label.
+  2796), and the LocalQueue jobs name in the `kueue.x-k8s.io/queue-name` label (with `trainstack:teams`, one of
+  each per team in a cohort instead: infra/eks_teams.py);
+- Kueue's own configuration: `waitForPodsReady`, so a job whose nodes do not all come up in time is evicted and
+  requeued, never left running on part of them;
+- Karpenter and its node class, pool and hugepages overlay (infra/karpenter.py), except on a Capacity Block stack,
+  whose managed node group holds the block's nodes.
 """
 
 from __future__ import annotations
@@ -20,18 +25,23 @@ from typing import TYPE_CHECKING, Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
+from infra import karpenter
 from infra.config import StackConfig
 from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
 from infra.k8s_versions import (
     EFA_DEVICE_PLUGIN,
     HELM_CHARTS,
     JOBSET,
+    KARPENTER,
+    KARPENTER_AWS_API_VERSION,
     KUEUE,
     KUEUE_API_VERSION,
     NVIDIA_DEVICE_PLUGIN,
     HelmChart,
 )
+from trainer.contract.gpu_nodes import GPU_TOLERATION, PODS_READY_TIMEOUT_MINUTES
 
 if TYPE_CHECKING:
     from infra.eks import Eks
@@ -44,9 +54,50 @@ FSX_CLAIM = "fsx"
 # Elastic Fabric Adapter": `nvidia.com/gpu`, `vpc.amazonaws.com/efa`).
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-# The EFA installer pre-allocates 5128 2-MiB huge pages on each node (same guide); pods ask for them.
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
-HUGEPAGES_PER_NODE_MIB = 5128 * 2
+# What the EFA driver pre-allocates on each node (infra/karpenter.py names the source); pods ask for part of it.
+HUGEPAGES_RESOURCE = karpenter.HUGEPAGES_RESOURCE
+HUGEPAGES_PER_NODE_MIB = karpenter.HUGEPAGES_PER_NODE_MIB
+# An admitted job whose pods are not all ready in this long is evicted and requeued (Kueue waitForPodsReady.timeout:
+# kubernetes-sigs/kueue v0.19.2 apis/config/v1beta2/configuration_types.go). A p5 from Karpenter needs its launch,
+# boot, the device plugins and an image pull of several GB; Kueue's own example timeout (5m) is for CPU pods.
+PODS_READY_TIMEOUT = f"{PODS_READY_TIMEOUT_MINUTES}m"
+# The Kueue Configuration the chart ships (kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml,
+# managerConfig.controllerManagerConfigYaml), kept whole because a release's value replaces the whole file.
+KUEUE_DEFAULT_CONFIG: dict[str, Any] = {
+    "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+    "kind": "Configuration",
+    "health": {"healthProbeBindAddress": ":8081"},
+    "metrics": {"bindAddress": ":8443"},
+    "webhook": {"port": 9443},
+    "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+    "controller": {
+        "groupKindConcurrency": {
+            "Job.batch": 5,
+            "Pod": 5,
+            "Workload.kueue.x-k8s.io": 10,
+            "LocalQueue.kueue.x-k8s.io": 5,
+            "ClusterQueue.kueue.x-k8s.io": 5,
+            "ResourceFlavor.kueue.x-k8s.io": 1,
+        }
+    },
+    "clientConnection": {"qps": 300, "burst": 500},
+    "integrations": {
+        "frameworks": [
+            "batch/job",
+            "kubeflow.org/mpijob",
+            "ray.io/rayjob",
+            "ray.io/rayservice",
+            "ray.io/raycluster",
+            "jobset.x-k8s.io/jobset",
+            "workload.codeflare.dev/appwrapper",
+            "trainer.kubeflow.org/trainjob",
+            "pod",
+            "deployment",
+            "statefulset",
+            "leaderworkerset.x-k8s.io/leaderworkerset",
+        ]
+    },
+}
 # The node label every node of a managed node group carries (Kubernetes well-known labels); the flavor selects by it.
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # Marks what the stack put in the cluster.
@@ -183,19 +234,55 @@ def gpu_node_affinity() -> dict[str, Any]:
     }
 
 
-def chart_values(chart: HelmChart) -> dict[str, Any]:
-    """Each release's values: the device plugins on the GPU nodes only; JobSet and Kueue at their defaults (Kueue
-    0.19.2 manages JobSets by default: config/components/manager/controller_manager_config.yaml)."""
+def kueue_config(cfg: StackConfig) -> dict[str, Any]:
+    """Kueue's Configuration: the chart's, plus waitForPodsReady, and Fair Sharing when teams share the cohort.
+
+    waitForPodsReady (kubernetes-sigs/kueue v0.19.2 configuration_types.go WaitForPodsReady): an admitted job whose
+    pods are not all ready within the timeout is evicted and requeued, so a job Karpenter could start only part of
+    frees those nodes instead of holding them; `blockAdmission` admits the next job only once the last one's pods
+    are all ready, so two half-provisioned jobs never wait on each other. Fair Sharing (site/content/en/docs/
+    concepts/preemption.md, "Fair Sharing": enabled by a `fairSharing` section) shares the cohort's unused quota by
+    the ClusterQueues' weights and preempts a borrower to give a team back its share."""
+    config = json.loads(json.dumps(KUEUE_DEFAULT_CONFIG))
+    config["waitForPodsReady"] = {
+        "timeout": PODS_READY_TIMEOUT,
+        "blockAdmission": True,
+        "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600},
+    }
+    if cfg.teams:
+        config["fairSharing"] = {
+            "preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+        }
+    return config
+
+
+def charts(cfg: StackConfig) -> tuple[HelmChart, ...]:
+    """The releases a stack installs: every pinned chart, Karpenter only where it makes the GPU nodes."""
+    return tuple(chart for chart in HELM_CHARTS if chart is not KARPENTER or not cfg.capacity_block)
+
+
+def chart_values(chart: HelmChart, cfg: StackConfig) -> dict[str, Any]:
+    """Each release's values: the device plugins on the (tainted) GPU nodes only; Karpenter's cluster and feature
+    gates; Kueue's configuration; JobSet at its defaults (Kueue 0.19.2 manages JobSets by default)."""
     if chart is NVIDIA_DEVICE_PLUGIN:
-        return {"affinity": gpu_node_affinity()}
+        return {"affinity": gpu_node_affinity(), "tolerations": [dict(GPU_TOLERATION)]}
     if chart is EFA_DEVICE_PLUGIN:
-        return {"nodeSelector": dict(GPU_NODE_LABELS)}
+        # Its chart tolerates nothing by default (aws/eks-charts stable/aws-efa-k8s-device-plugin values.yaml).
+        return {"nodeSelector": dict(GPU_NODE_LABELS), "tolerations": [dict(GPU_TOLERATION)]}
+    if chart is KARPENTER:
+        return karpenter.chart_values(cfg.eks_cluster_name)
+    if chart is KUEUE:
+        return {
+            "managerConfig": {
+                "controllerManagerConfigYaml": yaml.safe_dump(kueue_config(cfg), sort_keys=False)
+            }
+        }
     return {}
 
 
-def values_as_pod(chart: HelmChart) -> dict[str, Any]:
+def values_as_pod(chart: HelmChart, cfg: StackConfig) -> dict[str, Any]:
     """A chart's Kubernetes-typed values placed in a Pod, so the offline validator checks their schema."""
-    values = chart_values(chart)
+    values = chart_values(chart, cfg)
     spec: dict[str, Any] = {"containers": [{"name": chart.release, "image": "registry.invalid/plugin"}]}
     spec.update({key: values[key] for key in ("affinity", "nodeSelector", "tolerations") if key in values})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": chart.release}, "spec": spec}
@@ -222,7 +309,9 @@ class ClusterSoftware(pulumi.ComponentResource):
             kubeconfig=pulumi.Output.all(
                 eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"]
             ).apply(lambda values: kubeconfig(cfg.region, *values)),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[eks.gpu_nodes, eks.system_nodes]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[eks.system_nodes, *([eks.gpu_nodes] if eks.gpu_nodes else [])]
+            ),
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=self.provider)
         self.releases = {
@@ -234,11 +323,14 @@ class ClusterSoftware(pulumi.ComponentResource):
                 namespace=chart.namespace,
                 create_namespace=True,
                 repository_opts={"repo": chart.repository} if chart.repository else None,
-                values=chart_values(chart),
+                values=chart_values(chart, cfg),
                 opts=on_cluster,
             )
-            for chart in HELM_CHARTS
+            for chart in charts(cfg)
         }
+        self.node_objects: list[k8s.apiextensions.CustomResource] = []
+        if KARPENTER.release in self.releases:
+            self.node_objects = self._karpenter_objects(cfg, eks)
         ns = namespace()
         self.namespace = k8s.core.v1.Namespace(prefix, metadata=ns["metadata"], opts=on_cluster)
         file_system = args.lustre.file_system
@@ -265,15 +357,9 @@ class ClusterSoftware(pulumi.ComponentResource):
             parent=self, provider=self.provider, depends_on=[self.releases[KUEUE.release], self.namespace]
         )
         self.queue_objects = [
-            k8s.apiextensions.CustomResource(
-                f"{prefix}-{obj['kind'].lower()}",
-                api_version=obj["apiVersion"],
-                kind=obj["kind"],
-                metadata=obj["metadata"],
-                spec=obj["spec"],
-                opts=after_kueue,
-            )
-            for obj in (resource_flavor(cfg), cluster_queue(cfg), local_queue(cfg))
+            custom_resource(f"{prefix}-{obj['kind'].lower()}", obj, after_kueue)
+            # With teams, each team's ClusterQueue and LocalQueue instead (infra/eks_teams.py).
+            for obj in (resource_flavor(cfg), *(() if cfg.teams else (cluster_queue(cfg), local_queue(cfg))))
         ]
         assert (
             JOBSET.release in self.releases
@@ -284,6 +370,60 @@ class ClusterSoftware(pulumi.ComponentResource):
             "fsx_claim": FSX_CLAIM,
         }
         self.register_outputs(self.outputs)
+
+    def _karpenter_objects(self, cfg: StackConfig, eks: Eks) -> list[k8s.apiextensions.CustomResource]:
+        """The GPU node class, pool and hugepages overlay, once Karpenter (and so its CRDs) is installed."""
+        interfaces = eks_network_interfaces(cfg.instance, [])
+        group = eks.placement_group.name if eks.placement_group is not None else None
+        node_class = pulumi.Output.all(
+            eks.karpenter_node_role.name,
+            eks.gpu_subnet_id,
+            pulumi.Output.all(*eks.gpu_security_groups),
+            group,
+            eks.key_arn,
+        ).apply(
+            lambda v: karpenter.ec2_node_class(
+                cfg,
+                interfaces,
+                role=v[0],
+                subnet_id=v[1],
+                security_group_ids=list(v[2]),
+                placement_group=v[3],
+                key_arn=v[4],
+            )
+        )
+        after = pulumi.ResourceOptions(
+            parent=self,
+            provider=self.provider,
+            depends_on=[self.releases[KARPENTER.release], eks.karpenter_node_access],
+        )
+        objects = [
+            k8s.apiextensions.CustomResource(
+                f"{cfg.name_prefix}-ec2nodeclass",
+                api_version=KARPENTER_AWS_API_VERSION,
+                kind="EC2NodeClass",
+                metadata=node_class.apply(lambda o: o["metadata"]),
+                spec=node_class.apply(lambda o: o["spec"]),
+                opts=after,
+            )
+        ]
+        for obj in (karpenter.node_pool(cfg, GPU_NODE_LABELS), karpenter.node_overlay(cfg)):
+            objects.append(custom_resource(f"{cfg.name_prefix}-{obj['kind'].lower()}", obj, after))
+        return objects
+
+
+def custom_resource(
+    name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions
+) -> k8s.apiextensions.CustomResource:
+    """A custom resource exactly as built (apiVersion, kind, metadata, spec)."""
+    return k8s.apiextensions.CustomResource(
+        name,
+        api_version=obj["apiVersion"],
+        kind=obj["kind"],
+        metadata=obj["metadata"],
+        spec=obj["spec"],
+        opts=opts,
+    )
 
 
 def kubeconfig(region: str, cluster_name: str, endpoint: str, ca_data: str) -> str:

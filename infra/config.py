@@ -544,11 +544,6 @@ class StackConfig(BaseModel):
                 f"{_key('spot')} = True: the single-node Spot queue is an AWS Batch queue; an EKS stack has none "
                 "(remove the key)"
             )
-        if self.teams:
-            problems.append(
-                f"{_key('teams')}: team fair share is an AWS Batch scheduling policy; on {_key('orchestrator')}: eks "
-                "give each team a Kueue LocalQueue instead (not built yet); remove the key"
-            )
         problems += [
             f"{_key('eks_admin_arns')} = {arn!r}: not an IAM role or user ARN; write arn:aws:iam::123456789012:role/name"
             for arn in self.eks_admin_arns
@@ -621,6 +616,12 @@ class StackConfig(BaseModel):
     def eks_cluster_name(self) -> str:
         """The EKS cluster's name (EKS stacks): the stack's prefix, so IAM and logs can be scoped to it."""
         return self.name_prefix
+
+    @property
+    def eks_log_group(self) -> str:
+        """Where EKS sends the control plane's logs: /aws/eks/<cluster>/cluster (EKS user guide, "Send control plane
+        logs to CloudWatch Logs"); the stack creates it first, under its key and retention."""
+        return f"/aws/eks/{self.eks_cluster_name}/cluster"
 
     @property
     def log_group_prefix(self) -> str:

@@ -11,11 +11,19 @@ are not; docs/eks.md). What differs from the Batch launch template, and why:
   itself (nodeadm) and pods mount FSx through the CSI driver, not the host;
 - the interfaces carry the cluster security group beside the EFA group: EKS adds it only when the template names
   no groups, and nodes without it cannot reach the control plane (same guide);
-- placement group, On-Demand Capacity Reservation and Capacity Block exactly as the Batch path validates them
-  (infra/config.py), with the node group's capacity type CAPACITY_BLOCK for a block ("Create a managed node group
-  with Capacity Blocks for ML", EKS user guide);
-- a small system node group for the controllers (CoreDNS, Kueue, JobSet), so that the queue takes jobs while the GPU
-  nodes are absent (a Capacity Block outside its window).
+- GPU nodes on demand or from an On-Demand Capacity Reservation come from Karpenter (infra/karpenter.py): none while
+  no job runs; this component gives its controller and nodes their IAM roles and the nodes their access entry;
+- a Capacity Block, paid for its whole window whatever runs, gets a managed node group on the launch template the
+  EKS user guide prescribes ("Create a managed node group with Capacity Blocks for ML": market type
+  `capacity-block`, the reservation, and `InstanceType` in the template, so none on the node group), capacity type
+  CAPACITY_BLOCK; placement group and reservation exactly as the Batch path validates them (infra/config.py);
+- a small system node group for the controllers (CoreDNS, Kueue, JobSet, Karpenter), so that the queue takes jobs
+  while no GPU node exists;
+- the control plane's `audit` and `authenticator` logs to CloudWatch Logs under the stack key and retention
+  (Security Hub control EKS.8);
+- each role's policy attachments exist before the cluster and node groups that use them and go after them (pulumi-aws
+  `eks.Cluster` / `eks.NodeGroup` docs: "Ensure that the IAM Role permissions are created before and deleted
+  after", or EKS cannot delete the instances and network interfaces it made).
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
+from infra import karpenter
 from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, root_volume
 from infra.config import StackConfig
-from infra.iam import allow, policy_document
+from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import EKS_ADDONS, KUBERNETES_MINOR, OBSERVABILITY
 from trainer.contract.catalog import InstanceType
+from trainer.contract.gpu_nodes import GPU_NODE_TAINT
 
 if TYPE_CHECKING:
     from infra.keys import Keys
@@ -72,6 +82,20 @@ POD_IDENTITIES = {
 # Pod Identity's trust: the EKS Pod Identity service principal assumes and tags (EKS user guide, "Create IAM role
 # with trust policy required by EKS Pod Identity").
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+# The control plane logs the stack sends to CloudWatch: the API server's audit log (Security Hub EKS.8, "EKS clusters
+# should have audit logging enabled") and the IAM authenticator's, which maps AWS principals to Kubernetes users
+# (EKS user guide, "Send control plane logs to CloudWatch Logs": api, audit, authenticator, controllerManager,
+# scheduler; all off by default).
+CONTROL_PLANE_LOG_TYPES = ("audit", "authenticator")
+# Karpenter's nodes join through an access entry of this type on their role (EKS user guide, "Create access entries":
+# EC2_LINUX for self-managed and Karpenter nodes; managed node groups get theirs from EKS).
+NODE_ACCESS_ENTRY_TYPE = "EC2_LINUX"
+# The Karpenter node role's AWS-managed policies (its CloudFormation at v1.14.1, KarpenterNodeRole, without SSM).
+KARPENTER_NODE_POLICIES = (
+    f"{AWS_MANAGED_POLICIES}/AmazonEKSWorkerNodePolicy",
+    f"{AWS_MANAGED_POLICIES}/AmazonEKS_CNI_Policy",
+    f"{AWS_MANAGED_POLICIES}/AmazonEC2ContainerRegistryPullOnly",
+)
 
 
 def eks_network_interfaces(
@@ -128,7 +152,18 @@ class Eks(pulumi.ComponentResource):
         super().__init__("trainstack:eks:Eks", name, None, opts)
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         prefix = cfg.name_prefix
+        # Each role's attachments, which whatever uses the role depends on (created before, deleted after).
+        self._grants: dict[int, list[pulumi.Resource]] = {}
 
+        # The control plane's log group, before the cluster writes to it (else EKS creates it with no key and no
+        # retention).
+        self.control_plane_logs = aws.cloudwatch.LogGroup(
+            f"{prefix}-eks-control-plane",
+            name=cfg.eks_log_group,
+            retention_in_days=cfg.log_retention_days,
+            kms_key_id=args.keys.key.arn,
+            opts=child,
+        )
         cluster_role = self._service_role(
             f"{prefix}-eks-cluster",
             "eks.amazonaws.com",
@@ -161,9 +196,12 @@ class Eks(pulumi.ComponentResource):
                 "bootstrap_cluster_creator_admin_permissions": False,
             },
             encryption_config={"provider": {"key_arn": args.keys.key.arn}, "resources": ["secrets"]},
+            enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
             # The networking add-ons come as EKS add-ons below, not as unmanaged manifests.
             bootstrap_self_managed_addons=False,
-            opts=child,
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.control_plane_logs, *self._granted(cluster_role)]
+            ),
         )
         for index, arn in enumerate(cfg.eks_admin_arns):
             entry = aws.eks.AccessEntry(
@@ -185,9 +223,15 @@ class Eks(pulumi.ComponentResource):
         node_role = self._service_role(
             f"{prefix}-eks-node", "ec2.amazonaws.com", "EKS nodes", NODE_ROLE_POLICIES
         )
+        node_grants = self._granted(node_role)
         self.security_group = efa_security_group(cfg, args.network, args.lustre, child)
         cluster_group = self.cluster.vpc_config.cluster_security_group_id
-        self.launch_template = self._gpu_launch_template(cfg, args, [cluster_group, self.security_group.id])
+        self.gpu_security_groups = [cluster_group, self.security_group.id]
+        self.placement_group = (
+            aws.ec2.PlacementGroup(f"{prefix}-eks-gpu", strategy="cluster", opts=child)
+            if cfg.creates_placement_group
+            else None
+        )
         network_addons = [
             self._addon(cfg, name) for name in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
         ]
@@ -202,28 +246,42 @@ class Eks(pulumi.ComponentResource):
             scaling_config={"min_size": SYSTEM_NODE_COUNT, "desired_size": SYSTEM_NODE_COUNT, "max_size": 3},
             launch_template=self._template_version(self._system_launch_template(cfg, args)),
             node_repair_config={"enabled": True},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=network_addons),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*network_addons, *node_grants]),
         )
-        self.gpu_nodes = aws.eks.NodeGroup(
-            f"{prefix}-eks-gpu",
-            cluster_name=self.cluster.name,
-            node_role_arn=node_role.arn,
-            subnet_ids=[
-                args.network.cluster_subnet.id
-            ],  # one zone: the placement group's and the file system's
-            ami_type=GPU_AMI_TYPE,
-            capacity_type="CAPACITY_BLOCK" if cfg.capacity_block else "ON_DEMAND",
-            instance_types=[cfg.instance_type],
-            # A node group does not grow on pending pods: the nodes stay up (docs/eks.md#cost), from 0 for upgrades.
-            scaling_config={"min_size": 0, "desired_size": cfg.node_count, "max_size": cfg.node_count},
-            launch_template=self._template_version(self.launch_template),
-            labels=GPU_NODE_LABELS,
-            # Node auto repair acts on the node monitoring agent's conditions (EKS user guide, "Enable node auto
-            # repair and investigate node health issues").
-            node_repair_config={"enabled": True},
-            update_config={"max_unavailable": 1},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=network_addons),
-        )
+        self.launch_template: aws.ec2.LaunchTemplate | None = None
+        self.gpu_nodes: aws.eks.NodeGroup | None = None
+        if cfg.capacity_block:
+            # The EKS API spells NoSchedule NO_SCHEDULE (CreateNodegroup Taint.effect).
+            gpu_taint: aws.eks.NodeGroupTaintArgsDict = {
+                "key": GPU_NODE_TAINT["key"],
+                "value": GPU_NODE_TAINT["value"],
+                "effect": "NO_SCHEDULE",
+            }
+            self.launch_template = self._gpu_launch_template(cfg, args, self.gpu_security_groups)
+            self.gpu_nodes = aws.eks.NodeGroup(
+                f"{prefix}-eks-gpu",
+                cluster_name=self.cluster.name,
+                node_role_arn=node_role.arn,
+                subnet_ids=[
+                    args.network.cluster_subnet.id
+                ],  # one zone: the placement group's and the file system's
+                ami_type=GPU_AMI_TYPE,
+                capacity_type="CAPACITY_BLOCK",
+                # No instance types: the template names the block's (same guide; a node group takes them from
+                # one place only, "Customize managed nodes with launch templates").
+                # The block is paid for its whole window; EKS scales the group down before it ends.
+                scaling_config={"min_size": 0, "desired_size": cfg.node_count, "max_size": cfg.node_count},
+                launch_template=self._template_version(self.launch_template),
+                labels=GPU_NODE_LABELS,
+                taints=[gpu_taint],
+                # Node auto repair acts on the node monitoring agent's conditions (EKS user guide, "Enable node auto
+                # repair and investigate node health issues").
+                node_repair_config={"enabled": True},
+                update_config={"max_unavailable": 1},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*network_addons, *node_grants]),
+            )
+        else:
+            self._karpenter_identity(cfg, args)
         on_nodes: list[pulumi.Resource] = [self.system_nodes]
         self.addons: dict[str, aws.eks.Addon] = dict(
             zip(("vpc-cni", "kube-proxy", "eks-pod-identity-agent"), network_addons, strict=True)
@@ -267,6 +325,9 @@ class Eks(pulumi.ComponentResource):
             "efa_devices_per_node": efa_devices(eks_network_interfaces(cfg.instance, [])),
             "log_group": self.log_groups["application"].name,
         }
+        # What the cluster's software needs to make GPU nodes (infra/cluster_software.py), not stack outputs.
+        self.gpu_subnet_id = args.network.cluster_subnet.id
+        self.key_arn = args.keys.key.arn
         self.register_outputs(self.outputs)
 
     def _service_role(
@@ -289,13 +350,63 @@ class Eks(pulumi.ComponentResource):
             }
         )
         role = aws.iam.Role(name, assume_role_policy=trust, description=description, opts=child)
-        for policy_arn in managed:
+        grants: list[pulumi.Resource] = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-{policy_arn.rsplit('/', 1)[1]}", role=role.name, policy_arn=policy_arn, opts=child
             )
+            for policy_arn in managed
+        ]
         if statements:
-            aws.iam.RolePolicy(name, role=role.id, policy=policy_document(*statements), opts=child)
+            grants.append(
+                aws.iam.RolePolicy(name, role=role.id, policy=policy_document(*statements), opts=child)
+            )
+        self._grants[id(role)] = grants
         return role
+
+    def _granted(self, role: aws.iam.Role) -> list[pulumi.Resource]:
+        """The attachments and inline policy of a role this component made."""
+        return self._grants[id(role)]
+
+    def _karpenter_identity(self, cfg: StackConfig, args: EksArgs) -> None:
+        """Karpenter's controller role (Pod Identity, its CloudFormation's permissions) and its nodes' role, which
+        joins the cluster through an EC2_LINUX access entry."""
+        prefix = cfg.name_prefix
+        self.karpenter_node_role = self._service_role(
+            f"{prefix}-karpenter-node",
+            "ec2.amazonaws.com",
+            "EKS GPU nodes (Karpenter)",
+            KARPENTER_NODE_POLICIES,
+        )
+        self.karpenter_node_access = aws.eks.AccessEntry(
+            f"{prefix}-karpenter-node",
+            cluster_name=self.cluster.name,
+            principal_arn=self.karpenter_node_role.arn,
+            type=NODE_ACCESS_ENTRY_TYPE,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self._granted(self.karpenter_node_role)),
+        )
+        statements = pulumi.Output.all(args.account_id, self.karpenter_node_role.arn).apply(
+            lambda values: karpenter.controller_statements(
+                cfg.eks_cluster_name, cfg.region, values[0], values[1]
+            )
+        )
+        controller = self._service_role(
+            f"{prefix}-karpenter", POD_IDENTITY_PRINCIPAL, "Karpenter controller", ()
+        )
+        policy = aws.iam.RolePolicy(
+            f"{prefix}-karpenter",
+            role=controller.id,
+            policy=statements.apply(lambda s: policy_text(*s)),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        namespace, service_account = karpenter.SERVICE_ACCOUNT
+        self.karpenter_identity = aws.eks.PodIdentityAssociation(
+            f"{prefix}-karpenter",
+            cluster_name=self.cluster.name,
+            namespace=namespace,
+            service_account=service_account,
+            role_arn=controller.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]),
+        )
 
     def _pod_role(self, cfg: StackConfig, addon: str, *statements: dict[str, Any]) -> aws.iam.Role:
         managed = (CLOUDWATCH_AGENT_POLICY,) if addon == OBSERVABILITY_ADDON else ()
@@ -360,11 +471,8 @@ class Eks(pulumi.ComponentResource):
         self, cfg: StackConfig, args: EksArgs, security_group_ids: list[Any]
     ) -> aws.ec2.LaunchTemplate:
         extra: dict[str, Any] = {}
-        if cfg.creates_placement_group:
-            group = aws.ec2.PlacementGroup(
-                f"{cfg.name_prefix}-eks-gpu", strategy="cluster", opts=pulumi.ResourceOptions(parent=self)
-            )
-            extra["placement"] = {"group_name": group.name}
+        if self.placement_group is not None:
+            extra["placement"] = {"group_name": self.placement_group.name}
         elif cfg.reservation_placement_group is not None:
             # An ODCR made in a cluster placement group launches only into that group (EC2 user guide, "Capacity
             # Reservations for cluster placement groups"); a Capacity Block places its instances itself.
@@ -375,6 +483,9 @@ class Eks(pulumi.ComponentResource):
             }
         if cfg.capacity_block:
             extra["instance_market_options"] = {"market_type": "capacity-block"}
+            # "Set InstanceType to an instance type that supports Capacity Blocks" (EKS user guide, "Create a
+            # managed node group with Capacity Blocks for ML", the launch template's required contents).
+            extra["instance_type"] = cfg.instance_type
         return aws.ec2.LaunchTemplate(
             f"{cfg.name_prefix}-eks-gpu",
             network_interfaces=eks_network_interfaces(cfg.instance, security_group_ids),

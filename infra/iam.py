@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pulumi
@@ -14,6 +15,26 @@ BATCH_READ_ACTIONS = (
     "batch:DescribeJobs",
     "batch:ListJobs",
 )
+# The current IAM policy language version (IAM User Guide, "IAM JSON policy elements: Version").
+POLICY_VERSION = "2012-10-17"
+# Karpenter's controller (infra/karpenter.py): EC2 Describe actions and pricing:GetProducts name no resource type
+# (Service Authorization Reference, "Actions, resources, and condition keys for Amazon EC2" / "for AWS Price List");
+# iam:ListInstanceProfiles is what Karpenter's own policy grants unscoped (getting-started cloudformation.yaml v1.14.1,
+# AllowUnscopedInstanceProfileListAction).
+KARPENTER_DISCOVERY_ACTIONS = (
+    "ec2:DescribeCapacityReservations",
+    "ec2:DescribeImages",
+    "ec2:DescribeInstances",
+    "ec2:DescribeInstanceStatus",
+    "ec2:DescribeInstanceTypeOfferings",
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeLaunchTemplates",
+    "ec2:DescribePlacementGroups",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSpotPriceHistory",
+    "ec2:DescribeSubnets",
+)
+KARPENTER_UNSCOPED_ACTIONS = ("pricing:GetProducts", "iam:ListInstanceProfiles")
 # Actions without resource-level permissions: AWS accepts them only with "Resource": "*".
 WILDCARD_RESOURCE_ACTIONS = (
     "ecr:GetAuthorizationToken",
@@ -29,6 +50,8 @@ WILDCARD_RESOURCE_ACTIONS = (
     # Batch's Describe and List actions name no resource type (Service Authorization Reference, "Actions,
     # resources, and condition keys for AWS Batch"); team roles see the queue with them (infra/teams.py).
     *BATCH_READ_ACTIONS,
+    *KARPENTER_DISCOVERY_ACTIONS,
+    *KARPENTER_UNSCOPED_ACTIONS,
 )
 # What a node that fails its preflight does to itself (trainer/preflight/quarantine.py): mark itself Unhealthy in the
 # Auto Scaling group Batch runs it in, or terminate itself where it is in none.
@@ -40,7 +63,12 @@ LOG_WRITE_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]
 
 def policy_document(*statements: dict[str, Any]) -> pulumi.Output[str]:
     """An IAM policy JSON document; statements may hold Outputs (ARNs)."""
-    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": list(statements)})
+    return pulumi.Output.json_dumps({"Version": POLICY_VERSION, "Statement": list(statements)})
+
+
+def policy_text(*statements: dict[str, Any]) -> str:
+    """The same document from statements already resolved (inside an `apply`)."""
+    return json.dumps({"Version": POLICY_VERSION, "Statement": list(statements)})
 
 
 def allow(sid: str, actions: list[str], resources: list[Any], **extra: Any) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Built-in kinds (PersistentVolume, Namespace, Pod, ...) are checked with `kubernetes-validate` in strict mode against
 the OpenAPI schemas of the cluster's minor (infra/k8s_versions.py); a kind it has no schema for is an error, not a
-warning. Custom resources (JobSet, Kueue) are checked against the `openAPIV3Schema` of the pinned upstream CRDs in
-`../shared/k8s-crds/` (or `$TRAINSTACK_K8S_CRDS`), with `additionalProperties: false` added wherever the schema lists
+warning. Custom resources are checked against the `openAPIV3Schema` of pinned upstream CRDs: JobSet and Kueue from
+`../shared/k8s-crds/` (or `$TRAINSTACK_K8S_CRDS`), Karpenter from the project's own fixtures in `infra/crds/`, with `additionalProperties: false` added wherever the schema lists
 properties and does not preserve unknown fields, so a misspelt key fails as it would under `kubectl --validate=strict`.
 What it cannot see: CEL `x-kubernetes-validations`, admission webhooks (objects are checked as sent, before a
 defaulting webhook fills in fields such as JobSet's failure-rule names), and whether the cluster has the CRD at all.
@@ -21,7 +21,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from infra.k8s_versions import CRD_FILE_PREFIXES, KUBERNETES_MINOR
+from infra.k8s_versions import CRD_FILE_PREFIXES, KUBERNETES_MINOR, LOCAL_CRD_FILE_PREFIXES
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS_ENV = "TRAINSTACK_K8S_CRDS"
@@ -29,6 +29,8 @@ CRDS_ENV = "TRAINSTACK_K8S_CRDS"
 # the checkout (../shared) or next to a folder above it (a checkout nested one level deeper).
 SHARED_CRDS = Path("shared") / "k8s-crds"
 DEFAULT_CRDS = ROOT.parent / SHARED_CRDS
+# Schemas of charts only this project installs (Karpenter), kept in the repository as pinned fixtures.
+LOCAL_CRDS = ROOT / "infra" / "crds"
 
 _OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 
@@ -111,11 +113,14 @@ def _crd_schemas(directory: str) -> dict[tuple[str, str], dict[str, Any]]:
             f"{', '.join(p + '*.yaml' for p in CRD_FILE_PREFIXES)} (the project reads them from ../shared/k8s-crds)"
         )
     schemas: dict[tuple[str, str], dict[str, Any]] = {}
-    for prefix in CRD_FILE_PREFIXES:
-        files = sorted(folder.glob(f"{prefix}*.yaml"))
+    for where, prefix in [
+        *((folder, p) for p in CRD_FILE_PREFIXES),
+        *((LOCAL_CRDS, p) for p in LOCAL_CRD_FILE_PREFIXES),
+    ]:
+        files = sorted(where.glob(f"{prefix}*.yaml"))
         if not files:
             raise K8sValidationError(
-                f"no CRD file {prefix}*.yaml in {folder}: the pins in infra/k8s_versions.py "
+                f"no CRD file {prefix}*.yaml in {where}: the pins in infra/k8s_versions.py "
                 f"and the schemas there disagree"
             )
         for path in files:

@@ -29,7 +29,8 @@ class HelmChart:
     repository: str | None  # the chart repository URL; None for an oci:// chart
     version: str
     namespace: str
-    fixed: str  # the oldest version the policy pack accepts
+    fixed: str  # the oldest CHART version the policy pack accepts (a release names the chart's version)
+    app_version: str | None = None  # the software the chart runs, where its version differs from the chart's
 
 
 # NVIDIA device plugin: 0.19.0 turned MOFED on and handed every GPU container all /dev/infiniband devices, fixed in
@@ -43,16 +44,20 @@ NVIDIA_DEVICE_PLUGIN = HelmChart(
     fixed="0.19.3",
 )
 
-# AWS EFA device plugin: before 0.5.10 it counted NVLink ibp* devices as EFA on p6-b200 (aws/sagemaker-hyperpod-cli
-# pull 282); 0.5.26 is ai-on-eks's pin (its base Terraform variables.tf); chart in aws/eks-charts
-# stable/aws-efa-k8s-device-plugin (`helm repo add eks https://aws.github.io/eks-charts`).
+# AWS EFA device plugin: before plugin 0.5.10 it counted NVLink ibp* devices as EFA on p6-b200 (aws/sagemaker-hyperpod-cli
+# pull 282). The chart is versioned apart from the plugin: chart v0.5.18 is the first whose appVersion (the image tag
+# by default) is v0.5.10, and chart v0.5.26, ai-on-eks's pin (its base Terraform variables.tf), runs plugin v0.5.18
+# (aws/eks-charts stable/aws-efa-k8s-device-plugin/Chart.yaml history, `version` vs `appVersion`); so the floor the
+# policy pack compares a release's chart version with is the chart's, not the plugin's
+# (`helm repo add eks https://aws.github.io/eks-charts`).
 EFA_DEVICE_PLUGIN = HelmChart(
     release="aws-efa-k8s-device-plugin",
     chart="aws-efa-k8s-device-plugin",
     repository="https://aws.github.io/eks-charts",
     version="0.5.26",
     namespace="kube-system",
-    fixed="0.5.10",
+    fixed="0.5.18",
+    app_version="0.5.18",
 )
 
 # JobSet v0.12.0, the version Kubeflow Trainer v2.3.0 pins (its go.mod); chart from registry.k8s.io
@@ -77,10 +82,32 @@ KUEUE = HelmChart(
     fixed="0.19.2",
 )
 
-HELM_CHARTS: tuple[HelmChart, ...] = (NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, JOBSET, KUEUE)
+# Karpenter 1.14.1: GPU nodes made for pending pods and removed when empty (docs/eks.md#gpu-nodes-none-while-idle). 1.11 added the
+# EC2NodeClass's static `networkInterfaces` (efa-only) and `placementGroupSelector` (aws/karpenter-provider-aws pulls
+# 9027, 9030); 1.14.1 is the newest release (commit 1d927085d "docs: update for patch release v1.14.1" sets
+# charts/karpenter/Chart.yaml to 1.14.1); chart and install namespace from its getting-started guide
+# (website/content/en/docs/getting-started/getting-started-with-karpenter: `helm upgrade --install karpenter
+# oci://public.ecr.aws/karpenter/karpenter`, KARPENTER_NAMESPACE=kube-system).
+KARPENTER = HelmChart(
+    release="karpenter",
+    chart="oci://public.ecr.aws/karpenter/karpenter",
+    repository=None,
+    version="1.14.1",
+    namespace="kube-system",
+    fixed="1.11.0",
+)
+# The API versions of the Karpenter kinds the stack creates (the pinned CRDs in infra/crds/).
+KARPENTER_API_VERSION = "karpenter.sh/v1"
+KARPENTER_AWS_API_VERSION = "karpenter.k8s.aws/v1"
+KARPENTER_OVERLAY_API_VERSION = "karpenter.sh/v1alpha1"
+
+# Karpenter first: its webhooks-free controller must run before the device plugins have a node to land on.
+HELM_CHARTS: tuple[HelmChart, ...] = (KARPENTER, NVIDIA_DEVICE_PLUGIN, EFA_DEVICE_PLUGIN, JOBSET, KUEUE)
 
 # The CRD schema files in ../shared/k8s-crds that match the pinned charts (that folder's README names their tags).
 CRD_FILE_PREFIXES: tuple[str, ...] = (f"jobset-v{JOBSET.version}_", f"kueue-v{KUEUE.version}_")
+# And the project's own pinned schema fixtures (infra/crds/, each file's header names its upstream path and tag).
+LOCAL_CRD_FILE_PREFIXES: tuple[str, ...] = (f"karpenter-v{KARPENTER.version}_",)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,9 @@ class Keys(pulumi.ComponentResource):
         )
         services = (*VIA_SERVICES, *EKS_VIA_SERVICES) if cfg.orchestrator == "eks" else VIA_SERVICES
         via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in services]
-        if cfg.orchestrator == "eks":  # Container Insights' groups, which the stack creates under the key
+        if (
+            cfg.orchestrator == "eks"
+        ):  # Container Insights' and the control plane's groups, created under the key
             container_insights = pulumi.Output.concat(
                 "arn:aws:logs:",
                 cfg.region,
@@ -192,7 +194,10 @@ class Keys(pulumi.ComponentResource):
                 cfg.eks_cluster_name,
                 "/*",
             )
-            logs_scope: Any = [log_groups, container_insights]
+            control_plane = pulumi.Output.concat(
+                "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.eks_log_group
+            )
+            logs_scope: Any = [log_groups, container_insights, control_plane]
         else:
             logs_scope = log_groups
         linked_roles = {

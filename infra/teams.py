@@ -98,8 +98,9 @@ def team_trust_statements(
 
 
 def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.batch.SchedulingPolicy | None:
-    """The GPU queue's fair-share policy, one share per team; None keeps today's first-in-first-out queue."""
-    if not cfg.teams:
+    """The GPU queue's fair-share policy, one share per team; None keeps today's first-in-first-out queue (and on
+    EKS, where Kueue shares the nodes: infra/eks_teams.py)."""
+    if not cfg.teams or cfg.orchestrator == "eks":
         return None
     return aws.batch.SchedulingPolicy(
         f"{cfg.name_prefix}-teams",

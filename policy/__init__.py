@@ -16,7 +16,10 @@
     residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
     compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
-    eks               EKS stacks: catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions
+    eks               EKS stacks: catalog, node template or node class, Kueue quota and JobSet agree; grace; fixed
+                      versions; Capacity Block templates; grants before use; the control plane's audit log
+    kueue             Kueue objects against its documented semantics: cohorts, whole-node quotas, waitForPodsReady
+    rbac              Kubernetes RBAC decided as the API server does; each team only in its own namespace
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over
     offline           `make policy`: the policies over a stack's offline preview

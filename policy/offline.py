@@ -2,8 +2,8 @@
 
 Each registration the mocks recorded becomes what the engine hands the analyzer: resource policies get the inputs
 (behind pulumi-policy's unknown-checking proxy), the URN and `protect`; stack policies get every resource with its
-property dependencies resolved to the resources they name. Parents and plain dependencies are left out: no policy
-reads them. Violations print as the "Policies:" section of `pulumi preview --policy-pack policy`; the exit status
+property dependencies and dependencies (`depends_on`) resolved to the resources they name. Parents are left out: no
+policy reads them. Violations print as the "Policies:" section of `pulumi preview --policy-pack policy`; the exit status
 is 1 when any violation is mandatory.
 
     python -m policy.offline --stack dev
@@ -74,6 +74,7 @@ def policy_resources(plan: Plan) -> list[PolicyResource]:
             key: [by_urn[urn] for urn in urns if urn in by_urn]
             for key, urns in r.property_dependencies.items()
         }
+        by_urn[r.urn].dependencies = [by_urn[urn] for urn in r.dependencies if urn in by_urn]
     return list(by_urn.values())
 
 

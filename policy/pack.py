@@ -13,10 +13,12 @@ from policy import (
     eks,
     encryption,
     iam,
+    kueue,
     launch_templates,
     monitoring,
     network,
     protection,
+    rbac,
     residency,
     s3,
 )
@@ -68,4 +70,11 @@ POLICIES: list[Policy] = [
     eks.node_templates,
     eks.jobset_grace,
     eks.fixed_versions,
+    eks.capacity_block_groups,
+    eks.grants_before_use,
+    eks.audit_logs,
+    # EKS teams and queues: RBAC as the API server decides it (policy/rbac.py), Kueue's semantics (policy/kueue.py).
+    rbac.team_rbac,
+    kueue.queues_whole_nodes,
+    kueue.pods_ready,
 ]

@@ -56,3 +56,17 @@ def test_versions_compare_as_numbers():
     assert version_tuple("0.19.10") > version_tuple("0.19.3")
     with pytest.raises(ValueError, match="'latest' is not a dotted release"):
         version_tuple("latest")
+
+
+def test_the_karpenter_crd_fixtures_are_the_pinned_release_and_name_their_source():
+    from infra.k8s_versions import KARPENTER, LOCAL_CRD_FILE_PREFIXES
+
+    files = sorted(k8s_validate.LOCAL_CRDS.glob(f"{LOCAL_CRD_FILE_PREFIXES[0]}*.yaml"))
+    assert [f.name.split("_", 1)[1] for f in files] == [
+        "ec2nodeclasses.yaml",
+        "nodeoverlays.yaml",
+        "nodepools.yaml",
+    ]
+    for path in files:
+        header = path.read_text().splitlines()[0]
+        assert f"aws/karpenter-provider-aws tag v{KARPENTER.version}" in header, path.name

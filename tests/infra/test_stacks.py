@@ -17,10 +17,12 @@ from trainer.contract.outputs import (
     BATCH_OUTPUTS,
     DATA_OUTPUTS,
     EKS_OUTPUTS,
+    EKS_TEAM_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
     SPOT_OUTPUTS,
     STACK_OUTPUTS,
+    TEAM_OUTPUTS,
     missing_outputs,
 )
 
@@ -276,7 +278,7 @@ def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
     # Batch jobs log to the stack's group; on EKS, Container Insights writes the pods' logs under the cluster's name.
     cluster = f"/aws/containerinsights/trainstack-{stack.stack}"
     jobs = (
-        {f"{cluster}/application", f"{cluster}/performance"}
+        {f"{cluster}/application", f"{cluster}/performance", f"/aws/eks/trainstack-{stack.stack}/cluster"}
         if stack.config.orchestrator == "eks"
         else {f"/trainstack/{stack.stack}/jobs"}
     )
@@ -321,7 +323,8 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
     if eks:
         assert contexts[1:] == [
             contexts[0].split(":log-group:")[0]
-            + f":log-group:/aws/containerinsights/trainstack-{stack.stack}/*"
+            + f":log-group:/aws/containerinsights/trainstack-{stack.stack}/*",
+            contexts[0].split(":log-group:")[0] + f":log-group:/aws/eks/trainstack-{stack.stack}/cluster",
         ]
     assert not [s for s in statements.values() if "kms:*" in s["Action"]]
     via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
@@ -549,6 +552,8 @@ def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
         *GOVERNANCE_OUTPUTS,
         *DATA_OUTPUTS,
         *(SPOT_OUTPUTS if stack.config.spot else ()),
+        *(TEAM_OUTPUTS if stack.config.teams else ()),
+        *(EKS_TEAM_OUTPUTS if stack.config.teams and eks else ()),
     }
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs

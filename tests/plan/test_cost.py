@@ -3,6 +3,7 @@ Stubber for the live Spot answer), the deadline, --compare, data transfer and th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from datetime import UTC, datetime
 
@@ -12,7 +13,10 @@ from botocore.stub import ANY, Stubber
 
 from trainer.__main__ import main as trainer_main
 from trainer.contract.catalog import instance_type
+from trainer.contract.gpu_nodes import PODS_READY_TIMEOUT_MINUTES
+from trainer.contract.stack import stack_capacity
 from trainer.cost.energy import PUE
+from trainer.cost.idle import idle_cost, startup_cost
 from trainer.cost.pricing import AwsClients, hourly_price
 from trainer.plan.cost import cheapest, dataset_gigabytes, energy_estimate, purchase_options, transfer_costs
 
@@ -177,3 +181,52 @@ def test_compare_ranks_the_instance_types_and_picks_the_cheapest_within_the_dead
 def test_conflicting_cost_arguments_exit_2(capsys, args, message):
     assert trainer_main(_plan(*args)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_idle_eks_stack_costs_nothing_on_gpus_and_a_start_up_at_most_the_pods_ready_timeout():
+    eks = stack_capacity("eks-dev")
+    assert (eks.orchestrator, eks.nodes, eks.capacity_reservation) == ("eks", 2, False)
+    idle = idle_cost(eks, "us-east-1")
+    assert (idle.nodes, idle.usd_per_hour) == (0, 0.0)
+    startup = startup_cost(eks, 2, "us-east-1")
+    assert startup is not None and startup.minutes == PODS_READY_TIMEOUT_MINUTES == 30
+    assert startup.usd == pytest.approx(2 * 55.04 * 0.5)
+    batch = stack_capacity("dev")
+    assert idle_cost(batch, "us-east-1").usd_per_hour == 0.0 and startup_cost(batch, 2, "us-east-1") is None
+
+
+@pytest.mark.parametrize(("block", "option"), [(False, "reservation"), (True, "capacity-block")])
+def test_reserved_nodes_cost_the_same_idle(block, option):
+    reserved = dataclasses.replace(stack_capacity("eks-dev"), capacity_reservation=True, capacity_block=block)
+    idle = idle_cost(reserved, "us-east-1")
+    assert idle.nodes == 2
+    assert idle.usd_per_hour == pytest.approx(
+        2 * hourly_price("p5.48xlarge", "us-east-1", option).usd_per_hour
+    )
+    assert startup_cost(reserved, 2, "us-east-1") is None
+
+
+def test_plan_with_an_eks_stack_prints_its_idle_and_start_up_cost(capsys):
+    assert (
+        trainer_main(
+            [
+                "plan",
+                "--config",
+                str(LLAMA3_8B),
+                "--top",
+                "1",
+                "--tokens",
+                "1e12",
+                *SMALL_SEARCH,
+                "--stack",
+                "eks-dev",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        "idle stack: 0 GPU nodes, $0.00/hour on GPUs (Karpenter starts GPU nodes only for admitted jobs"
+        in out
+    )
+    assert "node start-up per attempt: at most 30 min x 2 nodes = $55" in out

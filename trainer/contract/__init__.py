@@ -12,6 +12,7 @@
     stack          which cluster a stack describes, from its checked-in Pulumi.<env>.yaml
     teams          what a team is called where (the stack's roles and shares, `make train TEAM=`)
     controls       the security controls `make compliance` reports on, and what implements each
+    gpu_nodes      the taint an EKS stack's GPU nodes carry and the toleration the pods meant for them need
 
 infra/ imports the trainer only through this package, and trainer/ imports nothing from infra/.
 """

@@ -245,4 +245,23 @@ CONTROLS: tuple[Control, ...] = (
         not_covered="the stack has no trainstack:teams: it is single-tenant",
         evidence="policy evaluation of the generated team policy: tests/infra/test_teams.py",
     ),
+    # EKS stacks (docs/eks.md). EKS.8's title as Security Hub's controls reference words it; the control checks that
+    # the `audit` control plane log type is enabled.
+    Control(
+        "EKS.8",
+        "EKS clusters should have audit logging enabled",
+        ("eks-audit-logs-enabled",),
+        ("aws:eks/cluster:Cluster",),
+        not_covered="the stack runs its jobs on AWS Batch (trainstack:orchestrator), so it has no EKS cluster",
+    ),
+    Control(
+        "trainstack.eks-teams",
+        "On EKS, a team's Kubernetes group reaches only its own namespace and JobSets, and its pods read only its S3 "
+        "prefix",
+        ("eks-team-rbac-own-namespace",),
+        ("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",),
+        not_covered="the stack has no teams on EKS",
+        evidence="RBAC decided per verb and namespace and the pod roles under moto's IAM enforcement: "
+        "tests/policy/test_policy_rbac.py, tests/infra/test_eks_teams.py",
+    ),
 )

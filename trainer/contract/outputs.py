@@ -39,6 +39,8 @@ MONITORING_OUTPUTS: tuple[str, ...] = ("alarm_topic_arn", "dashboard_name")
 GOVERNANCE_OUTPUTS: tuple[str, ...] = ("audit_trail", "audit_bucket", "allowed_regions")
 # Only with `trainstack:teams`: the team names (share identifiers), each team's role and GPU quota.
 TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
+# And on an EKS stack with teams: each team's namespace (infra/eks_teams.py), where its JobSets go.
+EKS_TEAM_OUTPUTS: tuple[str, ...] = ("team_namespaces",)
 
 
 # Which orchestrator runs the stack's jobs (`trainstack:orchestrator`); every stack exports it. A stack from before

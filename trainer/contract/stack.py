@@ -4,6 +4,7 @@ validates the whole file, reading it through read_stack_file and taking its defa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,4 +52,28 @@ def stack_cluster(stack: str, root: Path = ROOT) -> tuple[str, int]:
     return (
         str(values.get(f"{NAMESPACE}:instanceType", DEFAULT_INSTANCE_TYPE)),
         int(values.get(f"{NAMESPACE}:nodeCount", DEFAULT_NODE_COUNT)),
+    )
+
+
+@dataclass(frozen=True)
+class StackCapacity:
+    """How a stack holds its GPU nodes: the orchestrator, and whether a reservation or Capacity Block backs them."""
+
+    orchestrator: str  # batch | eks
+    instance_type: str
+    nodes: int
+    capacity_reservation: bool
+    capacity_block: bool
+
+
+def stack_capacity(stack: str, root: Path = ROOT) -> StackCapacity:
+    """The stack file's GPU capacity keys (the stack's defaults where its file leaves them out)."""
+    values = read_stack_file(stack, root)
+    instance, nodes = stack_cluster(stack, root)
+    return StackCapacity(
+        orchestrator=str(values.get(f"{NAMESPACE}:orchestrator", "batch")),
+        instance_type=instance,
+        nodes=nodes,
+        capacity_reservation=bool(values.get(f"{NAMESPACE}:capacityReservationId")),
+        capacity_block=bool(values.get(f"{NAMESPACE}:capacityBlock", False)),
     )

@@ -13,6 +13,7 @@ push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket
 data     `make data STACK=<env>`: prepare shards as a Batch array job on the CPU queue, merge, publish a version
 audit      `make audit`: who submitted, cancelled and changed what, newest first
+k8s_audit  an EKS stack's control plane audit log for `make audit`: writes in the cluster, who made them
 residency  the run's buckets in the stack's allowed regions, checked before a submit
 teams      `make train TEAM=`: the team's share, tag and quota
 

@@ -10,6 +10,8 @@ Two sources (docs/security.md#audit-trail):
   hold: read from the stack trail's log files, `AWSLogs/<account>/CloudTrail/<region>/<yyyy>/<mm>/<dd>/*.json.gz`
   (CloudTrail User Guide, "CloudTrail log file examples" / "Finding your CloudTrail log files").
 
+On an EKS stack, a third: the cluster's own audit log (trainer/jobs/k8s_audit.py), writes only.
+
 With RUN, only that run's jobs (submitted with its name, then cancelled or terminated by job id) and its objects.
 """
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from trainer.aws.clients import client
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
+from trainer.jobs import k8s_audit
 
 # The services whose writes change what the stack runs or who may touch it.
 EVENT_SOURCES = (
@@ -55,7 +58,7 @@ class AuditEvent:
     who: str
     action: str  # <service>:<EventName>
     target: str
-    kind: str  # "management" or "data"
+    kind: str  # "management", "data" or "kubernetes" (an EKS cluster's audit log)
     error: str = ""
 
 
@@ -195,6 +198,17 @@ def collect(
     return sorted(events, key=lambda e: e.time, reverse=True)
 
 
+def cluster_events(
+    logs: Any, cluster: str, since: datetime, until: datetime, run: str | None = None
+) -> list[AuditEvent]:
+    """Writes in an EKS stack's cluster from its audit log (trainer/jobs/k8s_audit.py); with RUN, its JobSet's."""
+    return [
+        AuditEvent(**k8s_audit.fields(record), kind="kubernetes")
+        for record in k8s_audit.records(logs, cluster, since, until)
+        if run is None or k8s_audit.for_run(record, run)
+    ]
+
+
 def render_table(events: list[AuditEvent]) -> str:
     columns = ("time", "who", "action", "target", "kind", "error")
     rows = [columns, *([getattr(e, c) for c in columns] for e in events)]
@@ -228,6 +242,12 @@ def main(args: argparse.Namespace) -> int:
         now,
         args.run,
     )
+    if cluster := outputs.values.get("eks_cluster_name"):  # an EKS stack: its control plane's audit log too
+        events = sorted(
+            [*events, *cluster_events(client("logs", outputs.region), str(cluster), since, now, args.run)],
+            key=lambda e: e.time,
+            reverse=True,
+        )
     if args.format == "json":
         print(json.dumps([asdict(e) for e in events], indent=2))
     else:

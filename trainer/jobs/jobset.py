@@ -23,6 +23,7 @@ from trainer.contract.container import (
     NUM_NODES_ENV,
     STOP_TIMEOUT_MARGIN_SECONDS,
 )
+from trainer.contract.gpu_nodes import GPU_TOLERATION
 from trainer.contract.image import efa_environment
 from trainer.contract.jobset import (
     JOBSET_NAME_KEY,
@@ -151,6 +152,8 @@ def jobset_manifest(
         # (trainer/contract/container.py), so a cancelled or preempted pod saves before SIGKILL.
         "terminationGracePeriodSeconds": termination_grace_seconds(settings.stop_grace_seconds),
         "nodeSelector": {INSTANCE_TYPE_LABEL: instance.name},
+        # The GPU nodes are tainted for the pods meant for them (trainer/contract/gpu_nodes.py).
+        "tolerations": [dict(GPU_TOLERATION)],
         "containers": [container],
         "volumes": [
             {"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}},

@@ -23,8 +23,15 @@ from rich.table import Table
 from trainer.arguments import positive_float, positive_int
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
 from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType, instance_type
-from trainer.contract.stack import StackFileError, read_stack_file, stack_cluster
+from trainer.contract.stack import (
+    StackCapacity,
+    StackFileError,
+    read_stack_file,
+    stack_capacity,
+    stack_cluster,
+)
 from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
+from trainer.cost.idle import idle_cost, startup_cost
 from trainer.model.flops import parameter_counts
 from trainer.plan.cost import (
     OptionCost,
@@ -166,6 +173,8 @@ def main(args: argparse.Namespace) -> int:
     _print_chosen(console, chosen, plan)
     costs = purchase_options(instance, nodes, tokens, chosen.step.tokens_per_s, region, args.price_per_hour)
     met = _print_costs(console, plan, costs, tokens, region, args.deadline)
+    if args.stack:
+        _print_idle(console, stack_capacity(args.stack), nodes, region)
     if args.compare:
         met = _print_compare(console, args, nodes, tokens, region, assumptions)
     console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")
@@ -259,6 +268,19 @@ def _print_costs(
         f"{region} grid intensity of {GRID_INTENSITY_DATE}): {emissions}  (docs/cost.md)"
     )
     return met
+
+
+def _print_idle(console: Console, capacity: StackCapacity, nodes: int, region: str) -> None:
+    """What the stack costs on GPUs with no job, and the most a job's node start-up costs (docs/cost.md)."""
+    idle = idle_cost(capacity, region)
+    rate = "unpriced" if idle.usd_per_hour is None else f"${idle.usd_per_hour:,.2f}/hour"
+    console.print(f"idle stack: {idle.nodes} GPU nodes, {rate} on GPUs ({idle.why})")
+    startup = startup_cost(capacity, nodes, region)
+    if startup is not None:
+        dollars = "unpriced" if startup.usd is None else f"${startup.usd:,.0f}"
+        console.print(
+            f"node start-up per attempt: at most {startup.minutes} min x {nodes} nodes = {dollars} ({startup.why})"
+        )
 
 
 def _print_compare(
