@@ -105,7 +105,7 @@ def plan(checkpoint: Path, suite_path: Path | None, tokenizer_path: Path | None)
     prompts = {}
     for i, task in enumerate(suite.generation):
         examples = read_examples(task, f"suite {suite_path}: generation.{i}.file")
-        ids = [tokenizer.tokenize(example.prompt) for example in examples]
+        ids = [tokenizer.tokenize_prompt(example.prompt) for example in examples]
         try:
             generate.check_context(ids, task.max_new_tokens, record.seq_length)
         except generate.GenerateError as error:

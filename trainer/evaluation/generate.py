@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(tokenizer_path(args.tokenizer, args.checkpoint, found))
         check_vocabulary(tokenizer, record)
         prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-        prompt_ids = [tokenizer.tokenize(prompt) for prompt in prompts]
+        prompt_ids = [tokenizer.tokenize_prompt(prompt) for prompt in prompts]
         check_context(prompt_ids, sampling.max_new_tokens, record.seq_length)
         if local.under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             raise GenerateError("generate runs in one process (TP=1, PP=1); start it without torchrun")
@@ -177,7 +177,7 @@ def sample_after_training(cfg: TrainConfig, prompt: str, max_new_tokens: int) ->
     try:
         found, record = checkpoint_and_record(cfg.checkpoint_dir)
         tokenizer = load_tokenizer(cfg.data.tokenizer_path)
-        ids = tokenizer.tokenize(prompt)
+        ids = tokenizer.tokenize_prompt(prompt)
         check_context([ids], 1, record.seq_length)
     except (ValueError, ConfigError, DataError) as error:
         print(f"sample: not generated: {error}", file=sys.stderr)
