@@ -168,6 +168,9 @@ class HuggingFaceTokenizer:
     def tokenize_prompt(self, text: str) -> list[int]:
         return encode_prompt(self._tokenizer, text)
 
+    def token_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
     def detokenize(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
