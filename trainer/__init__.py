@@ -13,6 +13,7 @@ data        prepare, tokenizers, indexed datasets, samples and micro-batch strea
 evaluation  measuring a trained model (score)
 interop     Hugging Face and DeepSpeed checkpoints in and out
 models      model versions: each checkpoint's lineage record, evaluations, tags (`models`)
+serving     a model version served with an OpenAI-compatible API on this machine (`serve`)
 launch      torchrun, each backend's rendezvous, the supervisor
 preflight   the checks every node passes before training
 health      straggler windows and the hang watchdog
