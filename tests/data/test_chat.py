@@ -276,3 +276,20 @@ def test_the_end_of_turn_token_is_the_first_special_token_after_an_assistant_tur
     built-in template with the end-of-text token."""
     for (path, tokenizer), expected in ((llama3, "<|eot_id|>"), (plain_bpe, "<|endoftext|>")):
         assert load_chat_template(tokenizer, path, None).end_of_turn() == expected
+
+
+def test_data_prepared_under_the_older_mask_rule_is_prepared_again_without_force(plain_bpe, tmp_path):
+    """Rule 1 trained the newline after the end-of-turn token: the same inputs are prepared again under rule 2,
+    not served from the cache, and nothing needs --force."""
+    path, _ = plain_bpe
+    data = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"prompt": "What does json.dumps do?", "completion": "Ok."}]
+    )
+    prefix = tmp_path / "p"
+    prepare_chat([data], str(prefix), tokenizer=path)
+    manifest = json.loads((tmp_path / "p.chat.json").read_text())
+    manifest["request"].pop("mask_rule")  # as rule 1 wrote it
+    (tmp_path / "p.chat.json").write_text(json.dumps(manifest))
+    result = prepare_chat([data], str(prefix), tokenizer=path)
+    assert not result.cached and result.manifest.request.mask_rule == 2
+    assert prepare_chat([data], str(prefix), tokenizer=path).cached

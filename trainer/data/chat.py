@@ -319,8 +319,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# 2: an assistant turn is trained through its end-of-turn token, not what follows it (assistant_spans); data
-# prepared under 1 (which trained the newline after it) is re-prepared.
+# 2: an assistant turn is trained through its end-of-turn token, not what follows it (assistant_spans); the same
+# inputs prepared under 1 (which trained the newline after it) are prepared again, without --force.
 MASK_RULE = 2
 
 
@@ -486,7 +486,13 @@ def prepare_chat(
     )
     files, mask = DatasetFiles(output), DatasetFiles(mask_prefix(output))
     existing = read_chat_manifest(output)
-    if not force and existing is not None:
+    # The same inputs prepared under an older loss-mask rule: prepared again, nothing else is replaced.
+    stale = (
+        existing is not None
+        and existing.request.mask_rule != MASK_RULE
+        and existing.request.model_copy(update={"mask_rule": MASK_RULE}) == request
+    )
+    if not force and existing is not None and not stale:
         if existing.request == request:
             token_manifest = read_manifest(files)
             if token_manifest is None:
@@ -495,10 +501,10 @@ def prepare_chat(
             check_chat_dataset(output, existing.longest)
             return ChatResult(output, existing, True, time.perf_counter() - started)
         raise DataError(
-            f"{output!r} holds chat data prepared from other inputs, tokenizer, template or --seq-length, or under "
-            "an older loss-mask rule; pass --force to replace it, or choose another --output"
+            f"{output!r} holds chat data prepared from other inputs, tokenizer, template or --seq-length; pass "
+            "--force to replace it, or choose another --output"
         )
-    if not force and any(path.exists() for path in (*files.all(), mask.bin, mask.idx)):
+    if not force and not stale and any(path.exists() for path in (*files.all(), mask.bin, mask.idx)):
         raise DataError(
             f"{output!r} already holds files that no {chat_manifest_path(output).name} describes; pass --force "
             "to replace them, or choose another --output"

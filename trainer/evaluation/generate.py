@@ -40,7 +40,7 @@ from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
-from trainer.data.chat import trained_template
+from trainer.data.chat import ChatTemplate, trained_template
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 from trainer.distributed import parallel
 from trainer.evaluation.jsonl import string_records
@@ -229,12 +229,17 @@ def _version(found: Path) -> ModelVersion | None:
     return read_record(found) if (found / RECORD).is_file() else None
 
 
+def chat_template_of(found: Path, tokenizer_path: str | Path) -> ChatTemplate | None:
+    """The chat template the checkpoint's run was fine-tuned with (its chat data's manifests), if it was."""
+    version = _version(found)
+    return trained_template(version.config["data"]["prefixes"], tokenizer_path) if version else None
+
+
 def stop_ids(found: Path, tokenizer: HuggingFaceTokenizer) -> frozenset[int]:
     """The ids that end generation: the end-of-document token, and the end-of-turn token of the chat template the
     checkpoint's run was fine-tuned with, where it is another (transformers stops at every id of
     generation_config.json's eos_token_id; trainer/interop/export.py writes the same two)."""
-    version = _version(found)
-    template = trained_template(version.config["data"]["prefixes"], tokenizer.path) if version else None
+    template = chat_template_of(found, tokenizer.path)
     turn = template.end_of_turn() if template is not None else None
     turn_id = tokenizer.token_id(turn) if turn is not None else None
     return frozenset({tokenizer.eod, *([turn_id] if turn_id is not None else [])})
