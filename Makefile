@@ -106,6 +106,17 @@ else
 	  --tag $(FINETUNE_TAG) --tokenizer data/stdlib.tokenizer.json --dtype bf16
 endif
 
+# make serve: a model version (MODEL=<tag or version>, default the fine-tune's tag) with an OpenAI-compatible API on
+# PORT (default 8000) of 127.0.0.1 until Ctrl-C: transformers serve over its export, made once where missing
+# (docs/serving.md). DIR: where the versions and their tags are (default make finetune's run, which holds its tag).
+MODEL ?= $(FINETUNE_TAG)
+PORT  ?= 8000
+DIR   ?= $(FINETUNE_RUN)
+
+.PHONY: serve
+serve: $(VENV)/.dev-installed ## Serve a model version (MODEL=<tag or version>) with an OpenAI-compatible API on 127.0.0.1:$(PORT)
+	$(PY) -m trainer serve "$(MODEL)" --dir "$(DIR)" --port "$(PORT)" $(ARGS)
+
 .PHONY: bench
 bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json
 	$(PY) -m trainer prepare --stdlib --output data/stdlib

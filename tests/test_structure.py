@@ -93,7 +93,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("interop",),
     ("evaluation",),
     ("models",),
-    ("metrics", "health", "preflight"),
+    ("metrics", "health", "preflight", "serving"),
     ("launch",),
     ("jobs",),
     ("train",),

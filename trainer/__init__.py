@@ -19,6 +19,7 @@ engines     what does a step, evaluates, saves and loads: megatron, deepspeed
 interop     Hugging Face and DeepSpeed checkpoints in and out
 evaluation  measuring a trained model (score, generate, suites)
 models      model versions: registry, tags, the fine-tune's last stages (`models`, `finetune-stages`)
+serving     a model version served with an OpenAI-compatible API on this machine (`serve`)
 metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
 health      straggler windows and the hang watchdog
 preflight   the checks every node passes before training

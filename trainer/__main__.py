@@ -31,6 +31,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.models.pipeline",
         "after a fine-tune: evaluate its newest checkpoint, promote it to a tag, export it; each once",
     ),
+    "serve": (
+        "trainer.serving.command",
+        "serve a model version (a tag or name) with an OpenAI-compatible API on this machine",
+    ),
     "generate": (
         "trainer.evaluation.generate",
         "continue prompts with a checkpoint's model (KV cache; greedy, temperature, top-k, top-p)",

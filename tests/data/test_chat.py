@@ -118,7 +118,9 @@ def test_the_llama3_mask_keeps_each_assistant_answer_and_its_eot(llama3, tmp_pat
     assert ids[0].count(tokenizer.token_to_id("<|begin_of_text|>")) == 1
 
 
-def test_the_builtin_template_trains_answers_and_their_end_of_document(plain_bpe, tmp_path):
+def test_the_builtin_template_trains_answers_through_their_end_of_document_not_the_newline_after(
+    plain_bpe, tmp_path
+):
     path, tokenizer = plain_bpe
     data = write_jsonl(
         tmp_path / "pairs.jsonl", [{"prompt": "What does json.dumps do?", "completion": "Serialize."}]
@@ -127,7 +129,9 @@ def test_the_builtin_template_trains_answers_and_their_end_of_document(plain_bpe
     result = prepare_chat([data], str(tmp_path / "p"), tokenizer=path)
 
     texts, ids = trained_text(tokenizer, tmp_path / "p")
-    assert texts == ["Serialize.<|endoftext|>\n"]
+    # The newline after <|endoftext|> starts the next turn: a model stopping at the token never predicts it
+    # (Megatron-Bridge's mask, transformers' {% generation %} block, ends at the end-of-turn token).
+    assert texts == ["Serialize.<|endoftext|>"]
     assert tokenizer.decode(ids[0], skip_special_tokens=False) == (
         "<|user|>\nWhat does json.dumps do?\n<|assistant|>\nSerialize.<|endoftext|>\n"
     )
@@ -235,3 +239,57 @@ def test_a_named_chat_template_must_exist_and_hold_a_template(plain_bpe, tmp_pat
     (tmp_path / "config.json").write_text('{"bos_token": "<s>"}')
     with pytest.raises(DataError, match="has no 'chat_template' string"):
         prepare_chat([data], str(tmp_path / "c"), tokenizer=path, chat_template=str(tmp_path / "config.json"))
+
+
+def test_a_jinja_template_gets_the_tokenizers_bos_and_every_special_token_and_strftime_now(llama3, tmp_path):
+    """transformers passes every template the tokenizer's named special tokens and a strftime_now global
+    (tokenization_utils_base.py apply_chat_template, utils/chat_template_utils.py): a .jinja file is rendered
+    with the same, not with an empty bos_token."""
+    path, tokenizer = llama3
+    config = json.loads(LLAMA3_CONFIG.read_text())
+    jinja = tmp_path / "llama3.jinja"
+    jinja.write_text(config["chat_template"] + "{{ strftime_now('%Y') }}|{{ pad_token }}")
+    template = load_chat_template(tokenizer, path, str(jinja))
+    rendered, _ = render_jinja_template(
+        conversations=[CHAT],
+        chat_template=jinja.read_text(),
+        bos_token=config["bos_token"],
+        eos_token=config["eos_token"],
+    )
+    assert template.render(CHAT) == rendered[0]
+    assert rendered[0].startswith("<|begin_of_text|>") and rendered[0].endswith("|")  # its config has no pad
+
+
+def test_a_jinja_template_without_a_tokenizer_config_reads_the_tokenizers_own_bos(tmp_path):
+    path = tmp_path / "bare" / "tokenizer.json"
+    path.parent.mkdir()
+    tokenizer = bpe(path, LLAMA3_SPECIAL)
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{{ bos_token }}{% for m in messages %}{{ m['content'] }}<|eot_id|>{% endfor %}")
+    template = load_chat_template(tokenizer, str(path), str(jinja))
+    assert template.render(CHAT[:1]) == "<|begin_of_text|>Answer in one line.<|eot_id|>"
+    assert template.eos_token == "<|end_of_text|>"  # the tokenizer's end-of-text: no config says otherwise
+
+
+def test_the_end_of_turn_token_is_the_first_special_token_after_an_assistant_turn(llama3, plain_bpe):
+    """Llama 3 Instruct ends a turn with <|eot_id|> (its generation_config.json lists 128001 and 128009); the
+    built-in template with the end-of-text token."""
+    for (path, tokenizer), expected in ((llama3, "<|eot_id|>"), (plain_bpe, "<|endoftext|>")):
+        assert load_chat_template(tokenizer, path, None).end_of_turn() == expected
+
+
+def test_data_prepared_under_the_older_mask_rule_is_prepared_again_without_force(plain_bpe, tmp_path):
+    """Rule 1 trained the newline after the end-of-turn token: the same inputs are prepared again under rule 2,
+    not served from the cache, and nothing needs --force."""
+    path, _ = plain_bpe
+    data = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"prompt": "What does json.dumps do?", "completion": "Ok."}]
+    )
+    prefix = tmp_path / "p"
+    prepare_chat([data], str(prefix), tokenizer=path)
+    manifest = json.loads((tmp_path / "p.chat.json").read_text())
+    manifest["request"].pop("mask_rule")  # as rule 1 wrote it
+    (tmp_path / "p.chat.json").write_text(json.dumps(manifest))
+    result = prepare_chat([data], str(prefix), tokenizer=path)
+    assert not result.cached and result.manifest.request.mask_rule == 2
+    assert prepare_chat([data], str(prefix), tokenizer=path).cached

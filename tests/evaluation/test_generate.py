@@ -219,3 +219,38 @@ def test_the_sample_after_training_is_the_greedy_continuation_of_the_runs_newest
         capsys, *common, "--prompt", PROMPTS[2], "--max-new-tokens", "8", "--format", "json"
     )
     assert f"(greedy, 8 tokens):\n{PROMPTS[2]}{json.loads(out)['text']}\n--- (" in sample
+
+
+@pytest.mark.slow
+def test_a_checkpoint_alone_is_enough_its_record_names_the_tokenizer_and_an_end_of_turn_id_stops(
+    tp2_pp2, tiny_corpus, capsys
+):
+    """`generate --checkpoint <run>/checkpoints` reads the tokenizer its model version record names; and a
+    generator stops at any of its stop ids (the end-of-turn token of a chat template, stop_ids), which the text
+    leaves out, as transformers stops at every id of generation_config.json's eos_token_id."""
+    from trainer.evaluation.generate import Generator, checkpoint_and_record
+
+    checkpoints = str(tp2_pp2.run_dir / "checkpoints")
+    common = ["--prompt", PROMPTS[0], "--max-new-tokens", "8", "--format", "json"]
+    code, alone, err = run_generate(capsys, "--checkpoint", checkpoints, *common)
+    assert code == 0, err
+    tokenizer_file = tiny_corpus + ".tokenizer.json"
+    _, given, _ = run_generate(capsys, "--checkpoint", checkpoints, "--tokenizer", tokenizer_file, *common)
+    assert json.loads(alone) == json.loads(given)
+
+    greedy = json.loads(alone)["tokens"]
+    tokenizer = load_tokenizer(tokenizer_file)
+    found, record = checkpoint_and_record(tp2_pp2.run_dir / "checkpoints")
+    with Generator.loaded(found, record, tokenizer, frozenset({tokenizer.eod, greedy[3]})) as generator:
+        result = generator.generate(tokenizer.tokenize_prompt(PROMPTS[0]), Sampling(max_new_tokens=8))
+    assert result.tokens == greedy[: greedy.index(greedy[3]) + 1] and result.stopped_by == "eod"
+    assert result.text == tokenizer.detokenize(greedy[: greedy.index(greedy[3])])
+
+
+def test_prompts_read_special_token_text_as_the_token_where_training_data_reads_it_literally(tiny_corpus):
+    """Training data encodes a literal "<|endoftext|>" inside a document as characters (only prepare's EOD ends
+    one); a prompt, like transformers' tokenizer, vLLM and lm-eval, reads it as the token."""
+    tokenizer = load_tokenizer(tiny_corpus + ".tokenizer.json")
+    text = "x = 1<|endoftext|>"
+    assert tokenizer.tokenize_prompt(text)[-1] == tokenizer.eod
+    assert tokenizer.eod not in tokenizer.tokenize(text)

@@ -83,3 +83,30 @@ def test_an_unknown_task_or_a_missing_include_directory_is_refused(tmp_path):
 def test_evaluate_needs_a_suite_or_harness_tasks(capsys):
     assert trainer_main(["evaluate", "--checkpoint", "anywhere"]) == 2
     assert "give --suite FILE.yaml, --harness-tasks TASK,..., or both" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_harness_export_carries_the_chat_template_that_lm_eval_applies(tp2_pp2, tiny_corpus, tmp_path):
+    """A chat fine-tune is evaluated in its chat format: the harness's export holds the run's template (as every
+    export does), and lm-eval's hf model, asked to apply_chat_template (lm-eval 0.4.13 simple_evaluate), renders
+    each request with it."""
+    from lm_eval.models.huggingface import HFLM
+
+    from trainer.data.chat import load_chat_template
+    from trainer.data.tokenizer import load_tokenizer, read_tokenizer
+    from trainer.evaluation import harness
+    from trainer.evaluation.generate import checkpoint_and_record
+
+    path = tiny_corpus + ".tokenizer.json"
+    template = load_chat_template(read_tokenizer(path), path, None)
+    found, record = checkpoint_and_record(tp2_pp2.run_dir / "checkpoints")
+    out = tmp_path / "hf"
+    out.mkdir()
+    harness.export(found, record, load_tokenizer(path), out, template)
+    model = HFLM(pretrained=str(out), dtype="float32", device="cpu", batch_size=1)
+    assert model.chat_template(True) == template.source
+    chat = [{"role": "user", "content": "def f():"}]
+    assert model.apply_chat_template(chat) == template.render(chat, add_generation_prompt=True)
+    assert (
+        json.loads((out / "generation_config.json").read_text())["eos_token_id"] == load_tokenizer(path).eod
+    )

@@ -154,3 +154,50 @@ def test_a_trained_checkpoints_record_becomes_its_exports_model_card(single, lau
     generated = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
     assert generated.shape[1] <= len(ids) + 3
     assert GenerationConfig.from_pretrained(out).max_length == record.config["data"]["seq_length"]
+
+
+def test_the_model_cards_snippet_runs_under_transformers_5(llama, tokenizer_file, tmp_path):
+    """transformers 5's apply_chat_template returns a BatchEncoding (return_dict defaults to True): the card's
+    snippet, run as written on a real export, generates."""
+    out = tmp_path / "export"
+    config = export_to(out, llama, torch.float32)
+    tokens = export.write_tokenizer(out, tokenizer_file, max_length=64)
+    (out / "config.json").write_text(json.dumps(config | {"eos_token_id": tokens.eos_id}))
+    (out / export.GENERATION_CONFIG).write_text(json.dumps(export.generation_config(tokens)))
+    for has_chat_template in (True, False):
+        card = export.model_card("tiny", "float32", None, [], has_chat_template=has_chat_template)
+        snippet = card.split("```python\n")[1].split("```")[0].replace("PATH", str(out))
+        snippet = snippet.replace("max_new_tokens=32", "max_new_tokens=3")
+        exec(compile(snippet, "model card", "exec"), {})  # the card's own code, on our export
+
+
+def test_an_export_carries_the_template_fine_tuning_used_and_stops_at_its_end_of_turn(tmp_path):
+    """A run fine-tuned with a .jinja template (the Llama 3 path: --chat-template, no tokenizer_config.json beside
+    the tokenizer) exports that template, not the built-in one, and generation_config.json lists the end-of-turn
+    token beside the end-of-text one, as Llama 3 Instruct's lists 128001 and 128009."""
+    from tests.data.conftest import write_jsonl
+    from tests.data.test_chat import CHAT, LLAMA3_CONFIG, LLAMA3_SPECIAL, bpe
+    from trainer.data.chat import prepare_chat, trained_template
+
+    tokenizer_path = tmp_path / "tok" / "tokenizer.json"
+    tokenizer_path.parent.mkdir()
+    tokenizer = bpe(tokenizer_path, LLAMA3_SPECIAL)
+    jinja = tmp_path / "llama3.jinja"
+    jinja.write_text(json.loads(LLAMA3_CONFIG.read_text())["chat_template"])
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}])
+    prefix = str(tmp_path / "data" / "chat")
+    prepare_chat([data], prefix, tokenizer=str(tokenizer_path), chat_template=str(jinja))
+
+    template = trained_template([prefix], tokenizer_path)
+    assert template is not None and template.source == jinja.read_text()
+    out = tmp_path / "export"
+    out.mkdir()
+    tokens = export.write_tokenizer(out, tokenizer_path, 64, template)
+    (out / export.GENERATION_CONFIG).write_text(json.dumps(export.generation_config(tokens)))
+
+    loaded = AutoTokenizer.from_pretrained(out)
+    assert loaded.chat_template == jinja.read_text() != CHAT_TEMPLATE
+    assert loaded.apply_chat_template(CHAT, tokenize=False) == template.render(CHAT)
+    eot, eod = tokenizer.token_to_id("<|eot_id|>"), tokenizer.token_to_id("<|end_of_text|>")
+    assert GenerationConfig.from_pretrained(out).eos_token_id == [eod, eot]
+    assert trained_template([str(tmp_path / "not-chat")], tokenizer_path) is None

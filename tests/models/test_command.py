@@ -22,7 +22,9 @@ def test_list_promote_and_show_a_local_directory(runs, capsys):  # noqa: F811
     assert code == 0 and [v["step"] for v in listed] == [5, 10] and listed[0]["tags"] == []
     newest = listed[1]["version"]
     code, out, _ = models(capsys, "promote", newest, "--tag", "production", "--dir", str(runs))
-    assert code == 0 and out.startswith(f"production -> {newest}; recorded in {runs}/model-tags/production/")
+    assert code == 0 and out.startswith(
+        f"production -> {newest}; recorded in {runs}/model-tags/production.json"
+    )
     code, out, _ = models(capsys, "show", "production", "--dir", str(runs), "--format", "json")
     shown = json.loads(out)
     assert shown["version"] == newest and shown["tags"] == ["production"]
@@ -64,6 +66,6 @@ def test_list_and_promote_on_a_stack_read_and_write_its_checkpoints_bucket(bucke
         capsys, "promote", listed[0]["version"], "--tag", "production", *stack, "--format", "json"
     )
     assert code == 0, err
-    assert json.loads(out)["written"].startswith(f"s3://{BUCKET}/model-tags/production/")
+    assert json.loads(out)["written"] == f"s3://{BUCKET}/model-tags/production.json"
     code, out, _ = models(capsys, "show", "production", *stack, "--format", "json")
     assert json.loads(out)["version"] == listed[0]["version"]

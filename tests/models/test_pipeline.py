@@ -50,7 +50,7 @@ def test_the_stages_run_once_and_a_second_call_writes_nothing(single, tiny_corpu
     assert trainer_main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"{newest}:" in out and "heldout: perplexity" in out and "echo: exact match" in out
-    assert f"candidate -> {version}; recorded in {tags_root / TAGS / 'candidate'}" in out
+    assert f"candidate -> {version}; recorded in {tags_root / TAGS / 'candidate.json'}" in out
 
     evaluation = json.loads((newest / EVALUATIONS / "sft.json").read_text())
     assert (
@@ -58,8 +58,8 @@ def test_the_stages_run_once_and_a_second_call_writes_nothing(single, tiny_corpu
         and evaluation["results"]["generation"]["echo"]
     )
     # At the tags root: on a stack /fsx/checkpoints, whose model-tags/ FSx exports to the bucket's.
-    (event,) = (tags_root / TAGS / "candidate").glob("*.json")
-    assert json.loads(event.read_text())["version"] == version
+    (event,) = json.loads((tags_root / TAGS / "candidate.json").read_text())["events"]
+    assert event["version"] == version
     export = run / "export" / version
     assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"
     assert "| sft | perplexity |" in (export / "README.md").read_text()  # the evaluation is in the model card

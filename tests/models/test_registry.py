@@ -1,5 +1,7 @@
 """The registry: versions found under a local directory and in a KMS-encrypted, versioned checkpoints bucket
-(moto), tags that move only by appending events, and a history that keeps every promotion."""
+(moto), tags that move by one compare-and-swap of the tag's own file, and a history that keeps every promotion;
+of two concurrent promotions one wins, and S3's retryable 409 is retried (botocore's Stubber: moto never answers
+it)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,18 @@ from moto import mock_aws
 
 from tests.checkpoint.test_version import config, prepared
 from tests.support.training import sealed_checkpoint
-from trainer.checkpoint.version import RECORD, Lineage, RecordError, write_record
-from trainer.models.registry import NEWEST, TAGS, LocalStore, Registry, RegistryError, S3Store, TagEvent
+from trainer.checkpoint.version import RECORD, Lineage, write_record
+from trainer.models.registry import (
+    NEWEST,
+    TAGS,
+    LocalStore,
+    Registry,
+    RegistryError,
+    S3Store,
+    TagChanged,
+    TagEvent,
+    TagHistory,
+)
 
 REGION = "us-east-1"
 BUCKET = "trainstack-test-checkpoints"
@@ -55,7 +67,7 @@ def test_promote_moves_a_tag_by_appending_events_and_keeps_its_history(runs):
     assert again.tags() == {"production": second, "staging": second}
     assert again.find("production").record.version == second
     assert [(e.version, e.previous) for e in again.history("production")] == [(first, None), (second, first)]
-    assert len(list((runs / TAGS / "production").glob("*.json"))) == 2
+    assert len(json.loads((runs / TAGS / "production.json").read_text())["events"]) == 2
     assert again.tags_of(second) == ["production", "staging"]
 
 
@@ -67,7 +79,7 @@ def test_newest_names_the_newest_version_and_a_repeated_promotion_appends_nothin
     assert (event.version, where is not None) == (second, True)
     again, where = Registry(LocalStore(runs)).promote(NEWEST, "candidate")  # a pipeline run again
     assert (again, where) == (event, None)
-    assert len(list((runs / TAGS / "candidate").glob("*.json"))) == 1
+    assert len(json.loads((runs / TAGS / "candidate.json").read_text())["events"]) == 1
     with pytest.raises(RegistryError, match=r"--tag 'newest': .*not 'newest'"):
         registry.promote(first, NEWEST)
 
@@ -87,15 +99,31 @@ def test_an_unknown_version_or_a_bad_tag_is_refused_with_what_would_be_valid(run
         LocalStore(runs / "missing")
 
 
-def test_a_tag_event_is_never_replaced(runs):
+def test_of_two_concurrent_promotions_of_one_tag_one_wins_and_the_other_is_refused(runs):
+    """Both read the tag before either writes (two `models promote` at once): the second write finds the tag
+    changed since its read and is refused naming the winner, instead of both succeeding past each other."""
+    first, second = versions(Registry(LocalStore(runs)))
+    one, other = Registry(LocalStore(runs)), Registry(LocalStore(runs))
+    one.promote(first, "production")
+    with pytest.raises(TagChanged, match=f"'production' names {first} now, not None.*another promotion won"):
+        other.promote(second, "production")
+    history = Registry(LocalStore(runs)).history("production")
+    assert [(e.version, e.previous) for e in history] == [(first, None)]
+
+
+def test_a_local_write_from_a_stale_read_is_refused(runs):
     store = LocalStore(runs)
     event = TagEvent(
         tag="production", version="v", at="2026-12-04T22:00:00.000001+00:00", by="me", previous=None
     )
-    store.append_tag_event(event)
-    with pytest.raises(RecordError, match="written once, never replaced"):
-        store.append_tag_event(event)
-    assert [e.version for e in store.tag_events()] == ["v"]
+    store.write_tag(TagHistory(tag="production", events=[event]), None)
+    with pytest.raises(TagChanged, match="changed since it was read"):
+        store.write_tag(
+            TagHistory(tag="production", events=[event, event]), None
+        )  # read before the first write
+    history, token = store.read_tag("production")
+    assert history is not None and [e.version for e in history.events] == ["v"]
+    store.write_tag(TagHistory(tag="production", events=[event, event]), token)
 
 
 @pytest.fixture
@@ -124,7 +152,7 @@ def exported(s3, runs: Path) -> None:
         s3.put_object(Bucket=BUCKET, Key=str(path.relative_to(runs)), Body=path.read_bytes())
 
 
-def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_and_never_over(bucket, runs):
+def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_to_the_tags_own_object(bucket, runs):
     s3, key = bucket
     exported(s3, runs)
     store = S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key)
@@ -136,14 +164,12 @@ def test_s3_versions_and_tags_are_read_and_promotions_written_encrypted_and_neve
     assert event.by.startswith("arn:aws:")
     written = s3.get_object(Bucket=BUCKET, Key=where.removeprefix(f"s3://{BUCKET}/"))
     assert (written["ServerSideEncryption"], written["SSEKMSKeyId"]) == ("aws:kms", key)
-    assert json.loads(written["Body"].read())["version"] == first
+    assert [e["version"] for e in json.loads(written["Body"].read())["events"]] == [first, second]
     again = Registry(S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key))
     assert again.find("production").record.version == second
     assert [e.version for e in again.history("production")] == [first, second]
-    with pytest.raises(RegistryError, match="tag events are never replaced"):
-        store.append_tag_event(event)
     keys = [v["Key"] for v in s3.list_object_versions(Bucket=BUCKET, Prefix=TAGS)["Versions"]]
-    assert len(keys) == len(set(keys)) == 2  # no key written twice
+    assert keys == [f"{TAGS}/production.json"] * 2  # one object, each promotion a version of it
 
 
 def test_a_teams_store_reads_and_writes_only_under_its_prefix(bucket, runs):
@@ -162,7 +188,7 @@ def test_a_teams_store_reads_and_writes_only_under_its_prefix(bucket, runs):
         f"s3://{BUCKET}/teams/vision/tiny/checkpoints/iter_0000010",
     ]
     _, where = registry.promote(versions(registry)[1], "production")
-    assert where.startswith(f"s3://{BUCKET}/teams/vision/{TAGS}/production/")
+    assert where == f"s3://{BUCKET}/teams/vision/{TAGS}/production.json"
     assert Registry(store).tags() == {"production": versions(registry)[1]}
 
 
@@ -177,3 +203,57 @@ def test_s3_evaluations_beside_a_record_are_read(bucket, runs):
     found = registry.versions[1]
     assert [e["results"] for e in found.evaluations] == [{"perplexity": 7.5}]
     assert (checkpoint / RECORD).is_file() and registry.versions[0].evaluations == []
+
+
+def test_s3_a_promotion_from_a_stale_read_gets_412_and_is_refused(bucket, runs):
+    """moto 5.2.5 answers PutObject's If-Match with 412 PreconditionFailed when the ETag changed (as S3 does)."""
+    s3, key = bucket
+    exported(s3, runs)
+    sts = boto3.client("sts", region_name=REGION)
+    one, other = Registry(S3Store(s3, sts, BUCKET, key)), Registry(S3Store(s3, sts, BUCKET, key))
+    first, second = versions(one)
+    one.promote(first, "production")
+    store = S3Store(s3, sts, BUCKET, key)
+    history, etag = store.read_tag("production")
+    assert history is not None
+    one.promote(second, "production")  # the tag moves after `store` read it
+    with pytest.raises(TagChanged, match="changed since it was read"):
+        store.write_tag(TagHistory(tag="production", events=history.events), etag)
+    with pytest.raises(TagChanged, match=f"names {second} now, not None"):
+        other.promote(second, "production")
+    assert [e.version for e in Registry(S3Store(s3, sts, BUCKET, key)).history("production")] == [
+        first,
+        second,
+    ]
+
+
+def test_s3_a_409_conditional_request_conflict_is_read_again_and_retried_not_reported(bucket, runs):
+    """S3's 409 ConditionalRequestConflict means a conflicting write was in flight: "fetch the object's ETag and
+    retry" (S3 API reference, PutObject If-Match). moto never answers it, so the first PutObject is answered 409
+    by a botocore `before-call` handler (the hook botocore's Stubber answers through); everything else is moto."""
+    from botocore.awsrequest import AWSResponse
+
+    s3, key = bucket
+    exported(s3, runs)
+    registry = Registry(S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key))
+    first, second = versions(registry)
+    registry.promote(first, "production")
+    answered = []
+
+    def conflict_once(**_):
+        if answered:
+            return None  # the call goes to moto
+        answered.append(409)
+        error = {"Code": "ConditionalRequestConflict", "Message": "A conflicting operation occurred"}
+        return AWSResponse("https://s3", 409, {}, None), {
+            "Error": error,
+            "ResponseMetadata": {"HTTPStatusCode": 409},
+        }
+
+    s3.meta.events.register("before-call.s3.PutObject", conflict_once)
+    event, where = registry.promote(second, "production")
+    s3.meta.events.unregister("before-call.s3.PutObject", conflict_once)
+    assert answered == [409] and (event.version, event.previous) == (second, first)
+    again = Registry(S3Store(s3, boto3.client("sts", region_name=REGION), BUCKET, key))
+    assert [e.version for e in again.history("production")] == [first, second]
+    assert where == f"s3://{BUCKET}/{TAGS}/production.json"

@@ -493,6 +493,10 @@ ROWS: dict[str, Row] = {
         "models show nope --dir {checkpoints}",
         ("no model version or tag 'nope' in {checkpoints}; versions (newest): tiny-s",),
     ),
+    "serve-unknown-model": Row(
+        "serve nope --dir {checkpoints}",
+        ("serve: no model version or tag 'nope' in {checkpoints}; versions (newest): tiny-s",),
+    ),
     "plan-nowhere-to-run": Row(
         "plan --config trainer/configs/llama3-8b.yaml",
         ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),

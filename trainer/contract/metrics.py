@@ -412,8 +412,46 @@ HOST_MEMORY_TOTAL = Metric(
     "host_memory_total_bytes", "gauge", "Host memory installed", NODE_LABELS, unit="bytes"
 )
 
+# --- a served model (trainer/serving): `run` is the model version's run, `job_id` the server (`local` for make
+# serve), `model` the version's name, `endpoint` the API path ---------------------------------------------------------
+SERVING_LABELS = (*RUN_LABELS, "model", "endpoint")
+SERVING_REQUESTS = Metric(
+    "serving_requests_total",
+    "counter",
+    "Requests answered, by endpoint and HTTP status",
+    (*SERVING_LABELS, "status"),
+)
+SERVING_REQUEST_TIME = Metric(
+    "serving_request_seconds_total",
+    "counter",
+    "Seconds from a request's arrival to its last byte, summed (divide by requests for the mean)",
+    SERVING_LABELS,
+    unit="seconds",
+)
+SERVING_FIRST_BYTE_TIME = Metric(
+    "serving_first_byte_seconds_total",
+    "counter",
+    "Seconds from a request's arrival to its first body byte (a stream's first token), summed",
+    SERVING_LABELS,
+    unit="seconds",
+)
+SERVING_IN_FLIGHT = Metric(
+    "serving_requests_in_flight", "gauge", "Requests being answered now", SERVING_LABELS
+)
+SERVING_PROMPT_TOKENS = Metric(
+    "serving_prompt_tokens_total", "counter", "Prompt tokens of the requests accepted", SERVING_LABELS
+)
+SERVING_COMPLETION_TOKENS = Metric(
+    "serving_completion_tokens_total",
+    "counter",
+    "Tokens generated, as each answer's usage reports them",
+    SERVING_LABELS,
+)
+
 METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
 BY_NAME = {metric.name: metric for metric in METRICS}
+# What a model server exports (trainer/serving/metrics.py), not a training process.
+SERVING_METRICS = tuple(metric for metric in METRICS if "endpoint" in metric.labels)
 # What a node reports about itself (trainer/monitoring/node.py), as opposed to what the loop records.
 NODE_METRICS = tuple(metric for metric in METRICS if "node" in metric.labels and "rank" not in metric.labels)
 

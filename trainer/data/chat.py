@@ -43,27 +43,46 @@ from trainer.data.manifest import (
     write_manifest,
     written_files,
 )
-from trainer.data.tokenizer import eod_id, file_sha256, read_tokenizer
+from trainer.data.tokenizer import bos_token, eod_id, file_sha256, read_tokenizer
 
 TRAINED_ROLE = "assistant"
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A jinja2 chat template and the special tokens it reads (`bos_token`, `eos_token`), with where it came from."""
+    """A jinja2 chat template, the special tokens it is rendered with, and where it came from.
+
+    `tokens` are what transformers 5.24.0 passes every template (tokenization_utils_base.py apply_chat_template:
+    `{**self.special_tokens_map, **kwargs}`, the named tokens bos_token, eos_token, unk_token, pad_token, ... that
+    the tokenizer has); `special` is every special token's text, to find where a turn ends."""
 
     source: str
     origin: str
-    bos_token: str
-    eos_token: str
+    tokens: tuple[tuple[str, str], ...]
+    special: frozenset[str] = frozenset()
+
+    @property
+    def eos_token(self) -> str:
+        return dict(self.tokens).get("eos_token", "")
+
+    @property
+    def bos_token(self) -> str:
+        return dict(self.tokens).get("bos_token", "")
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool = False) -> str:
         return _compiled(self.source).render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **dict(self.tokens)
         )
+
+    def end_of_turn(self) -> str | None:
+        """The special token that ends an assistant turn (the first one the template writes after the turn's
+        text: `<|eot_id|>` for Llama 3 Instruct, the end-of-text token for the built-in template); None when the
+        template writes none."""
+        marker = "\x00assistant-text\x00"
+        text = self.render([{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}])
+        tail = text[text.rindex(marker) + len(marker) :] if marker in text else ""
+        found = [(tail.find(token), token) for token in self.special if token and token in tail]
+        return min(found)[1] if found else None
 
     @property
     def sha256(self) -> str:
@@ -74,7 +93,9 @@ class ChatTemplate:
 def _compiled(source: str):
     """The template compiled as transformers 5.24.0 compiles chat templates (utils/chat_template_utils.py
     _cached_compile_jinja_template): a sandboxed environment with trim_blocks, lstrip_blocks, loop controls, a
-    `raise_exception` global and a `tojson` filter that does not escape HTML."""
+    `raise_exception` and a `strftime_now` global and a `tojson` filter that does not escape HTML."""
+    from datetime import datetime
+
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -92,42 +113,75 @@ def _compiled(source: str):
     )
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     return environment.from_string(source)
+
+
+# The named special tokens transformers passes a template (tokenization_utils_base.py SPECIAL_TOKENS_ATTRIBUTES).
+TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+BUILTIN_ORIGIN = "the built-in template (docs/finetune.md)"
+
+
+def template_tokens(tokenizer: Tokenizer, tokenizer_path: str | Path) -> dict[str, str]:
+    """The named special tokens a template is rendered with: those of the tokenizer_config.json beside the
+    tokenizer where there is one, else the tokenizer's own beginning- and end-of-text tokens (what an export's
+    tokenizer_config.json names: trainer/interop/export.py)."""
+    eos = tokenizer.id_to_token(eod_id(tokenizer, tokenizer_path))
+    assert eos is not None  # eod_id found it in the vocabulary
+    beside = Path(tokenizer_path).with_name("tokenizer_config.json")
+    if beside.is_file():
+        own = {name: _token_text(_json_object(beside).get(name)) for name in TOKEN_NAMES}
+        return {"eos_token": eos} | {name: text for name, text in own.items() if text}
+    tokens = {"eos_token": eos, "pad_token": eos}  # as an export's tokenizer_config.json names them
+    if (bos := bos_token(tokenizer)) is not None:
+        tokens["bos_token"] = bos
+    return tokens
 
 
 def load_chat_template(tokenizer: Tokenizer, tokenizer_path: str, chat_template: str | None) -> ChatTemplate:
     """The template to use: `chat_template` (a tokenizer_config.json with a `chat_template`, or a .jinja file),
-    else the tokenizer_config.json beside the tokenizer when it has one, else BUILTIN_TEMPLATE."""
-    eos = tokenizer.id_to_token(eod_id(tokenizer, tokenizer_path))
-    assert eos is not None  # eod_id found it in the vocabulary
+    else the tokenizer_config.json beside the tokenizer when it has one, else BUILTIN_TEMPLATE; rendered with the
+    tokenizer's special tokens (template_tokens; a given tokenizer_config.json's own override them)."""
+    tokens = template_tokens(tokenizer, tokenizer_path)
+    special = frozenset(
+        added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special
+    )
     beside = Path(tokenizer_path).with_name("tokenizer_config.json")
     path = Path(chat_template) if chat_template else (beside if beside.is_file() else None)
+
+    def template(source: str, origin: str, own: dict[str, str] | None = None) -> ChatTemplate:
+        return ChatTemplate(source, origin, tuple(sorted((tokens | (own or {})).items())), special)
+
     if path is None:
-        return ChatTemplate(BUILTIN_TEMPLATE, "the built-in template (docs/finetune.md)", "", eos)
+        return template(BUILTIN_TEMPLATE, BUILTIN_ORIGIN)
     if not path.is_file():
         raise DataError(
             f"--chat-template {str(path)!r} does not exist: give a Hugging Face tokenizer_config.json with a "
             "'chat_template', or a .jinja file"
         )
     if path.suffix == ".jinja":
-        return ChatTemplate(path.read_text(encoding="utf-8"), str(path), "", eos)
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"chat template {str(path)!r} is not valid JSON: {error}") from None
-    source = config.get("chat_template") if isinstance(config, dict) else None
+        return template(path.read_text(encoding="utf-8"), str(path))
+    config = _json_object(path)
+    source = config.get("chat_template")
     if isinstance(source, list):  # several named templates: transformers uses the one named "default"
         source = next((item.get("template") for item in source if item.get("name") == "default"), None)
     if not isinstance(source, str) or not source:
         if chat_template is None:  # a tokenizer_config.json without a template: the tokenizer has none
-            return ChatTemplate(BUILTIN_TEMPLATE, "the built-in template (docs/finetune.md)", "", eos)
+            return template(BUILTIN_TEMPLATE, BUILTIN_ORIGIN)
         raise DataError(
             f"chat template {str(path)!r} has no 'chat_template' string; give a tokenizer_config.json that has "
             "one, or a .jinja file"
         )
-    return ChatTemplate(
-        source, str(path), _token_text(config.get("bos_token")), _token_text(config.get("eos_token")) or eos
-    )
+    own = {name: _token_text(config.get(name)) for name in TOKEN_NAMES}
+    return template(source, str(path), {name: text for name, text in own.items() if text})
+
+
+def _json_object(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"chat template {str(path)!r} is not valid JSON: {error}") from None
+    return config if isinstance(config, dict) else {}
 
 
 def _token_text(value: object) -> str:
@@ -214,7 +268,11 @@ def _messages(line: str, where: str) -> tuple[dict[str, str], ...]:
 def assistant_spans(template: ChatTemplate, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character ranges of the assistant turns in it: a turn is what rendering
     it adds after the conversation so far with the generation prompt (its text and end-of-turn token, not its
-    header), so any template that renders a conversation as the concatenation of its turns works."""
+    header), so any template that renders a conversation as the concatenation of its turns works. A turn ends
+    with the first special token after its text (the end-of-turn token): what the template writes after that
+    (the built-in template's newline) is the next turn's start, which a model that stopped at the token never
+    predicts, so it is not trained (Megatron-Bridge trains transformers' assistant mask, the template's
+    `{% generation %}` block, which ends at the end-of-turn token: src/megatron/bridge/data/datasets/utils.py)."""
     messages = conversation.messages
     text = template.render(messages)
     spans = []
@@ -228,8 +286,16 @@ def assistant_spans(template: ChatTemplate, conversation: Conversation) -> tuple
                 f"{conversation.where}: the chat template ({template.origin}) does not render a conversation as "
                 "its turns one after another, so the assistant's tokens cannot be told apart"
             )
-        spans.append((len(before), len(through)))
+        spans.append((len(before), len(before) + _turn_length(template, through[len(before) :], message)))
     return text, spans
+
+
+def _turn_length(template: ChatTemplate, turn: str, message: dict[str, str]) -> int:
+    """How much of a rendered assistant turn is trained: through its end-of-turn token, where it has one."""
+    text_end = turn.rfind(message["content"]) + len(message["content"]) if message["content"] else 0
+    tail = turn[text_end:]
+    ends = [tail.find(token) + len(token) for token in template.special if token and token in tail]
+    return text_end + min(ends) if ends else len(turn)
 
 
 def encode_conversation(
@@ -253,12 +319,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# 2: an assistant turn is trained through its end-of-turn token, not what follows it (assistant_spans); the same
+# inputs prepared under 1 (which trained the newline after it) are prepared again, without --force.
+MASK_RULE = 2
+
+
 class ChatRequest(_Strict):
     inputs: list[InputFile]
     tokenizer_sha256: str
     template_sha256: str
     seq_length: int | None
     truncate: bool
+    mask_rule: int = 1  # absent from data prepared before the rule had a number
 
 
 class ChatManifest(_Strict):
@@ -268,6 +340,8 @@ class ChatManifest(_Strict):
     format: Literal["chat"] = "chat"
     request: ChatRequest
     template_origin: str
+    template: str | None = None  # the template's source (absent from older manifests): an export writes it
+    template_tokens: dict[str, str] | None = None  # the special tokens it was rendered with
     conversations: int
     tokens: int
     trained_tokens: int  # mask ones: the tokens the loss counts
@@ -320,6 +394,36 @@ def check_chat_dataset(prefix: str, seq_length: int) -> ChatManifest:
             f"--seq-length {seq_length} --truncate"
         )
     return manifest
+
+
+def trained_template(prefixes: Sequence[str], tokenizer_path: str | Path) -> ChatTemplate | None:
+    """The chat template a run's chat data was rendered with (their PREFIX.chat.json), rendered with the same
+    special tokens; None when none of the prefixes is chat data. One template for all of them, or a DataError."""
+    found: dict[str, ChatManifest] = {}
+    for prefix in prefixes:
+        manifest = read_chat_manifest(prefix)
+        if manifest is not None:
+            found.setdefault(manifest.request.template_sha256, manifest)
+    if not found:
+        return None
+    if len(found) > 1:
+        origins = ", ".join(sorted(m.template_origin for m in found.values()))
+        raise DataError(f"the run's chat data was rendered with {len(found)} templates ({origins}): give one")
+    (manifest,) = found.values()
+    source = manifest.template
+    if source is None:  # prepared before manifests held the template: the built-in one, or re-prepare
+        if manifest.request.template_sha256 != hashlib.sha256(BUILTIN_TEMPLATE.encode()).hexdigest():
+            raise DataError(
+                f"{', '.join(prefixes)}: the chat manifest predates recording its template "
+                f"({manifest.template_origin}); re-run `python -m trainer prepare --format chat ... --force`"
+            )
+        source = BUILTIN_TEMPLATE
+    tokenizer = read_tokenizer(tokenizer_path)
+    special = frozenset(
+        added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special
+    )
+    tokens = manifest.template_tokens or template_tokens(tokenizer, tokenizer_path)
+    return ChatTemplate(source, manifest.template_origin, tuple(sorted(tokens.items())), special)
 
 
 @dataclass(frozen=True)
@@ -378,10 +482,17 @@ def prepare_chat(
         template_sha256=template.sha256,
         seq_length=seq_length,
         truncate=truncate,
+        mask_rule=MASK_RULE,
     )
     files, mask = DatasetFiles(output), DatasetFiles(mask_prefix(output))
     existing = read_chat_manifest(output)
-    if not force and existing is not None:
+    # The same inputs prepared under an older loss-mask rule: prepared again, nothing else is replaced.
+    stale = (
+        existing is not None
+        and existing.request.mask_rule != MASK_RULE
+        and existing.request.model_copy(update={"mask_rule": MASK_RULE}) == request
+    )
+    if not force and existing is not None and not stale:
         if existing.request == request:
             token_manifest = read_manifest(files)
             if token_manifest is None:
@@ -393,7 +504,7 @@ def prepare_chat(
             f"{output!r} holds chat data prepared from other inputs, tokenizer, template or --seq-length; pass "
             "--force to replace it, or choose another --output"
         )
-    if not force and any(path.exists() for path in (*files.all(), mask.bin, mask.idx)):
+    if not force and not stale and any(path.exists() for path in (*files.all(), mask.bin, mask.idx)):
         raise DataError(
             f"{output!r} already holds files that no {chat_manifest_path(output).name} describes; pass --force "
             "to replace them, or choose another --output"
@@ -454,6 +565,8 @@ def prepare_chat(
         manifest = ChatManifest(
             request=request,
             template_origin=template.origin,
+            template=template.source,
+            template_tokens=dict(template.tokens),
             conversations=len(encoded),
             tokens=int(tokens.size),
             trained_tokens=int(mask_values.sum()),

@@ -16,6 +16,8 @@ from trainer.data import DataError
 EOD_TOKEN = "<|endoftext|>"
 # End-of-document tokens of common tokenizers (GPT-2/NeoX, Llama 3, Llama 2/Mistral, Gemma), in that order.
 EOD_CANDIDATES = (EOD_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
+# Beginning-of-text tokens a tokenizer may have (Llama 3's first); the project's BPE has none.
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
 # 256 byte symbols plus the end-of-document token.
 MIN_VOCAB_SIZE = 257
 
@@ -63,6 +65,20 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
         ):
             ids[index] = encoding.ids
     return ids
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of a prompt to continue, special-token text read as those tokens (a rendered chat's
+    <|endoftext|> or <|eot_id|> is one token, as training's chat data has it: trainer/data/chat.py
+    encode_conversation), nothing added: what transformers' tokenizer, vLLM and lm-eval give a prompt whose
+    tokenizer's post-processor adds nothing (the project's BPE)."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def bos_token(tokenizer: Tokenizer) -> str | None:
+    """The tokenizer's beginning-of-text token, the first of BOS_CANDIDATES it has; None when it has none."""
+    vocabulary = tokenizer.get_vocab(with_added_tokens=True)
+    return next((token for token in BOS_CANDIDATES if token in vocabulary), None)
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,12 @@ class HuggingFaceTokenizer:
 
     def tokenize(self, text: str) -> list[int]:
         return encode_documents(self._tokenizer, [text])[0]
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        return encode_prompt(self._tokenizer, text)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
 
     def detokenize(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)

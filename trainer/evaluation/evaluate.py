@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer",
         type=Path,
-        help="a tokenizer.json (default: tokenizer.json in the checkpoint's directory or one above it)",
+        help="a tokenizer.json (default: the one the checkpoint's record names, else tokenizer.json in the "
+        "checkpoint's directory or one above it)",
     )
     parser.add_argument("--format", choices=["text", "json"], default="text", help="json: one object")
     parser.add_argument(
@@ -89,6 +90,7 @@ class Plan:
     checkpoint: Path
     record: ModelRecord
     tokenizer: HuggingFaceTokenizer
+    stops: frozenset[int]  # the ids that end a generation (generate.stop_ids)
     windows: dict[str, list[list[int]]]
     prompts: dict[str, tuple[GenerationTask, list[Example], list[list[int]]]]
 
@@ -99,14 +101,15 @@ def plan(checkpoint: Path, suite_path: Path | None, tokenizer_path: Path | None)
     found, record = generate.checkpoint_and_record(checkpoint)
     tokenizer = load_tokenizer(generate.tokenizer_path(tokenizer_path, checkpoint, found))
     generate.check_vocabulary(tokenizer, record)
+    stops = generate.stop_ids(found, tokenizer)
     if suite_path is None:
-        return Plan(found, record, tokenizer, {}, {})
+        return Plan(found, record, tokenizer, stops, {}, {})
     suite: Suite = read_suite(suite_path)
     windows = {task.name: _windows(task, record) for task in suite.perplexity}
     prompts = {}
     for i, task in enumerate(suite.generation):
         examples = read_examples(task, f"suite {suite_path}: generation.{i}.file")
-        ids = [tokenizer.tokenize(example.prompt) for example in examples]
+        ids = [tokenizer.tokenize_prompt(example.prompt) for example in examples]
         try:
             generate.check_context(ids, task.max_new_tokens, record.seq_length)
         except generate.GenerateError as error:
@@ -114,7 +117,7 @@ def plan(checkpoint: Path, suite_path: Path | None, tokenizer_path: Path | None)
                 f"suite {suite_path}: generation task {task.name!r}: {error}"
             ) from None
         prompts[task.name] = (task, examples, ids)
-    return Plan(found, record, tokenizer, windows, prompts)
+    return Plan(found, record, tokenizer, stops, windows, prompts)
 
 
 def _windows(task: PerplexityTask, record: ModelRecord) -> list[list[int]]:
@@ -172,7 +175,10 @@ def run(checked: Plan) -> dict[str, dict[str, dict]]:
     perplexity = {name: asdict(_perplexity(checked, windows)) for name, windows in checked.windows.items()}
     generation: dict[str, dict] = {}
     if checked.prompts:
-        with generate.Generator.loaded(checked.checkpoint, checked.record, checked.tokenizer) as generator:
+        loaded = generate.Generator.loaded(
+            checked.checkpoint, checked.record, checked.tokenizer, checked.stops
+        )
+        with loaded as generator:
             for name, (task, examples, ids) in checked.prompts.items():
                 generation[name] = asdict(_generation(generator, task, examples, ids))
     return {"perplexity": perplexity, "generation": generation}

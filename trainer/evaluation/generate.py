@@ -10,8 +10,11 @@ The model is megatron-core's GPTModel rebuilt from the checkpoint's own record a
 (a checkpoint saved at any layout loads at any other), decoding with megatron-core's static KV cache
 (`StaticInferenceContext`): the prompt in one forward pass, then one token per pass. Sampling follows
 transformers' warpers in their order (temperature, top-k, top-p); `--temperature 0` is greedy (argmax).
-Generation ends at `--max-new-tokens`, at the tokenizer's end-of-document token, or when the text holds a
-`--stop` sequence (the text is cut before it). Everything is checked before the model is built: the
+Generation ends at `--max-new-tokens`, at the tokenizer's end-of-document token or the end-of-turn token of the
+chat template the run was fine-tuned with (the ids an export's generation_config.json lists), or when the text
+holds a `--stop` sequence (the text is cut before it). Prompts are tokenized with their special-token text read as
+those tokens. The tokenizer is the one given, else the one the checkpoint's model version record names (the run's
+data.tokenizer_path), else a tokenizer.json beside the checkpoint. Everything is checked before the model is built: the
 checkpoint, the tokenizer, the settings, and that each prompt plus `--max-new-tokens` fits the model's context
 (the sequence length it was trained at).
 """
@@ -34,8 +37,10 @@ from megatron.core.inference.contexts import StaticInferenceContext
 from trainer.arguments import positive_int
 from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord
+from trainer.checkpoint.version import RECORD, ModelVersion, read_record
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
+from trainer.data.chat import ChatTemplate, trained_template
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
 from trainer.distributed import local, parallel
 from trainer.evaluation.jsonl import string_records
@@ -59,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer",
         type=Path,
-        help=f"a tokenizer.json (default: {TOKENIZER} in the checkpoint's directory or one above it)",
+        help=f"a tokenizer.json (default: the one the checkpoint's record names, else {TOKENIZER} in the "
+        "checkpoint's directory or one above it)",
     )
     parser.add_argument(
         "--format",
@@ -149,8 +155,9 @@ def main(args: argparse.Namespace) -> int:
         found, record = checkpoint_and_record(args.checkpoint)
         tokenizer = load_tokenizer(tokenizer_path(args.tokenizer, args.checkpoint, found))
         check_vocabulary(tokenizer, record)
+        stops = stop_ids(found, tokenizer)
         prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-        prompt_ids = [tokenizer.tokenize(prompt) for prompt in prompts]
+        prompt_ids = [tokenizer.tokenize_prompt(prompt) for prompt in prompts]
         check_context(prompt_ids, sampling.max_new_tokens, record.seq_length)
         if local.under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             raise GenerateError("generate runs in one process (TP=1, PP=1); start it without torchrun")
@@ -158,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError, DataError) as error:
         print(f"generate: {error}", file=sys.stderr)
         return 2
-    with Generator.loaded(found, record, tokenizer) as generator:
+    with Generator.loaded(found, record, tokenizer, stops) as generator:
         for prompt, ids in zip(prompts, prompt_ids, strict=True):
             if args.format == "json":
                 print(json.dumps(generator.generate(ids, sampling).as_json()), flush=True)
@@ -175,15 +182,16 @@ def sample_after_training(cfg: TrainConfig, prompt: str, max_new_tokens: int) ->
     try:
         found, record = checkpoint_and_record(cfg.checkpoint_dir)
         tokenizer = load_tokenizer(cfg.data.tokenizer_path)
-        ids = tokenizer.tokenize(prompt)
+        ids = tokenizer.tokenize_prompt(prompt)
         check_context([ids], 1, record.seq_length)
+        stops = stop_ids(found, tokenizer)
     except (ValueError, ConfigError, DataError) as error:
         print(f"sample: not generated: {error}", file=sys.stderr)
         return
     started = time.perf_counter()
     sampling = Sampling(max_new_tokens=min(max_new_tokens, record.seq_length - len(ids)))
     print(f"--- a sample from {found} (greedy, {sampling.max_new_tokens} tokens):", flush=True)
-    with Generator.loaded(found, record, tokenizer) as generator:
+    with Generator.loaded(found, record, tokenizer, stops) as generator:
         print(prompt, end="", flush=True)
         generator.generate(ids, sampling, on_text=lambda text: print(text, end="", flush=True))
     print(f"\n--- ({time.perf_counter() - started:.1f} s to load and generate)", flush=True)
@@ -198,16 +206,41 @@ def checkpoint_and_record(path: Path) -> tuple[Path, ModelRecord]:
 
 
 def tokenizer_path(given: Path | None, checkpoint: Path, found: Path) -> Path:
-    """The tokenizer given, else tokenizer.json beside the checkpoint (convert --from-hf puts it there)."""
+    """The tokenizer given, else the one the checkpoint's model version record names (the run's
+    data.tokenizer_path), else tokenizer.json beside the checkpoint (convert --from-hf puts it there)."""
     if given is not None:
         return given
+    version = _version(found)
+    if version is not None and Path(version.tokenizer_path).is_file():
+        return Path(version.tokenizer_path)
     for directory in (found, *found.parents[:2], checkpoint):
         if (directory / TOKENIZER).is_file():
             return directory / TOKENIZER
+    named = f"its record's {version.tokenizer_path} is not here, and " if version is not None else ""
     raise GenerateError(
-        f"no {TOKENIZER} in {found} or the two directories above it; give --tokenizer (the run's "
+        f"{named}no {TOKENIZER} in {found} or the two directories above it; give --tokenizer (the run's "
         "data.tokenizer_path, e.g. data/stdlib.tokenizer.json for make train)"
     )
+
+
+def _version(found: Path) -> ModelVersion | None:
+    return read_record(found) if (found / RECORD).is_file() else None
+
+
+def chat_template_of(found: Path, tokenizer_path: str | Path) -> ChatTemplate | None:
+    """The chat template the checkpoint's run was fine-tuned with (its chat data's manifests), if it was."""
+    version = _version(found)
+    return trained_template(version.config["data"]["prefixes"], tokenizer_path) if version else None
+
+
+def stop_ids(found: Path, tokenizer: HuggingFaceTokenizer) -> frozenset[int]:
+    """The ids that end generation: the end-of-document token, and the end-of-turn token of the chat template the
+    checkpoint's run was fine-tuned with, where it is another (transformers stops at every id of
+    generation_config.json's eos_token_id; trainer/interop/export.py writes the same two)."""
+    template = chat_template_of(found, tokenizer.path)
+    turn = template.end_of_turn() if template is not None else None
+    turn_id = tokenizer.token_id(turn) if turn is not None else None
+    return frozenset({tokenizer.eod, *([turn_id] if turn_id is not None else [])})
 
 
 def check_vocabulary(tokenizer: HuggingFaceTokenizer, record: ModelRecord) -> None:
@@ -279,12 +312,25 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 class Generator:
     """A checkpoint's model at TP=1, PP=1 in this process, decoding with megatron-core's KV cache."""
 
-    def __init__(self, chunk: torch.nn.Module, vocab_size: int, tokenizer: HuggingFaceTokenizer) -> None:
+    def __init__(
+        self,
+        chunk: torch.nn.Module,
+        vocab_size: int,
+        tokenizer: HuggingFaceTokenizer,
+        stops: frozenset[int] | None = None,
+    ) -> None:
         self.chunk, self.vocab_size, self.tokenizer = chunk, vocab_size, tokenizer
+        self.stops = stops if stops is not None else frozenset({tokenizer.eod})  # see stop_ids
 
     @classmethod
     @contextlib.contextmanager
-    def loaded(cls, found: Path, record: ModelRecord, tokenizer: HuggingFaceTokenizer) -> Iterator[Generator]:
+    def loaded(
+        cls,
+        found: Path,
+        record: ModelRecord,
+        tokenizer: HuggingFaceTokenizer,
+        stops: frozenset[int] | None = None,
+    ) -> Iterator[Generator]:
         assert record.config.vocab_size is not None  # a record holds the resolved vocabulary
         cfg = model_only_config(record.config, seq_length=record.seq_length)
         with local.single_process():
@@ -293,7 +339,7 @@ class Generator:
                 (chunk,) = llama.build(cfg).chunks
                 formats.load_weights(found, [chunk])
                 chunk.eval()
-                yield cls(chunk, record.config.vocab_size, tokenizer)
+                yield cls(chunk, record.config.vocab_size, tokenizer, stops)
             finally:
                 parallel.shutdown()
 
@@ -321,11 +367,11 @@ class Generator:
         while True:
             token = next_token(logits, sampling, rng)
             result.tokens.append(token)
-            text = self.tokenizer.detokenize(t for t in result.tokens if t != self.tokenizer.eod)
+            text = self.tokenizer.detokenize(t for t in result.tokens if t not in self.stops)
             cut = min((i for i in (text.find(s) for s in sampling.stop) if i >= 0), default=-1)
             if cut >= 0:
                 text, result.stopped_by = text[:cut], "stop"
-            elif token == self.tokenizer.eod:
+            elif token in self.stops:
                 result.stopped_by = "eod"
             # A piece ending inside a multi-byte character decodes to U+FFFD until its last byte arrives.
             done = result.stopped_by != "max_new_tokens" or len(result.tokens) == sampling.max_new_tokens

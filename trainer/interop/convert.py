@@ -42,6 +42,8 @@ from trainer.checkpoint.record import ModelRecord
 from trainer.checkpoint.store import Progress
 from trainer.checkpoint.version import RECORD, ModelVersion, read_evaluations, read_record
 from trainer.config import ConfigError, ModelConfig, layout_problems
+from trainer.data import DataError
+from trainer.data.chat import ChatTemplate, trained_template
 from trainer.distributed import local, parallel
 from trainer.interop import export, hf
 from trainer.interop.hf import DTYPE_ALIASES, DTYPE_NAMES, HuggingFaceCheckpoint, HuggingFaceError, parse_size
@@ -113,9 +115,10 @@ def main(args: argparse.Namespace) -> int:
                 )
             found, _ = _checkpoint_to_export(args.to_hf or args.to_deepspeed, flag, deepspeed=False)
             if args.to_hf:  # its record and tokenizer read before any process starts
-                tokenizer = _tokenizer_of(found, _version_of(found))
+                version = _version_of(found)
+                tokenizer = _tokenizer_of(found, version)
                 if tokenizer is not None:
-                    export.special_tokens(tokenizer)
+                    export.special_tokens(tokenizer, _template_of(version, tokenizer))
             parse_size(args.max_shard_size)
             nproc = 1
     # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
@@ -311,9 +314,10 @@ def export_to_hf(source: Path, out: Path, dtype_name: str, max_shard_size: str =
                 f"--dtype {dtype_name!r}: use one of {', '.join((*DTYPE_ALIASES, *DTYPE_NAMES.values()))}"
             )
         found, _ = _checkpoint_to_export(source, "--to-hf", deepspeed=False)
-        tokenizer = _tokenizer_of(found, _version_of(found))
+        version = _version_of(found)
+        tokenizer = _tokenizer_of(found, version)
         if tokenizer is not None:
-            export.special_tokens(tokenizer)
+            export.special_tokens(tokenizer, _template_of(version, tokenizer))
         max_shard_bytes = parse_size(max_shard_size)
     except (ValueError, ConfigError) as error:
         print(f"convert: {error}", file=sys.stderr)
@@ -335,6 +339,16 @@ def _tokenizer_of(checkpoint: Path, version: ModelVersion | None) -> Path | None
     return None
 
 
+def _template_of(version: ModelVersion | None, tokenizer: Path) -> ChatTemplate | None:
+    """The chat template the version's run was fine-tuned with (its chat data's manifests), if it was."""
+    if version is None:
+        return None
+    try:
+        return trained_template(version.config["data"]["prefixes"], tokenizer)
+    except DataError as error:
+        raise ConvertError(f"{version.version}: {error}") from None
+
+
 def _add_inference_files(
     staging: Path,
     checkpoint: Path,
@@ -352,7 +366,7 @@ def _add_inference_files(
             file=sys.stderr,
         )
     else:
-        tokens = export.write_tokenizer(staging, tokenizer, max_length)
+        tokens = export.write_tokenizer(staging, tokenizer, max_length, _template_of(version, tokenizer))
         if hf_config.get("eos_token_id") is None:  # a model the trainer trained: its tokenizer decides
             hf_config.update(eos_token_id=tokens.eos_id, bos_token_id=tokens.bos_id)
             (staging / hf.CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")

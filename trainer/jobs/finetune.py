@@ -14,7 +14,7 @@ resuming where the last call stopped.
 3 stages   evaluate -> promote -> export (`finetune-stages`, trainer/models/pipeline.py) in one one-node job named
            <run>-stages with the same image, on /fsx/checkpoints/<run>; the same status logic. Its outputs reach the
            checkpoints bucket through FSx's auto-export of /fsx/checkpoints: the evaluation beside the version
-           record, the tag event under model-tags/ (where `models list --stack` reads both) and the export under
+           record, the tag's file under model-tags/ (where `models list --stack` reads both) and the export under
            <run>/export/<version>/ with its marker <version>.export.json. When the run's newest version in the
            bucket has all three, the stage is done and nothing is submitted.
 

@@ -27,7 +27,7 @@ from trainer.checkpoint.version import EVALUATION_NAME, RecordError, add_evaluat
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.evaluation.suite import read_suite
-from trainer.models.registry import NEWEST, TAG_NAME, LocalStore, Registry, TagEvent
+from trainer.models.registry import NEWEST, TAG_NAME, LocalStore, Registry, TagHistory
 
 CHECKPOINTS = "checkpoints"
 EXPORT = "export"
@@ -65,11 +65,14 @@ class RunStore(LocalStore):
         super().__init__(run)
         self.tags = LocalStore(tags_root)
 
-    def tag_events(self) -> list[TagEvent]:
-        return self.tags.tag_events()
+    def tag_histories(self) -> list[TagHistory]:
+        return self.tags.tag_histories()
 
-    def append_tag_event(self, event: TagEvent) -> str:
-        return self.tags.append_tag_event(event)
+    def read_tag(self, tag: str) -> tuple[TagHistory | None, str | None]:
+        return self.tags.read_tag(tag)
+
+    def write_tag(self, history: TagHistory, token: str | None) -> str:
+        return self.tags.write_tag(history, token)
 
 
 def check_names(record: str, tag: str) -> None:

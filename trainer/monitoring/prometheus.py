@@ -36,8 +36,8 @@ class PrometheusExporter:
         self.families: dict[registry.Metric, Gauge | Counter] = {}
         self.children: dict[Any, Any] = {}  # this process's labelled series, looked up once
         for metric in registry.METRICS:
-            if metric in registry.NODE_METRICS or not metric.prometheus:
-                continue  # NodeCollector reads node metrics at scrape time
+            if metric in registry.NODE_METRICS or metric in registry.SERVING_METRICS or not metric.prometheus:
+                continue  # NodeCollector reads node metrics at scrape time; a model server exports its own
             kind = Counter if metric.kind == "counter" else Gauge
             # prometheus-client appends _total to a counter's name itself.
             name = metric.full_name.removesuffix("_total")
