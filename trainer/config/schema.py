@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 class ConfigError(Exception):
     """A trainer config that cannot run; one line per problem."""
 
-    def __init__(self, problems: list[str], source: str | None = None):
+    def __init__(self, problems: list[str], source: str | None = None, *, what: str = "trainer config"):
         self.problems = problems
         where = f" ({source})" if source else ""
-        super().__init__(f"invalid trainer config{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"invalid {what}{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 class _Section(BaseModel):
