@@ -304,6 +304,7 @@ def _meter(cfg: TrainConfig, progress: Progress, checkpointer: Checkpointer) -> 
         tokens_per_step=cfg.schedule.global_batch_size * cfg.data.seq_length,
         started_at=psutil.Process().create_time(),
         retry=not local.first_attempt(),
+        save_interval=cfg.checkpoint.save_interval,
     )
 
 
