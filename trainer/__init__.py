@@ -20,6 +20,7 @@ monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
 contract    what infra/, image/ and the trainer share
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
 plan        the planner: layouts, memory, step time, cost
+tracking    runs and sweep trials in MLflow: config, metrics, model version
 sweep       hyperparameter sweeps: an Optuna study, each trial a trainer run (`sweep`)
 bench       `make bench` and `make bench-gpu`
 cost        prices from AWS (or a dated snapshot), energy and emissions estimates

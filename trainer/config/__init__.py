@@ -25,6 +25,7 @@ from trainer.config.schema import (
     OptimizerConfig,
     ParallelConfig,
     ScheduleConfig,
+    TrackingConfig,
     TrainConfig,
     ZeroConfig,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "ParallelConfig",
     "ParallelDims",
     "ScheduleConfig",
+    "TrackingConfig",
     "TrainConfig",
     "ZeroConfig",
     "accelerator_problems",

@@ -1,5 +1,5 @@
 """Hyperparameter sweeps (`make sweep`): an Optuna study over a search space declared beside the recipe, each trial
-a real trainer run, pruned on the validation loss it logs. Above config, models and cost; below jobs.
+a real trainer run, pruned on the validation loss it logs. Above config, models, cost and tracking; below jobs.
 
     space     the sweep YAML: recipe, trials, sampler, pruner, the shared trial shape, the search space; all checked
     trial     one trial: `python -m trainer train` in its own session, metrics.jsonl read as it grows, pruned or not

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -20,10 +21,12 @@ from rich.markup import escape
 
 from trainer.arguments import positive_int
 from trainer.config import ConfigError
+from trainer.config.load import read_raw
 from trainer.models.registry import LocalStore, Registry, RegistryError
 from trainer.sweep.report import best_trial, failures, trials_table, write_best, write_plots
-from trainer.sweep.space import load_sweep
+from trainer.sweep.space import Sweep, load_sweep
 from trainer.sweep.study import RUN_DIR, SWEEPS, run_sweep
+from trainer.tracking.mlflow_runs import DEFAULT_URI, flatten, log_run
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -43,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runs", type=Path, default=Path("runs"), help="where runs and tags live (default runs/)"
     )
     parser.add_argument(
+        "--mlflow",
+        nargs="?",
+        const=DEFAULT_URI,
+        metavar="URI",
+        help=f"log each trial to MLflow (default store {DEFAULT_URI}; or a tracking server's URI)",
+    )
+    parser.add_argument(
         "--trial-timeout", type=positive_int, help="seconds a trial may run before it is stopped and failed"
     )
 
@@ -60,8 +70,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         sweep = load_sweep(args.sweep, tuple(args.overrides))
         directory = args.runs / SWEEPS.relative_to("runs") / name
+        track = trial_tracker(sweep, name, args.mlflow, console) if args.mlflow else None
         study = run_sweep(
-            sweep, name, directory, args.trials or sweep.spec.trials, console, timeout_s=args.trial_timeout
+            sweep,
+            name,
+            directory,
+            args.trials or sweep.spec.trials,
+            console,
+            timeout_s=args.trial_timeout,
+            on_trial=track,
         )
     except ConfigError as error:  # SweepError too
         errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
@@ -83,6 +100,29 @@ def main(args: argparse.Namespace) -> int:
             errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
             return 2
     return 0
+
+
+def trial_tracker(
+    sweep: Sweep, name: str, uri: str, console: Console
+) -> Callable[[optuna.trial.FrozenTrial], None]:
+    """Each decided trial as an MLflow run of the experiment named after the sweep: its whole config, its
+    validation losses by step, its state and, where it published one, its model version."""
+
+    def track(trial: optuna.trial.FrozenTrial) -> None:
+        if RUN_DIR not in trial.user_attrs:
+            return  # failed before it ran
+        config = read_raw(sweep.recipe, sweep.overrides(trial.params))
+        run_id = log_run(
+            Path(trial.user_attrs[RUN_DIR]),
+            uri=uri,
+            experiment=name,
+            run_name=f"{name}-t{trial.number:04d}",
+            params=flatten(config),
+            tags={"sweep": name, "trial": str(trial.number), "state": trial.state.name.lower()},
+        )
+        console.print(f"  trial {trial.number}: MLflow run {run_id}")
+
+    return track
 
 
 def register(study: optuna.Study, runs: Path, tag: str) -> str:

@@ -106,6 +106,7 @@ def run_sweep(
     *,
     command: Command = train_command,
     timeout_s: float | None = None,
+    on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
 ) -> optuna.Study:
     """Run trials until the study holds `trials` finished ones; each is a trainer run under
     <directory>/trials/<number>."""
@@ -159,7 +160,8 @@ def run_sweep(
             else f"trial {trial.number} {trial.state.name.lower()}"
         )
 
-    study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=[progress])
+    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else [])]
+    study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=callbacks)
     return study
 
 

@@ -74,9 +74,10 @@ def run_trial(
                         text = handle.read()
                     complete = text[: text.rfind("\n") + 1]  # a line still being written waits
                     seen += len(complete.encode())
-                    for line in complete.splitlines():
-                        record = json.loads(line)
-                        steps = max(steps, int(record["step"]))
+                    records = [json.loads(line) for line in complete.splitlines()]
+                    # the steps trained so far, the cost of the trial even where it stops at an earlier report
+                    steps = max([steps, *(int(record["step"]) for record in records)])
+                    for record in records:
                         if record.get("val_loss") is None or record["step"] == 0:
                             continue
                         val_loss = float(record["val_loss"])
