@@ -116,6 +116,21 @@ DIR   ?= $(FINETUNE_RUN)
 .PHONY: serve
 serve: $(VENV)/.dev-installed ## Serve a model version (MODEL=<tag or version>) with an OpenAI-compatible API on 127.0.0.1:$(PORT)
 	$(PY) -m trainer serve "$(MODEL)" --dir "$(DIR)" --port "$(PORT)" $(ARGS)
+# make sweep: a hyperparameter sweep on this machine (trainer/sweep/, docs/automl.md): SWEEP picks the sweep YAML,
+# TRIALS how many finished trials to reach, NAME the study (runs/sweeps/<name>/; the same NAME again resumes),
+# REGISTER=<tag> points a model tag at the best trial's checkpoint, MLFLOW=1 logs each trial to MLflow (runs/mlflow.db;
+# MLFLOW=<uri> another store), ARGS passes more (e.g. --set ...).
+SWEEP    ?= trainer/configs/local-sweep.yaml
+TRIALS   ?=
+NAME     ?=
+REGISTER ?=
+MLFLOW   ?=
+
+.PHONY: sweep
+sweep: $(VENV)/.train-installed ## Hyperparameter sweep (Optuna: TPE, pruned on validation loss), each trial a real trainer run; resumes
+	$(PY) -m trainer prepare --stdlib --output data/stdlib
+	$(PY) -m trainer sweep --sweep "$(SWEEP)" $(if $(TRIALS),--trials $(TRIALS)) $(if $(NAME),--name "$(NAME)") \
+	  $(if $(REGISTER),--register "$(REGISTER)") $(if $(MLFLOW),--mlflow $(filter-out 1,$(MLFLOW))) $(ARGS)
 
 .PHONY: bench
 bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json

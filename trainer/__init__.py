@@ -20,11 +20,13 @@ interop     Hugging Face and DeepSpeed checkpoints in and out
 evaluation  measuring a trained model (score, generate, suites)
 models      model versions: registry, tags, the fine-tune's last stages (`models`, `finetune-stages`)
 serving     a model version served with an OpenAI-compatible API on this machine (`serve`)
+tracking    runs and sweep trials in MLflow: config, metrics, model version
 metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
 health      straggler windows and the hang watchdog
 preflight   the checks every node passes before training
 launch      a cluster node's share of a job: each backend's rendezvous, preflight, torchrun
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
+sweep       hyperparameter sweeps: an Optuna study, each trial a trainer run (`sweep`)
 train       the `train` command and the engine-agnostic training loop
 bench       `make bench` and `make bench-gpu`
 """

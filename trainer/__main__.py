@@ -43,6 +43,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.evaluation.evaluate",
         "a checkpoint against a suite: perplexity on held-out data, exact match on generation tasks",
     ),
+    "sweep": (
+        "trainer.sweep.command",
+        "a hyperparameter sweep (Optuna: TPE, pruning on validation loss), each trial a trainer run; resumes",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",

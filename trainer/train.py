@@ -169,6 +169,8 @@ def _work(
     parallel.initialize(cfg, dims)
     try:
         train(cfg, dims, console, fresh=fresh, stop=stop)
+        if cfg.tracking.mlflow and torch.distributed.get_rank() == 0:
+            _track(cfg, console)
     except (faults.TrainingStopped, CheckpointError, CheckpointSaveError, DeviceMemoryError) as error:
         console.print(f"[bold red]train:[/] {escape(str(error))}")  # every rank raised it; rank 0 says so
         return 1
@@ -181,6 +183,26 @@ def _work(
     finally:
         parallel.shutdown()
     return 0
+
+
+def _track(cfg: TrainConfig, console: Console) -> None:
+    """Rank 0, once the run ends: its config, metrics and model version to MLflow (trainer/tracking/). A store
+    that cannot be reached is reported, not a failed run: the checkpoints and metrics.jsonl are already written."""
+    from trainer.tracking.mlflow_runs import flatten, log_run, tracking_uri
+
+    uri = tracking_uri(cfg.tracking)
+    try:
+        run_id = log_run(
+            cfg.run_dir,
+            uri=uri,
+            experiment=cfg.tracking.experiment or cfg.name,
+            run_name=cfg.name,
+            params=flatten(cfg.model_dump(mode="json")),
+        )
+    except Exception as error:  # any failure of the store or its client
+        console.print(f"[yellow]tracking:[/] not logged to {uri}: {escape(str(error))}")
+        return
+    console.print(f"tracking: MLflow run {run_id} in {uri}")
 
 
 def _verb_args(args: argparse.Namespace) -> list[str]:
@@ -329,6 +351,7 @@ def _meter(cfg: TrainConfig, progress: Progress, checkpointer: Checkpointer) -> 
         tokens_per_step=cfg.schedule.global_batch_size * cfg.data.seq_length,
         started_at=psutil.Process().create_time(),
         retry=not local.first_attempt(),
+        save_interval=cfg.checkpoint.save_interval,
     )
 
 

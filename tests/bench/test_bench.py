@@ -35,6 +35,7 @@ def cpu_report(pipelined_config, tmp_path_factory) -> tuple[dict, Path]:
         checkpoint_overrides=(),
         disk_bytes=16 << 20,
         data_inputs=[str(Path(email.__file__).parent)],
+        sweep=None,  # tests/bench/test_sweep.py runs it small
     )
     return report, write_report(report, out / "bench.json")
 

@@ -276,3 +276,23 @@ def test_in_a_jobset_pod_the_nodes_instance_and_region_come_from_the_rendered_en
     rate = local_rate(BudgetConfig(price_per_hour=98.0), environ=environ)
     assert rate == Rate("on-demand", 2, 98.0, "budget.price_per_hour", "p5.48xlarge", "us-east-1")
     assert budget_problems(BudgetConfig(max_dollars=10), environ=environ) == []  # the price list prices it
+
+
+def test_the_report_sets_lost_work_against_what_the_planners_interruption_rate_expects():
+    from trainer.cost.resilience import expected_lost_seconds
+
+    on_aws = Rate("on-demand", 2, 98.32, "test", "p5.48xlarge", "us-east-1")  # 16 GPUs
+    ledger = Ledger()
+    ledger.start_attempt(0.0, on_aws, retry=False)
+    ledger.charge("startup", 300.0, on_aws)
+    ledger.charge("productive", 36_000.0, on_aws)
+    ledger.step_done(1000, TOKENS_PER_STEP)
+    ledger.charge("restart", 36_900.0, on_aws)  # one interruption: 600 s of lost work and restart
+    gpu_hours = 36_900.0 / 3600 * 16
+    expected = expected_lost_seconds(gpu_hours, 200 * 35.7, 300.0)  # a save every 200 steps of 35.7 s
+    report = cost_report(ledger, on_aws, save_interval=200)
+    assert f"restarts and lost work: 900 s; expected {expected:,.0f} s" in report
+    assert "with a save every 200 steps" in report
+    # where the GPUs or the interval are unknown there is nothing to expect
+    assert "expected" not in cost_report(ledger, on_aws)
+    assert "expected" not in cost_report(ledger, Rate("local", 1, None, "unpriced"), save_interval=200)

@@ -62,6 +62,15 @@ def chat_lines(*lines: str) -> Callable[[Paths], None]:
     return setup
 
 
+def sweep_file(space: str) -> Callable[[Paths], None]:
+    """A setup that writes {tmp}/s.yaml: a sweep over the tiny config with this space line."""
+
+    def setup(paths: Paths) -> None:
+        Path(paths["tmp"], "s.yaml").write_text(f"recipe: {paths['config']}\n" + space.format() + "\n")
+
+    return setup
+
+
 def empty(path: Path) -> None:
     path.write_bytes(b"")
 
@@ -528,6 +537,25 @@ ROWS: dict[str, Row] = {
     "plan-negative-deadline": Row(
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --deadline -1",
         ("argument --deadline: -1: must be above 0",),
+    ),
+    "sweep-range-low-above-high": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        ("invalid sweep", "space.optimizer.lr", "low = 0.1 is not below high = 0.01"),
+        sweep_file("space: {{optimizer.lr: {{low: 0.1, high: 0.01}}}}"),
+    ),
+    "sweep-unknown-key": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        ("space.optimizer.lrr = 0.001", "did you mean 'optimizer.lr'?"),
+        sweep_file("space: {{optimizer.lrr: {{low: 0.001, high: 0.01}}}}"),
+    ),
+    "sweep-range-end-the-trainer-refuses": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        ("space.optimizer.lr = 1e-05: optimizer.min_lr = 0.0001 is above optimizer.lr = 1e-05",),
+        sweep_file("space: {{optimizer.lr: {{low: 1.0e-5, high: 0.01, log: true}}}}"),
+    ),
+    "sweep-name-invalid": Row(
+        "sweep --sweep trainer/configs/local-sweep.yaml --name ../x --runs {tmp}/runs",
+        ("--name '../x': use letters, digits, '.', '-' and '_'",),
     ),
     "prepare-no-inputs": Row(
         "prepare --output {tmp}/p", ("no inputs: give INPUT files or directories, or --stdlib",)

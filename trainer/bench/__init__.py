@@ -11,5 +11,6 @@ overhead.py       the trainer's step against a bare megatron-core loop of the sa
 allocations.py    allocated tensor bytes over time (what CUDA's allocator statistics count), on CPUs too
 allreduce.py      all-reduce bus bandwidth over message sizes (NCCL on GPUs, gloo on CPUs)
 gpu.py            the GPU suite: a ~1B Llama at sequence 4096 on one GPU, and the all-reduce sweep
+sweep.py          the hyperparameter sweep (TPE, pruning) against an exhaustive grid of the same budget
 hf_baseline.py    the same shape trained by a plain transformers SDPA loop: the GPU suite's baseline
 """

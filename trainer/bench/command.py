@@ -8,7 +8,9 @@ Every result stands beside a baseline measured in the same run, and the ratio be
 - checkpoint save and load GB/s against the disk's sequential write speed; the stall of a background save against
   a synchronous save; the load at TP=1 x PP=1 against the load at the layout it was saved at;
 - the trainer's step (logging included) against a bare megatron-core loop of the same shape, fp32;
-- peak memory per GPU: the planner's estimate against the measured peak, for several layouts.
+- peak memory per GPU: the planner's estimate against the measured peak, for several layouts;
+- a hyperparameter sweep (TPE with pruning) against an exhaustive grid of the same budget: best validation loss and
+  trial-steps (`--only sweep` runs this alone).
 Written to <out>/bench.json and printed as a table. See docs/bench.md.
 """
 
@@ -30,6 +32,7 @@ from rich.table import Table
 from trainer.bench.data import bench_data
 from trainer.bench.disk import sequential_write_gbytes_per_s
 from trainer.bench.report import add_memory_results, add_result, machine
+from trainer.bench.sweep import SWEEP, bench_sweep
 from trainer.bench.training import (
     BenchError,
     Layout,
@@ -88,6 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps", type=int, default=20, help="timed training steps per layout (default %(default)s)"
     )
     parser.add_argument("--gpu", action="store_true", help="the GPU suite (needs CUDA): make bench-gpu")
+    parser.add_argument(
+        "--only",
+        choices=("sweep",),
+        help="one section alone: sweep (the sweep against a grid, a few minutes)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -100,6 +108,10 @@ def main(args: argparse.Namespace) -> int:
             require_cuda()
             report = run_gpu_suite(args.config or GPU_CONFIG, args.out, steps=args.steps)
             name = "bench-gpu.json"
+        elif args.only == "sweep":
+            report = {"machine": machine(), "config": str(SWEEP), "results": [], "details": {}}
+            bench_sweep(report, args.out)
+            name = "bench-sweep.json"
         else:
             report = run_suite(args.config or Path("trainer/configs/local.yaml"), args.out, steps=args.steps)
             name = "bench.json"
@@ -123,6 +135,7 @@ def run_suite(
     disk_bytes: int = 512 << 20,
     data_inputs: Sequence[str] = (),
     data_globs: Sequence[str] = ("*.py",),
+    sweep: Path | None = SWEEP,
 ) -> dict:
     """The CPU suite. The data section tokenizes the standard library (or `data_inputs`) with the config's
     tokenizer; training runs the config's own layout against TP=1 x PP=1."""
@@ -205,6 +218,8 @@ def run_suite(
         *(run_worker(config, layout, out / "runs", steps=0) for layout in memory_layouts),
     ]
     add_memory_results(report, runs)
+    if sweep is not None:
+        bench_sweep(report, out, sweep)
     return report
 
 

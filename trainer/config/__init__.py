@@ -28,6 +28,7 @@ from trainer.config.schema import (
     OptimizerConfig,
     ParallelConfig,
     ScheduleConfig,
+    TrackingConfig,
     TrainConfig,
     ZeroConfig,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ParallelConfig",
     "ParallelDims",
     "ScheduleConfig",
+    "TrackingConfig",
     "TrainConfig",
     "ZeroConfig",
     "accelerator_problems",

@@ -47,7 +47,7 @@ def load_config(
     """Read a YAML config, apply `section.key=value` overrides, and validate the result. `precision: auto`
     becomes the precision `device` computes natively (None: this machine's device; cluster tools say cuda)."""
     path = Path(path)
-    raw = _read_raw(path, overrides)
+    raw = read_raw(path, overrides)
     choice = _resolve_precision(raw, device, path)
     if planned := _auto_keys(raw):
         raise ConfigError(
@@ -96,10 +96,11 @@ def _resolve_precision(
 
 def auto_keys(path: str | Path, overrides: Sequence[str] = ()) -> list[str]:
     """The LAYOUT_KEYS that the config (with overrides) leaves to the planner."""
-    return _auto_keys(_read_raw(Path(path), overrides))
+    return _auto_keys(read_raw(Path(path), overrides))
 
 
-def _read_raw(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
+def read_raw(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """The YAML with the overrides applied, before validation: what a derived config file writes out."""
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} not found"])
     raw = yaml.safe_load(path.read_text()) or {}

@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 class ConfigError(Exception):
     """A trainer config that cannot run; one line per problem."""
 
-    def __init__(self, problems: list[str], source: str | None = None):
+    def __init__(self, problems: list[str], source: str | None = None, *, what: str = "trainer config"):
         self.problems = problems
         where = f" ({source})" if source else ""
-        super().__init__(f"invalid trainer config{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"invalid {what}{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 class _Section(BaseModel):
@@ -323,6 +323,15 @@ class BudgetConfig(_Section):
     price_per_hour: PositiveFloat | None = None
 
 
+class TrackingConfig(_Section):
+    """MLflow tracking (trainer/tracking/): the run's config, metrics and model version, logged when it ends."""
+
+    mlflow: bool = False
+    # None: the local store sqlite:///runs/mlflow.db; on a stack a tracking server's URI (docs/automl.md)
+    uri: str | None = None
+    experiment: str | None = None  # None: the run's name
+
+
 class TrainConfig(_Section):
     name: str = Field(min_length=1)  # defaults to the config file's stem
     seed: NonNegativeInt = 1234
@@ -348,6 +357,7 @@ class TrainConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     health: HealthConfig = HealthConfig()
     budget: BudgetConfig = BudgetConfig()  # cost cap and price: docs/cost.md
+    tracking: TrackingConfig = TrackingConfig()  # MLflow: docs/automl.md
 
     _precision_choice: PrecisionChoice | None = PrivateAttr(None)  # set when `precision: auto` chose
 

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.schema import BudgetConfig
+from trainer.contract.catalog import INSTANCE_TYPES
 from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV, SUBMITTED_AT_ENV
 from trainer.cost import energy
 from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
+from trainer.cost.resilience import INTERRUPTIONS_PER_GPU_HOUR, expected_lost_seconds
 
 # Paid wall time, by what it bought; the order is the report's.
 CATEGORIES = ("productive", "queue_wait", "startup", "checkpoint_stall", "restart", "evaluation")
@@ -254,8 +256,9 @@ def cap_reached(budget: BudgetConfig, ledger: Ledger) -> str | None:
     return None
 
 
-def cost_report(ledger: Ledger, rate: Rate | None = None) -> str:
-    """The run's cost at its end, for people: dollars, node-hours, $/M tokens and where the paid time went."""
+def cost_report(ledger: Ledger, rate: Rate | None = None, save_interval: int | None = None) -> str:
+    """The run's cost at its end, for people: dollars, node-hours, $/M tokens and where the paid time went; on
+    GPUs of a known instance type, its lost work against what the planner expects (trainer/cost/resilience.py)."""
     paid_h = ledger.paid_seconds / 3600
     if ledger.priced:
         dollars = f"${ledger.dollars:,.2f}"
@@ -286,16 +289,41 @@ def cost_report(ledger: Ledger, rate: Rate | None = None) -> str:
         + ", ".join(f"{CATEGORY_LABELS[c]} {shares[c]:.1%}" for c in CATEGORIES)
         + f" (goodput {ledger.goodput:.1%})"
     )
+    if (expected := expected_lost_work(ledger, rate, save_interval)) is not None:
+        lines.append(
+            f"  restarts and lost work: {ledger.seconds['restart']:,.0f} s; expected {expected:,.0f} s at "
+            f"{INTERRUPTIONS_PER_GPU_HOUR:.3g} interruptions per GPU-hour (Llama 3) with a save every "
+            f"{save_interval} steps"
+        )
     return "\n".join(lines)
+
+
+def expected_lost_work(ledger: Ledger, rate: Rate | None, save_interval: int | None) -> float | None:
+    """Seconds of restarts and lost work the planner's interruption rate expects over this run's GPU-hours: half
+    a save interval of work and a start-up per interruption. None where the GPUs or the interval are unknown."""
+    if rate is None or rate.instance_type not in INSTANCE_TYPES or not save_interval or not ledger.step:
+        return None
+    gpu_hours = ledger.paid_seconds / 3600 * rate.nodes * INSTANCE_TYPES[rate.instance_type].gpus
+    step_s = ledger.seconds["productive"] / ledger.step
+    startup_s = ledger.seconds["startup"] / max(1, ledger.attempts)
+    return expected_lost_seconds(gpu_hours, save_interval * step_s, startup_s)
 
 
 class Meter:
     """Rank 0's ledger in the training loop: `charge(category)` pays the wall time since the previous mark to
     that category, so the loop names what each stretch of time bought and nothing goes uncounted."""
 
-    def __init__(self, ledger: Ledger, rate: Rate, budget: BudgetConfig, run_dir: Path, tokens_per_step: int):
+    def __init__(
+        self,
+        ledger: Ledger,
+        rate: Rate,
+        budget: BudgetConfig,
+        run_dir: Path,
+        tokens_per_step: int,
+        save_interval: int | None = None,
+    ):
         self.ledger, self.rate, self.budget = ledger, rate, budget
-        self.run_dir, self.tokens_per_step = run_dir, tokens_per_step
+        self.run_dir, self.tokens_per_step, self.save_interval = run_dir, tokens_per_step, save_interval
 
     @classmethod
     def start(
@@ -309,6 +337,7 @@ class Meter:
         started_at: float,
         retry: bool,
         environ: dict[str, str] | None = None,
+        save_interval: int | None = None,
     ) -> Meter:
         """The meter of an attempt that started at `started_at` and resumes at `step` (0: from scratch) from a
         checkpoint that stored `stored`; a retry (torchrun's restart, Batch's next attempt) pays its gap."""
@@ -318,7 +347,7 @@ class Meter:
         # The submitter's clock at submit_job (trainer/jobs/submit.py): a first attempt's queue wait.
         queued = environ.get(SUBMITTED_AT_ENV)
         ledger.start_attempt(started_at, rate, retry=retry, queued_since=float(queued) if queued else None)
-        return cls(ledger, rate, budget, run_dir, tokens_per_step)
+        return cls(ledger, rate, budget, run_dir, tokens_per_step, save_interval)
 
     def charge(self, category: str, now: float | None = None) -> None:
         self.ledger.charge(category, time.time() if now is None else now, self.rate)
@@ -333,4 +362,4 @@ class Meter:
         self.ledger.write(self.run_dir)
 
     def report(self) -> str:
-        return cost_report(self.ledger, self.rate)
+        return cost_report(self.ledger, self.rate, self.save_interval)

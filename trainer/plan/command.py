@@ -32,6 +32,8 @@ from trainer.contract.stack import (
 )
 from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
 from trainer.cost.idle import idle_cost, startup_cost
+from trainer.cost.ledger import LEDGER_FILE, Ledger, read_ledger
+from trainer.cost.resilience import Recommendation, recommend
 from trainer.model.flops import parameter_counts
 from trainer.plan.cost import (
     OptionCost,
@@ -137,6 +139,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="rank the catalog's EFA instance types by time to finish and dollars for the same config and nodes",
     )
+    interval = parser.add_argument_group(
+        "the checkpoint interval (Young's rule at Llama 3's interruption rate): measured costs from a run's "
+        "ledger, or given"
+    )
+    interval.add_argument(
+        "--ledger", type=Path, help="a run's ledger.json: its mean save stall and start-up per attempt"
+    )
+    interval.add_argument("--save-seconds", type=positive_float, help="seconds one save blocks training")
+    interval.add_argument(
+        "--restart-seconds", type=positive_float, help="seconds from an interruption to training again"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -151,6 +164,7 @@ def main(args: argparse.Namespace) -> int:
         if args.compare and args.price_per_hour:
             raise PlanError("--price-per-hour prices one instance type; --compare prices each type from AWS")
         plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
+        interval_costs = _interval_costs(args, plan)
     except (ConfigError, PlanError) as error:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"[bold red]plan:[/] {escape(str(error))}"
@@ -171,6 +185,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     _print_chosen(console, chosen, plan)
+    interval = _checkpoint_interval(console, interval_costs, plan, chosen)
     costs = purchase_options(instance, nodes, tokens, chosen.step.tokens_per_s, region, args.price_per_hour)
     met = _print_costs(console, plan, costs, tokens, region, args.deadline)
     if args.stack:
@@ -178,11 +193,57 @@ def main(args: argparse.Namespace) -> int:
     if args.compare:
         met = _print_compare(console, args, nodes, tokens, region, assumptions)
     console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")
-    console.print(" ".join(f"--set {line}" for line in chosen.overrides()))
+    extra = [f"checkpoint.save_interval={interval.steps}"] if interval else []
+    console.print(" ".join(f"--set {line}" for line in [*chosen.overrides(), *extra]))
     if args.out:
         write_config(chosen, args.out, args.config)
         console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
     return 0 if met else 1
+
+
+def measured_costs(ledger: Ledger, save_interval: int | None) -> tuple[float | None, float | None]:
+    """A run's mean blocking time per save (its checkpoint stalls over the saves its steps imply) and its mean
+    start-up per attempt (process start to the first step: what a restart costs before lost work)."""
+    saves = ledger.step // save_interval if save_interval else 0
+    save_s = (
+        ledger.seconds["checkpoint_stall"] / saves if saves and ledger.seconds["checkpoint_stall"] else None
+    )
+    restart_s = (
+        ledger.seconds["startup"] / ledger.attempts if ledger.attempts and ledger.seconds["startup"] else None
+    )
+    return save_s, restart_s
+
+
+def _interval_costs(args: argparse.Namespace, plan: Plan) -> tuple[float | None, float | None, str]:
+    """The save's blocking time and the restart's cost: given, or measured in --ledger."""
+    save_s, restart_s, source = args.save_seconds, args.restart_seconds, "given"
+    if args.ledger:
+        ledger = read_ledger(args.ledger)
+        if ledger is None:
+            raise PlanError(f"--ledger {args.ledger}: no ledger there (a run directory's {LEDGER_FILE})")
+        measured = measured_costs(ledger, plan.config.checkpoint.save_interval)
+        save_s, restart_s = save_s or measured[0], restart_s or measured[1]
+        source = f"measured in {args.ledger}"
+    return save_s, restart_s, source
+
+
+def _checkpoint_interval(
+    console: Console, costs: tuple[float | None, float | None, str], plan: Plan, chosen: Candidate
+) -> Recommendation | None:
+    """Young's interval for the chosen layout, from measured (or given) save and restart costs."""
+    save_s, restart_s, source = costs
+    console.print("\n[bold]checkpoint interval[/]")
+    if save_s is None or restart_s is None:
+        console.print(
+            "  give --ledger runs/<run>/ledger.json (a run that saved) or --save-seconds and --restart-seconds: "
+            "Young's interval needs the save's blocking time and the restart's cost"
+        )
+        return None
+    recommendation = recommend(plan.nodes * plan.instance.gpus, save_s, restart_s, chosen.step.total_s)
+    for line in recommendation.lines():
+        console.print(f"  {line}")
+    console.print(f"  (save and restart: {source})")
+    return recommendation
 
 
 def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:

@@ -1,0 +1,33 @@
+"""A fast objective in the trainer's place (tests/sweep/test_study.py): reads the trial's `key=value` overrides,
+writes metrics.jsonl as the trainer does (a validation loss every 10 steps, with a pause between), and exits 0.
+
+Its validation loss at step s falls as 1/s towards a floor set by how far log10(optimizer.lr) is from -2.5, so a
+trial's early values already rank it. optimizer.lr above `crash_above` (another override) makes it exit 3 after
+step 10, as a crashing trainer would."""
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+settings = dict(arg.split("=", 1) for arg in sys.argv[1:])
+run_dir = Path(settings["logging.run_dir"])
+run_dir.mkdir(parents=True, exist_ok=True)
+lr = float(settings["optimizer.lr"])
+iters = int(settings.get("schedule.train_iters", 60))
+floor = 5.0 + (math.log10(lr) + 2.5) ** 2
+with (run_dir / "metrics.jsonl").open("a") as metrics:
+    for step in range(0, iters + 1, 10):
+        record = {
+            "step": step,
+            "loss": None if step == 0 else floor + 20 / step,
+            "val_loss": floor + 20 / (step + 1),
+        }
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        if step == 10 and lr > float(settings.get("crash_above", "inf")):
+            print("objective: crashed on purpose", flush=True)
+            sys.exit(3)
+        time.sleep(0.05)
+print("objective: done", flush=True)

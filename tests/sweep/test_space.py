@@ -1,0 +1,107 @@
+"""The sweep YAML: every problem refused before a trial starts, naming the key, the bad value and what would do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.sweep.conftest import TINY, sweep_of
+from trainer.sweep.space import SweepError, load_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"recipe: {TINY}\n" + text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("space: {}\n", "space is empty"),
+        ("space: {optimizer.lr: {low: 0.1, high: 0.01}}\n", "low = 0.1 is not below high = 0.01"),
+        ("space: {optimizer.lr: {low: 0.0, high: 0.01, log: true}}\n", "log = true needs low > 0"),
+        ("space: {optimizer.lr: {low: 0.001, high: 0.01, choices: [1]}}\n", "either choices or low/high"),
+        ("space: {optimizer.lr: {high: 0.01}}\n", "give low and high"),
+        ("space: {optimizer.lr: {choices: []}}\n", "choices is empty"),
+        ("space: {schedule.lr_warmup_iters: {low: 0.5, high: 4, step: 1}}\n", "must be whole numbers"),
+        ("space: {optimizer.lrr: {low: 0.001, high: 0.01}}\n", "did you mean 'optimizer.lr'"),
+        # tiny.yaml's min_lr is 1e-4: an lr range reaching below it is refused by the trainer's own check
+        (
+            "space: {optimizer.lr: {low: 1.0e-5, high: 0.01, log: true}}\n",
+            "space.optimizer.lr = 1e-05: optimizer",
+        ),
+        (
+            "set: {optimizer.lr: 0.01}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "optimizer.lr in both set and space",
+        ),
+        ("trials: 0\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n", "trials = 0"),
+        ("pruner: {kind: asha}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n", "pruner.kind = 'asha'"),
+        (
+            "space: {optimizer.lr: {low: 0.001, high: 0.01}}\nsampler: {kind: random}\n",
+            "sampler.kind = 'random'",
+        ),
+        (
+            "sampler: {kind: grid}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "sampler.kind = grid needs choices for every dimension; optimizer.lr is a range",
+        ),
+    ],
+)
+def test_a_bad_sweep_is_refused_with_the_key_and_value(tmp_path, body, message):
+    with pytest.raises(SweepError, match="invalid sweep") as error:
+        load_sweep(write(tmp_path, body))
+    assert message in str(error.value)
+
+
+def test_a_missing_file_or_recipe_is_named(tmp_path):
+    with pytest.raises(SweepError, match=r"sweep file .* not found"):
+        load_sweep(tmp_path / "none.yaml")
+    path = tmp_path / "s.yaml"
+    path.write_text("recipe: nowhere.yaml\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n")
+    with pytest.raises(SweepError, match=r"recipe = 'nowhere\.yaml': no such file beside"):
+        load_sweep(path)
+
+
+def test_dimensions_become_optunas_distributions_and_overrides_the_trainers_set_lines(tmp_path):
+    sweep = sweep_of(
+        tmp_path,
+        extra="  schedule.lr_warmup_iters: {low: 0, high: 10, step: 5}\n"
+        "  schedule.global_batch_size: {choices: [8, 16]}\n",
+    )
+    assert sweep.spec.distributions() == {
+        "optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+        "schedule.lr_warmup_iters": optuna.distributions.IntDistribution(0, 10, step=5),
+        "schedule.global_batch_size": optuna.distributions.CategoricalDistribution([8, 16]),
+    }
+    assert sweep.overrides({"optimizer.lr": 0.003, "schedule.global_batch_size": 16}) == [
+        "schedule.train_iters=60",
+        "schedule.lr_decay_iters=60",
+        "optimizer.lr=0.003",
+        "schedule.global_batch_size=16",
+    ]
+
+
+def test_the_fingerprint_changes_with_the_space_or_the_shape_but_not_the_trial_count(tmp_path):
+    base = sweep_of(tmp_path)
+    assert load_sweep(base.path, ("schedule.eval_iters=3",)).fingerprint != base.fingerprint
+    (tmp_path / "other").mkdir()
+    assert sweep_of(tmp_path / "other", pruner="median").fingerprint != base.fingerprint
+    path = base.path
+    path.write_text(path.read_text().replace("trials: 8", "trials: 20"))
+    assert load_sweep(path).fingerprint == base.fingerprint
+
+
+def test_the_shipped_sweep_reads():
+    sweep = load_sweep(ROOT / "trainer" / "configs" / "local-sweep.yaml")
+    assert sweep.recipe == ROOT / "trainer" / "configs" / "local.yaml"
+    assert set(sweep.spec.space) == {
+        "optimizer.lr",
+        "optimizer.min_lr",
+        "optimizer.weight_decay",
+        "schedule.lr_warmup_iters",
+        "schedule.global_batch_size",
+    }

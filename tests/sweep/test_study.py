@@ -1,0 +1,109 @@
+"""The study's wiring with Optuna's real TPE sampler, pruners and journal storage, on a fast objective
+(tests/sweep/objective.py) run as each trial's process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.sweep.conftest import TINY, objective_command, quiet, sweep_of
+from trainer.sweep.space import SweepError, load_sweep
+from trainer.sweep.study import ERROR, JOURNAL, LOG, STEPS, open_study, run_sweep
+
+
+def test_the_pruner_stops_trials_behind_at_an_evaluation_step_and_their_steps_are_counted(finished_sweep):
+    _, study, directory = finished_sweep
+    trials = study.get_trials()
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(trials) == 8 and pruned and complete
+    assert all(t.user_attrs[STEPS] == 60 for t in complete)
+    assert all(t.user_attrs[STEPS] < 60 and t.user_attrs[STEPS] % 10 == 0 for t in pruned)
+    # what the pruner saw: every evaluation step up to where the trial stopped
+    for trial in pruned:
+        reported = sorted(trial.intermediate_values)
+        assert reported == list(range(10, reported[-1] + 1, 10))
+        assert reported[-1] <= trial.user_attrs[STEPS]  # what it trained before the kill counts too
+    assert study.best_value == min(t.value for t in complete)
+    assert (directory / JOURNAL).is_file()
+    assert isinstance(study.sampler, optuna.samplers.TPESampler)
+    assert isinstance(study.pruner, optuna.pruners.SuccessiveHalvingPruner)
+
+
+def test_a_crashing_trial_is_failed_with_its_log_and_the_sweep_goes_on(tmp_path):
+    sweep = sweep_of(tmp_path, pruner="none")
+    # every lr above 3e-3 crashes after step 10; the startup draws (seed 0) hold both kinds
+    study = run_sweep(
+        sweep, "crash", tmp_path / "s", 6, quiet(), command=objective_command("crash_above=0.003")
+    )
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert failed and len(study.get_trials()) == 6
+    assert study.get_trials(states=(TrialState.COMPLETE,))
+    for trial in failed:
+        assert trial.params["optimizer.lr"] > 0.003
+        assert "exited with 3" in trial.user_attrs[ERROR]
+        assert "crashed on purpose" in Path(trial.user_attrs[LOG]).read_text()
+
+
+def test_a_rerun_resumes_the_stored_study_with_new_draws(tmp_path):
+    sweep = sweep_of(tmp_path, pruner="none")
+    first = run_sweep(sweep, "again", tmp_path / "s", 3, quiet(), command=objective_command())
+    before = [(t.number, t.params, t.value) for t in first.get_trials()]
+    second = run_sweep(sweep, "again", tmp_path / "s", 5, quiet(), command=objective_command())
+    trials = second.get_trials()
+    assert [(t.number, t.params, t.value) for t in trials[:3]] == before
+    assert len(trials) == 5 and all(t.state == TrialState.COMPLETE for t in trials)
+    # the sampler's seed moved on: the new trials are not the first ones drawn again
+    assert trials[3].params != trials[0].params
+    assert (
+        run_sweep(sweep, "again", tmp_path / "s", 5, quiet(), command=objective_command()).get_trials()
+        == trials
+    )
+
+
+def test_a_trial_left_running_by_a_stopped_driver_is_failed_and_run_again(tmp_path):
+    sweep = sweep_of(tmp_path, pruner="none")
+    study = open_study(sweep, "stopped", tmp_path / "s")
+    left = study.ask({"optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
+    study = run_sweep(sweep, "stopped", tmp_path / "s", 1, quiet(), command=objective_command())
+    first, again = study.get_trials()
+    assert first.state == TrialState.FAIL and "interrupted" in first.user_attrs[ERROR]
+    assert again.state == TrialState.COMPLETE and again.params == left.params
+
+
+def test_a_study_made_for_another_space_is_refused(tmp_path):
+    run_sweep(sweep_of(tmp_path, pruner="none"), "x", tmp_path / "s", 1, quiet(), command=objective_command())
+    other = sweep_of(tmp_path, pruner="none", extra="  optimizer.weight_decay: {low: 0.0, high: 0.2}\n")
+    with pytest.raises(SweepError, match=r"--name x: the study in .* another space"):
+        open_study(other, "x", tmp_path / "s")
+
+
+@pytest.mark.parametrize(
+    ("kind", "pruner"),
+    [
+        ("successive_halving", optuna.pruners.SuccessiveHalvingPruner),
+        ("hyperband", optuna.pruners.HyperbandPruner),
+        ("median", optuna.pruners.MedianPruner),
+        ("none", optuna.pruners.NopPruner),
+    ],
+)
+def test_each_pruner_kind_is_optunas(tmp_path, kind, pruner):
+    assert isinstance(open_study(sweep_of(tmp_path, pruner=kind), "p", tmp_path / "s").pruner, pruner)
+
+
+def test_a_grid_runs_each_combination_once(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(
+        f"recipe: {TINY}\nsampler: {{kind: grid}}\npruner: {{kind: none}}\n"
+        "set: {schedule.train_iters: 20, schedule.lr_decay_iters: 20}\n"
+        "space:\n  optimizer.lr: {choices: [0.001, 0.003, 0.01]}\n  schedule.lr_warmup_iters: {choices: [0, 5]}\n"
+    )
+    study = run_sweep(load_sweep(path), "grid", tmp_path / "s", 6, quiet(), command=objective_command())
+    assert isinstance(study.sampler, optuna.samplers.GridSampler)
+    combinations = {
+        (t.params["optimizer.lr"], t.params["schedule.lr_warmup_iters"]) for t in study.get_trials()
+    }
+    assert combinations == {(lr, w) for lr in (0.001, 0.003, 0.01) for w in (0, 5)}

@@ -1,0 +1,113 @@
+"""A run directory logged to a real local MLflow store (SQLite, MLflow's own SQLAlchemy store) and read back with
+MLflow's client; and the sweep's trials logged the same way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.sweep.conftest import objective_command, quiet, sweep_of
+from trainer.sweep.command import trial_tracker
+from trainer.sweep.study import run_sweep
+from trainer.tracking.mlflow_runs import MODEL_VERSION_TAG, RUN_DIR_TAG, flatten, log_run
+
+
+def metrics_lines(run_dir, steps):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "metrics.jsonl").open("a") as metrics:
+        for step in steps:
+            record = {
+                "step": step,
+                "loss": 9.0 - step / 10,
+                "lr": None,
+                "grad_norm": float("nan"),
+                "mfu": None,
+            }
+            if step % 10 == 0:
+                record["val_loss"] = 9.5 - step / 10
+            metrics.write(json.dumps(record) + "\n")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+def test_a_run_logs_its_config_metrics_and_once_more_only_the_new_steps(tmp_path, store):
+    run_dir = tmp_path / "run"
+    metrics_lines(run_dir, range(0, 11))
+    params = flatten(
+        {"optimizer": {"lr": 0.003, "min_lr": 0.0003}, "data": {"prefixes": ["data/stdlib"]}, "x": {}}
+    )
+    assert params == {
+        "optimizer.lr": "0.003",
+        "optimizer.min_lr": "0.0003",
+        "data.prefixes": '["data/stdlib"]',
+        "x": "{}",
+    }
+    run_id = log_run(run_dir, uri=store, experiment="e", run_name="local", params=params, tags={"k": "v"})
+    metrics_lines(run_dir, range(11, 21))  # the run resumed and trained on
+    assert log_run(run_dir, uri=store, experiment="e", run_name="local", params=params) == run_id
+    client = MlflowClient(tracking_uri=store)
+    run = client.get_run(run_id)
+    assert run.data.params == params and run.data.tags["k"] == "v"
+    assert run.data.tags[RUN_DIR_TAG] == str(run_dir.resolve()) and run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "val_loss")] == [
+        (0, 9.5), (10, 8.5), (20, 7.5)
+    ]  # fmt: skip
+    assert len(client.get_metric_history(run_id, "loss")) == 21  # each step once
+    assert (
+        "grad_norm" not in run.data.metrics and "lr" not in run.data.metrics
+    )  # nan and null are not numbers
+    assert MODEL_VERSION_TAG not in run.data.tags  # it published no checkpoint
+
+
+def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, store):
+    sweep = sweep_of(tmp_path)
+    track = trial_tracker(sweep, "tracked", store, quiet())
+    study = run_sweep(
+        sweep, "tracked", tmp_path / "s", 4, quiet(), command=objective_command(), on_trial=track
+    )
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tracked")
+    runs = {r.data.tags["trial"]: r for r in client.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == [str(t.number) for t in study.get_trials()]
+    for trial in study.get_trials():
+        run = runs[str(trial.number)]
+        assert run.data.tags["state"] == trial.state.name.lower() and run.data.tags["sweep"] == "tracked"
+        assert float(run.data.params["optimizer.lr"]) == trial.params["optimizer.lr"]
+        assert run.data.params["schedule.train_iters"] == "60"  # the whole config: recipe, shape, parameters
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+        assert steps[-1] == trial.user_attrs["steps"]
+
+
+@pytest.mark.slow
+def test_a_trainer_run_with_tracking_logs_itself_with_its_model_version(tiny_config, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    sets = [
+        "schedule.train_iters=4", "checkpoint.save_interval=4", f"logging.run_dir={run_dir}",
+        "tracking.mlflow=true", f"tracking.uri={store}", "tracking.experiment=tiny",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "trainer", "train", "--config", str(tiny_config)]
+    done = subprocess.run(
+        [*command, *(arg for s in sets for arg in ("--set", s))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.data.params["schedule.train_iters"] == "4" and run.data.params["model.hidden_size"] == "32"
+    assert run.data.tags[MODEL_VERSION_TAG].startswith("tiny-s4-")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+    assert f"tracking: MLflow run {run.info.run_id}" in done.stderr + done.stdout

@@ -1,0 +1,9 @@
+"""Hyperparameter sweeps (`make sweep`): an Optuna study over a search space declared beside the recipe, each trial
+a real trainer run, pruned on the validation loss it logs. Above config, models, cost and tracking; below jobs.
+
+    space     the sweep YAML: recipe, trials, sampler, pruner, the shared trial shape, the search space; all checked
+    trial     one trial: `python -m trainer train` in its own session, metrics.jsonl read as it grows, pruned or not
+    study     the study in its journal file under runs/sweeps/<name>/: resume, TPE, the pruner, the trial loop
+    report    the table of trials, the plots (PNG), the best trial's --set lines and YAML
+    command   `python -m trainer sweep`
+"""

@@ -1,0 +1,227 @@
+"""A sweep's declaration, read from a YAML beside its recipe (trainer/configs/local-sweep.yaml): the recipe, how many
+trials, the sampler and the pruner, the `--set` overrides every trial shares (its shape), and the search space: one
+dimension per config key, a float or int range (log-scaled where asked) or a list of choices.
+
+    recipe: local.yaml             # beside this file
+    trials: 16
+    sampler: {seed: 0, startup_trials: 5}
+    pruner: {kind: successive_halving, min_resource: 10, reduction_factor: 3}
+    set: {schedule.train_iters: 60, ...}
+    space:
+      optimizer.lr: {low: 1.0e-3, high: 3.0e-2, log: true}
+      schedule.global_batch_size: {choices: [8, 16]}
+
+Everything is checked before a trial starts: the keys against the trainer's config, the ranges, and the recipe
+with the shared overrides and each dimension's ends (a range whose end the trainer refuses is an error here, not a
+failed trial later)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from trainer.config import ConfigError, load_config
+
+
+class SweepError(ConfigError):
+    """A sweep that cannot run: one line per problem, each naming the key, the bad value and what would do."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        super().__init__(problems, source, what="sweep")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Dimension(_Strict):
+    """A range (`low`, `high`; `log`; `step` for integers) or `choices`."""
+
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int | None = Field(None, gt=0)  # integers: the range's step (no log scale with a step other than 1)
+    choices: list[int | float | str | bool] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Dimension:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None or self.log or self.step is not None:
+                raise ValueError("give either choices or low/high (with log or step), not both")
+            if not self.choices:
+                raise ValueError("choices is empty: list at least one value")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("give low and high (a range) or choices (a list)")
+        if self.low >= self.high:
+            raise ValueError(f"low = {self.low} is not below high = {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log = true needs low > 0, got low = {self.low}")
+        if self.step is not None and (self.low != int(self.low) or self.high != int(self.high)):
+            raise ValueError("step makes an integer range: low and high must be whole numbers")
+        if self.step is not None and self.log and self.step != 1:
+            raise ValueError("a log-scaled integer range takes no step (Optuna: IntDistribution)")
+        return self
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        if self.choices is not None:
+            return optuna.distributions.CategoricalDistribution(self.choices)
+        assert self.low is not None and self.high is not None  # _one_kind
+        if self.step is not None:
+            return optuna.distributions.IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=self.step
+            )
+        return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log)
+
+    def ends(self) -> list[Any]:
+        """The values a trial may take at the edges of this dimension (all of them for choices)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.step is not None:
+            assert self.low is not None and self.high is not None
+            return [int(self.low), int(self.low) + (int(self.high) - int(self.low)) // self.step * self.step]
+        return [self.low, self.high]
+
+
+class Sampler(_Strict):
+    """Optuna's TPE sampler (optuna.samplers.TPESampler), or an exhaustive grid of a space of choices
+    (optuna.samplers.GridSampler: each combination once, the benchmark's baseline)."""
+
+    kind: Literal["tpe", "grid"] = "tpe"
+    seed: int | None = 0
+    # TPE: random trials before it models the results (TPESampler n_startup_trials)
+    startup_trials: PositiveInt = 5
+
+    def build(self, space: dict[str, Dimension], stored_trials: int) -> optuna.samplers.BaseSampler:
+        # A resumed study's sampler starts from a seed moved on by the trials stored, so that it does not draw
+        # the first trials' parameters again.
+        seed = None if self.seed is None else self.seed + stored_trials
+        if self.kind == "grid":
+            grid = {key: list(dimension.choices or []) for key, dimension in space.items()}
+            return optuna.samplers.GridSampler(grid, seed=seed)
+        return optuna.samplers.TPESampler(n_startup_trials=self.startup_trials, seed=seed)
+
+
+class Pruner(_Strict):
+    """What stops a trial whose validation loss at an evaluation step is behind the others'."""
+
+    kind: Literal["successive_halving", "hyperband", "median", "none"] = "successive_halving"
+    min_resource: PositiveInt = 10  # steps a trial trains before it may be stopped
+    reduction_factor: int = Field(3, ge=2)  # successive halving and Hyperband: keep 1 in this many per rung
+    warmup_steps: int = Field(0, ge=0)  # median: steps before it prunes
+
+    def build(self, train_iters: int) -> optuna.pruners.BasePruner:
+        if self.kind == "successive_halving":
+            return optuna.pruners.SuccessiveHalvingPruner(
+                min_resource=self.min_resource, reduction_factor=self.reduction_factor
+            )
+        if self.kind == "hyperband":
+            return optuna.pruners.HyperbandPruner(
+                min_resource=self.min_resource,
+                max_resource=train_iters,
+                reduction_factor=self.reduction_factor,
+            )
+        if self.kind == "median":
+            return optuna.pruners.MedianPruner(n_warmup_steps=self.warmup_steps)
+        return optuna.pruners.NopPruner()
+
+
+class SweepSpec(_Strict):
+    recipe: str  # the trainer config, relative to this file
+    trials: PositiveInt = 16
+    sampler: Sampler = Sampler()
+    pruner: Pruner = Pruner()
+    set: dict[str, Any] = {}  # --set overrides every trial shares (its shape)
+    space: dict[str, Dimension]
+
+    @model_validator(mode="after")
+    def _space(self) -> SweepSpec:
+        if not self.space:
+            raise ValueError("space is empty: declare at least one dimension (e.g. optimizer.lr)")
+        if shared := sorted(set(self.space) & set(self.set)):
+            raise ValueError(f"{', '.join(shared)} in both set and space: a key is either fixed or searched")
+        if self.sampler.kind == "grid" and (
+            ranges := sorted(k for k, d in self.space.items() if d.choices is None)
+        ):
+            raise ValueError(
+                f"sampler.kind = grid needs choices for every dimension; {', '.join(ranges)} is a range"
+            )
+        return self
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        return {key: dimension.distribution() for key, dimension in self.space.items()}
+
+
+class Sweep:
+    """A sweep spec with where it was read from: the recipe path and the overrides of a trial's parameters."""
+
+    def __init__(self, path: Path, spec: SweepSpec, extra: tuple[str, ...] = ()):
+        self.path, self.spec = path, spec
+        self.recipe = (path.parent / spec.recipe).resolve()
+        # --set from the command line over the spec's shared ones (e.g. schedule.train_iters for a quick look)
+        self.shared = tuple(f"{key}={_text(value)}" for key, value in spec.set.items()) + extra
+
+    @property
+    def fingerprint(self) -> str:
+        """What the stored study was made for: a rerun with another space or shape is refused, not mixed in."""
+        body = json.dumps(
+            {"spec": self.spec.model_dump(mode="json", exclude={"trials"}), "shared": self.shared},
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    def overrides(self, params: dict[str, Any]) -> list[str]:
+        """A trial's whole --set list: the shared shape, then its parameters."""
+        return [*self.shared, *self.param_overrides(params)]
+
+    def param_overrides(self, params: dict[str, Any]) -> list[str]:
+        """A trial's parameters as --set lines."""
+        return [f"{key}={_text(value)}" for key, value in params.items()]
+
+    def train_iters(self) -> int:
+        return load_config(self.recipe, self.shared).schedule.train_iters
+
+
+def _text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def load_sweep(path: str | Path, extra: tuple[str, ...] = ()) -> Sweep:
+    """Read and check a sweep YAML: every problem named with its key, the bad value and what would be valid."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError([f"sweep file {str(path)!r} not found"])
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise SweepError([f"the top level must be a mapping, got {type(raw).__name__}"], str(path))
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as error:
+        raise SweepError(
+            [
+                f"{'.'.join(str(p) for p in e['loc'])} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}"
+                for e in error.errors()
+            ],
+            str(path),
+        ) from None
+    sweep = Sweep(path, spec, extra)
+    if not sweep.recipe.is_file():
+        raise SweepError([f"recipe = {spec.recipe!r}: no such file beside {path}"], str(path))
+    # The recipe with the shared shape, then each dimension at each of its ends: the trainer's own checks.
+    problems: list[str] = []
+    base = {key: dim.ends()[0] for key, dim in spec.space.items()}
+    for key, dimension in spec.space.items():
+        for end in dimension.ends():
+            try:
+                load_config(sweep.recipe, sweep.overrides({**base, key: end}))
+            except ConfigError as error:
+                problems += [f"space.{key} = {end!r}: {problem}" for problem in error.problems]
+    if problems:
+        raise SweepError(sorted(set(problems)), str(path))
+    return sweep

@@ -1,0 +1,174 @@
+"""The study: Optuna's, kept in a journal file under runs/sweeps/<name>/ (no server), sampled by TPE and pruned on the
+validation loss each trial's trainer logs at its evaluation steps.
+
+A rerun with the same name resumes: trials already finished (complete, pruned or failed) count towards --trials, a
+trial left running by an interrupted driver is marked failed and its parameters queued to run again, and the
+sampler's seed moves on by the trials already stored (space.Sampler.build). A study made for another space or trial shape is refused rather than mixed in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import TrialState
+from rich.console import Console
+
+from trainer.sweep.space import Sweep, SweepError
+from trainer.sweep.trial import TrialFailed, run_trial, train_command
+
+SWEEPS = Path("runs/sweeps")
+JOURNAL = "study.journal"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# User attributes each trial carries (the table, the report and the benchmark read them).
+RUN_DIR, STEPS, ERROR, LOG = "run_dir", "steps", "error", "log"
+INTERRUPTED = "interrupted: the sweep's driver stopped"  # such a trial runs again and is not counted
+
+
+Command = Callable[[Path, Sequence[str], Path], list[str]]
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own progress
+
+
+def storage(directory: Path) -> JournalStorage:
+    """The study's journal, an append-only file; Optuna's own lock (a symlink beside it) orders its writers
+    (optuna/storages/journal/_file.py, JournalFileBackend, v5.1.0)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(directory / JOURNAL)))
+
+
+def open_study(sweep: Sweep, name: str, directory: Path) -> optuna.Study:
+    store = storage(directory)
+    stored = {s.study_name: s._study_id for s in store.get_all_studies()}
+    sampler = sweep.spec.sampler.build(sweep.spec.space, _stored_trials(store, stored, name))
+    study = optuna.create_study(
+        study_name=name,
+        storage=store,
+        sampler=sampler,
+        pruner=sweep.spec.pruner.build(sweep.train_iters()),
+        direction="minimize",
+        load_if_exists=True,
+    )
+    made_for = study.user_attrs.get("fingerprint")
+    if made_for is None:
+        study.set_user_attr("fingerprint", sweep.fingerprint)
+        study.set_user_attr("sweep", str(sweep.path))
+    elif made_for != sweep.fingerprint:
+        raise SweepError(
+            [
+                f"--name {name}: the study in {directory} was made from {study.user_attrs.get('sweep')} with "
+                f"another space, sampler, pruner or trial shape; give another --name, or remove {directory} to "
+                "start over"
+            ]
+        )
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # Left running by a driver that was stopped: nothing is running it now.
+        store.set_trial_user_attr(trial._trial_id, ERROR, INTERRUPTED)
+        store.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        study.enqueue_trial(trial.params, skip_if_exists=False)
+    return study
+
+
+def _stored_trials(store: JournalStorage, stored: dict[str, int], name: str) -> int:
+    return len(store.get_all_trials(stored[name], deepcopy=False)) if name in stored else 0
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that count towards --trials: complete, pruned or failed, but not those an interruption ended."""
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    return sum(trial.user_attrs.get(ERROR) != INTERRUPTED for trial in trials)
+
+
+def suggest(trial: optuna.Trial, sweep: Sweep) -> dict[str, Any]:
+    """The trial's parameters, one per dimension of the space, drawn by the study's sampler."""
+    params: dict[str, Any] = {}
+    for key, distribution in sweep.spec.distributions().items():
+        if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+            params[key] = trial.suggest_categorical(key, distribution.choices)
+        elif isinstance(distribution, optuna.distributions.IntDistribution):
+            params[key] = trial.suggest_int(
+                key, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+            )
+        else:
+            assert isinstance(distribution, optuna.distributions.FloatDistribution)
+            params[key] = trial.suggest_float(key, distribution.low, distribution.high, log=distribution.log)
+    return params
+
+
+def run_sweep(
+    sweep: Sweep,
+    name: str,
+    directory: Path,
+    trials: int,
+    console: Console,
+    *,
+    command: Command = train_command,
+    timeout_s: float | None = None,
+    on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
+) -> optuna.Study:
+    """Run trials until the study holds `trials` finished ones; each is a trainer run under
+    <directory>/trials/<number>."""
+    study = open_study(sweep, name, directory)
+    done = finished(study)
+    if done >= trials:
+        console.print(f"sweep {name}: {done} of {trials} trials already finished")
+        return study
+    console.print(f"sweep {name}: {done} of {trials} trials finished, running {trials - done} ({directory})")
+
+    def objective(trial: optuna.Trial) -> float:
+        params = suggest(trial, sweep)
+        run_dir = directory / "trials" / f"{trial.number:04d}"
+        trial.set_user_attr(RUN_DIR, str(run_dir))
+        trial.set_user_attr(LOG, str(run_dir / "train.log"))
+        shown = ", ".join(f"{key.split('.')[-1]}={_short(value)}" for key, value in params.items())
+        console.print(f"trial {trial.number}: {shown}")
+
+        def report(step: int, val_loss: float) -> bool:
+            trial.report(val_loss, step)
+            trial.set_user_attr(STEPS, step)
+            stop = trial.should_prune()
+            console.print(
+                f"  trial {trial.number} step {step}: validation loss {val_loss:.4f}"
+                + (" -> pruned" if stop else "")
+            )
+            return stop
+
+        overrides = [*sweep.overrides(params), f"name={name}-t{trial.number:04d}"]
+        try:
+            outcome = run_trial(
+                command(sweep.recipe, overrides, run_dir), run_dir, report, timeout_s=timeout_s
+            )
+        except TrialFailed as error:
+            trial.set_user_attr(ERROR, str(error))
+            console.print(f"  trial {trial.number} [red]failed[/]: {error}")
+            raise
+        trial.set_user_attr(STEPS, outcome.steps)
+        if outcome.pruned:
+            raise optuna.TrialPruned(f"validation loss {outcome.val_loss:.4f} at step {outcome.steps}")
+        assert outcome.val_loss is not None  # run_trial raises when a finished run logged none
+        return outcome.val_loss
+
+    def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        best = _best_value(study)
+        value = f"{trial.value:.4f}" if trial.value is not None else "-"
+        console.print(
+            f"trial {trial.number} {trial.state.name.lower()} ({value}); {finished(study)}/{trials} finished, "
+            f"best {best:.4f}"
+            if best is not None
+            else f"trial {trial.number} {trial.state.name.lower()}"
+        )
+
+    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else [])]
+    study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=callbacks)
+    return study
+
+
+def _best_value(study: optuna.Study) -> float | None:
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return min((t.value for t in complete if t.value is not None), default=None)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,109 @@
+"""One trial: a real `python -m trainer train` in a session of its own, its output in the trial's log, its
+metrics.jsonl read as it grows. Each validation loss the trainer logs at an evaluation step goes to `report`, which
+says whether to stop there (the pruner's decision); a stopped trial's process group is killed, since nothing it
+would still write (its last checkpoint) is kept."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+METRICS = "metrics.jsonl"
+LOG = "train.log"
+POLL_S = 0.25
+
+
+class TrialFailed(Exception):
+    """The trainer exited with an error (or reported no validation loss): the trial is recorded as failed."""
+
+    def __init__(self, message: str, log: Path):
+        self.log = log
+        super().__init__(f"{message}; its log: {log}")
+
+
+@dataclass
+class Outcome:
+    steps: int  # the last step the trial logged: the trial-steps it cost
+    val_loss: float | None  # the last validation loss it logged
+    pruned: bool
+
+
+def train_command(recipe: Path, overrides: Sequence[str], run_dir: Path) -> list[str]:
+    """The trainer, as `make train` runs it, on a fresh run directory of the trial's own."""
+    sets = [arg for override in (*overrides, f"logging.run_dir={run_dir}") for arg in ("--set", override)]
+    return [sys.executable, "-m", "trainer", "train", "--config", str(recipe), "--fresh", *sets]
+
+
+def run_trial(
+    command: Sequence[str],
+    run_dir: Path,
+    report: Callable[[int, float], bool],
+    *,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """Run `command` until it ends or `report(step, val_loss)` returns True (then kill it: pruned)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / LOG
+    metrics = run_dir / METRICS
+    seen = 0  # bytes of metrics.jsonl already read
+    steps, val_loss = 0, None
+    started = time.monotonic()
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            list(command),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+            start_new_session=True,  # its own process group: a stop takes torchrun's ranks too
+        )
+        try:
+            while True:
+                ended = process.poll() is not None
+                if metrics.exists():
+                    with metrics.open() as handle:
+                        handle.seek(seen)
+                        text = handle.read()
+                    complete = text[: text.rfind("\n") + 1]  # a line still being written waits
+                    seen += len(complete.encode())
+                    records = [json.loads(line) for line in complete.splitlines()]
+                    # the steps trained so far, the cost of the trial even where it stops at an earlier report
+                    steps = max([steps, *(int(record["step"]) for record in records)])
+                    for record in records:
+                        if record.get("val_loss") is None or record["step"] == 0:
+                            continue
+                        val_loss = float(record["val_loss"])
+                        # Every evaluation is reported (the pruner compares trials at the same steps); a stop
+                        # only matters while the trainer still runs.
+                        if report(int(record["step"]), val_loss) and not ended:
+                            _kill(process)
+                            return Outcome(steps, val_loss, pruned=True)
+                if ended:
+                    break
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    _kill(process)
+                    raise TrialFailed(f"still running after {timeout_s:.0f} s", log)
+                time.sleep(POLL_S)
+        except BaseException:
+            _kill(process)  # the driver interrupted: no trainer left behind
+            raise
+    if process.returncode != 0:
+        raise TrialFailed(f"the trainer exited with {process.returncode}", log)
+    if val_loss is None:
+        raise TrialFailed("the trainer logged no validation loss", log)
+    return Outcome(steps, val_loss, pruned=False)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # ended between the poll and the kill
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

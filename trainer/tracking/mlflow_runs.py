@@ -1,0 +1,106 @@
+"""One trainer run directory as one MLflow run, logged when the run ends (or a sweep's trial is decided): the
+config as parameters, every numeric metrics.jsonl value by step, and the model version of its newest published
+checkpoint as a tag. The run directory is the MLflow run's identity (its `trainstack.run_dir` tag): logging the
+same directory again, after a resume, adds only the steps not yet logged to the same MLflow run.
+
+The default store is SQLite under runs/ (MLflow's SQLAlchemy store: no server); `tracking.uri` names another, such
+as a tracking server on a stack. Imports mlflow only when called."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.version import RECORD, read_record
+from trainer.config.schema import TrackingConfig
+
+DEFAULT_URI = "sqlite:///runs/mlflow.db"
+RUN_DIR_TAG = "trainstack.run_dir"
+MODEL_VERSION_TAG = "trainstack.model_version"
+# MLflow's limits per log_batch call and per parameter value (mlflow/utils/validation.py, v3.18.0:
+# MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, MAX_PARAM_VAL_LENGTH).
+METRICS_PER_BATCH, PARAMS_PER_BATCH, PARAM_VALUE_LENGTH = 1000, 100, 6000
+
+
+def tracking_uri(tracking: TrackingConfig) -> str:
+    return tracking.uri or DEFAULT_URI
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as `section.key` parameters (lists and empty mappings as JSON)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat |= flatten(value, name + ".")
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            flat[name] = text[:PARAM_VALUE_LENGTH]
+    return flat
+
+
+def metric_records(run_dir: Path) -> Iterator[tuple[int, str, float]]:
+    """(step, key, value) of every finite number on every metrics.jsonl line."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        for key, value in record.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key != "step" and number and math.isfinite(value):
+                yield int(record["step"]), key, float(value)
+
+
+def newest_model_version(run_dir: Path) -> str | None:
+    """The model version of the run's newest published checkpoint (its record, trainer/checkpoint/version.py)."""
+    records = sorted((run_dir / "checkpoints").glob(f"iter_*/{RECORD}"))
+    return read_record(records[-1].parent).version if records else None
+
+
+def log_run(
+    run_dir: Path,
+    *,
+    uri: str,
+    experiment: str,
+    run_name: str,
+    params: Mapping[str, str],
+    tags: Mapping[str, str] | None = None,
+) -> str:
+    """Log (or bring up to date) the MLflow run of `run_dir`; its run id."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    key = str(run_dir.resolve())
+    existing = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{key}'")
+    if existing:
+        run_id = existing[0].info.run_id
+        logged = existing[0].data.params
+        last = max(
+            (m.step for k in existing[0].data.metrics for m in client.get_metric_history(run_id, k)),
+            default=-1,
+        )
+    else:
+        run_id = client.create_run(experiment_id, run_name=run_name, tags={RUN_DIR_TAG: key}).info.run_id
+        logged, last = {}, -1
+    new_params = [Param(k, v) for k, v in params.items() if k not in logged]  # a parameter is set once
+    for start in range(0, len(new_params), PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=new_params[start : start + PARAMS_PER_BATCH])
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, step) for step, k, v in metric_records(run_dir) if step > last]
+    for start in range(0, len(metrics), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
+    run_tags = dict(tags or {})
+    if (version := newest_model_version(run_dir)) is not None:
+        run_tags[MODEL_VERSION_TAG] = version
+    if run_tags:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags.items()])
+    client.set_terminated(run_id)
+    return run_id
