@@ -227,6 +227,12 @@ compliance: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json] [LIVE=1]: each
 	$(need_stack)
 	@$(PY) -m policy.compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
 
+.PHONY: deploy
+deploy: $(VENV)/.train-installed ## STACK=<env> MODEL=<tag or version> | ROLLBACK=1: the stack's SageMaker endpoint, blue/green behind a canary (docs/serving-stack.md)
+	$(need_stack)
+	@test -n "$(MODEL)$(ROLLBACK)" || { echo "make deploy: give MODEL=<tag or version>, or ROLLBACK=1" >&2; exit 2; }
+	$(PY) -m trainer deploy $(STACK_ARGS) $(if $(ROLLBACK),--rollback,--model "$(MODEL)")
+
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository
 	$(PY) -m trainer push $(STACK_ARGS) $(if $(IMAGE),--tag "$(IMAGE)")

@@ -56,6 +56,9 @@ VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")
 # EKS stacks: the control plane encrypts Secrets with the key through EKS (EKS user guide, "Encrypt Kubernetes secrets
 # with KMS on existing clusters"); whether its calls carry kms:ViaService eks.* only a real account shows.
 EKS_VIA_SERVICES = ("eks",)
+# The inference pool (infra/serving.py): SageMaker encrypts the endpoint's ML storage volumes with the key named in
+# the endpoint configuration (SageMaker API reference, CreateEndpointConfig KmsKeyId).
+SERVING_VIA_SERVICES = ("sagemaker",)
 SERVICE_LINKED_ROLES = (
     "aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling",
     "aws-service-role/batch.amazonaws.com/AWSServiceRoleForBatch",
@@ -168,6 +171,7 @@ class Keys(pulumi.ComponentResource):
             "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.log_group_prefix, "/*"
         )
         services = (*VIA_SERVICES, *EKS_VIA_SERVICES) if cfg.orchestrator == "eks" else VIA_SERVICES
+        services = (*services, *SERVING_VIA_SERVICES) if cfg.serving is not None else services
         via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in services]
         if cfg.orchestrator == "eks":  # Container Insights' groups, which the stack creates under the key
             container_insights = pulumi.Output.concat(

@@ -16,6 +16,7 @@
     residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
     compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
+    serving           every SageMaker endpoint encrypted, in a VPC, rolled back by alarms; the pool's alarms
     eks               EKS stacks: catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over

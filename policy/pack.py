@@ -19,6 +19,7 @@ from policy import (
     protection,
     residency,
     s3,
+    serving,
 )
 
 PACK_NAME = "trainstack-guardrails"
@@ -65,4 +66,7 @@ POLICIES: list[Policy] = [
     eks.node_templates,
     eks.jobset_grace,
     eks.fixed_versions,
+    # The inference pool (policy/serving.py): encryption, VPC placement and rollback alarms on every endpoint.
+    serving.endpoint_guarded,
+    serving.serving_rollback_alarms,
 ]

@@ -19,6 +19,7 @@ health      straggler windows and the hang watchdog
 monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
 contract    what infra/, image/ and the trainer share
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
+deploy      `make deploy`: a model version onto the stack's SageMaker endpoint, behind a canary, rolled back by alarms
 plan        the planner: layouts, memory, step time, cost
 bench       `make bench` and `make bench-gpu`
 cost        prices from AWS (or a dated snapshot), energy and emissions estimates

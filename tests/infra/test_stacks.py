@@ -19,6 +19,7 @@ from trainer.contract.outputs import (
     EKS_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
+    SERVING_OUTPUTS,
     SPOT_OUTPUTS,
     STACK_OUTPUTS,
     missing_outputs,
@@ -325,7 +326,8 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
         ]
     assert not [s for s in statements.values() if "kms:*" in s["Action"]]
     via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
-    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2", *(("eks",) if eks else ())}
+    serving = ("sagemaker",) if stack.config.serving is not None else ()  # the inference pool's volumes
+    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2", *(("eks",) if eks else ()), *serving}
 
 
 # --- data lake and file system ----------------------------------------------------------------------------------
@@ -549,6 +551,7 @@ def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
         *GOVERNANCE_OUTPUTS,
         *DATA_OUTPUTS,
         *(SPOT_OUTPUTS if stack.config.spot else ()),
+        *(SERVING_OUTPUTS if stack.config.serving is not None else ()),
     }
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs
