@@ -86,10 +86,12 @@ finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the bu
 ifneq ($(STACK),)
 	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
 	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
-	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md)
+	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md); DEPLOY=1
+	# then deploys the new version to the stack's endpoint when it beats the live one by the suite's deploy gate
 	$(PY) -m trainer finetune $(STACK_ARGS) $(if $(CONFIG),--config "$(CONFIG)") $(if $(SUITE),--suite "$(SUITE)") \
 	  $(if $(DATASET),--dataset "$(DATASET)") $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") \
-	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) $(ARGS)
+	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) \
+	  $(if $(DEPLOY),--deploy) $(ARGS)
 else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks

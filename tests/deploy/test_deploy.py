@@ -172,18 +172,21 @@ class Fake:
             {"EndpointName": ENDPOINT, "ContentType": "application/json", "Body": ANY},
         )
 
-    def run(self, registry, model=None, rollback=False) -> int:
+    def run(self, registry, model=None, rollback=False, call=None) -> int:
         with self.sm, self.rt:
-            code = deploy(
-                self.clients,
-                self.pool,
-                registry,
-                model,
-                rollback,
-                lambda: "tester",
-                poll_s=0,
-                sleep=lambda s: None,
-            )
+            if call is not None:
+                code = call()
+            else:
+                code = deploy(
+                    self.clients,
+                    self.pool,
+                    registry,
+                    model,
+                    rollback,
+                    lambda: "tester",
+                    poll_s=0,
+                    sleep=lambda s: None,
+                )
             self.sm.assert_no_pending_responses()
             self.rt.assert_no_pending_responses()
         return code
@@ -235,9 +238,10 @@ def test_a_first_deploy_creates_the_endpoint_scales_it_and_records_it_live(world
     assert (record["version"], record["previous"], record["by"]) == (newest, None, "tester")
 
 
-def run_matching_config(fake: Fake, registry, version, rollback=False, model=None, rolled_back=False) -> int:
-    """Run with the stubbed DescribeEndpoint answers naming the configuration the verb created (rolled_back: the
-    old one), which the stub cannot know in advance: captured from the CreateEndpointConfig request."""
+def run_matching_config(fake: Fake, registry, version, rollback=False, model=None, call=None) -> int:
+    """Run `make deploy` (or `call`, under the same stubs) with the stubbed DescribeEndpoint answers naming the
+    configuration the verb created, which the stub cannot know in advance: captured from the CreateEndpointConfig
+    request."""
     created: dict = {}
     original = fake.sagemaker.create_endpoint_config
 
@@ -255,7 +259,7 @@ def run_matching_config(fake: Fake, registry, version, rollback=False, model=Non
         return response
 
     fake.sagemaker.describe_endpoint = named  # type: ignore[method-assign]
-    code = fake.run(registry, model=model or version, rollback=rollback)
+    code = fake.run(registry, model=model or version, rollback=rollback, call=call)
     if created:
         assert created["KmsKeyId"] == fake.pool.kms_key_arn
         assert created["ProductionVariants"][0]["InstanceType"] == "ml.g5.2xlarge"
