@@ -692,6 +692,13 @@ class StackConfig(BaseModel):
         return f"{self.name_prefix}-serving"
 
     @property
+    def serving_log_group(self) -> str:
+        """Where SageMaker writes the endpoint's container logs (SageMaker Developer Guide, "Log Amazon SageMaker AI
+        Events with Amazon CloudWatch": /aws/sagemaker/Endpoints/<endpoint name>); the stack creates it first, with
+        its retention and key."""
+        return f"/aws/sagemaker/Endpoints/{self.serving_endpoint_name}"
+
+    @property
     def tags(self) -> dict[str, str]:
         return {"project": NAMESPACE, "stack": self.stack, "owner": self.owner}
 

@@ -186,6 +186,11 @@ class Keys(pulumi.ComponentResource):
             logs_scope: Any = [log_groups, container_insights]
         else:
             logs_scope = log_groups
+        if cfg.serving is not None:  # the endpoint's log group (infra/serving.py), outside the stack's prefix
+            serving_logs = pulumi.Output.concat(
+                "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.serving_log_group
+            )
+            logs_scope = [*(logs_scope if isinstance(logs_scope, list) else [logs_scope]), serving_logs]
         linked_roles = {
             "StringEquals": {"aws:PrincipalAccount": account},
             "ArnLike": {

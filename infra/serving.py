@@ -9,8 +9,8 @@ alike: its own instances (SageMaker ML instances), its own role, its own securit
   `finetune-stages` writes them, trainer/models/pipeline.py), not checkpoints, tag events or datasets; decrypts with
   the stack key; pulls the pinned LMI image; manages the endpoint's network interfaces in the stack's private
   subnets (SageMaker Developer Guide, "Give SageMaker AI Hosted Endpoints Access to Resources in Your Amazon VPC");
-  writes the endpoint's log group (/aws/sagemaker/Endpoints/<name>, SageMaker Developer Guide, "Log Amazon
-  SageMaker AI Events with Amazon CloudWatch").
+  writes the endpoint's log group, which the stack creates with its retention and key
+  (`StackConfig.serving_log_group`).
 - The security group: no ingress (invocations reach the container through SageMaker, not the ENI), HTTPS out
   (S3 through the gateway endpoint, ECR, AWS APIs).
 - Alarms, each paging the stack's topic and each a rollback alarm of every deployment
@@ -64,7 +64,8 @@ ENI_ACTIONS = [
 ENI_DESCRIBE_ACTIONS = [
     a for a in WILDCARD_RESOURCE_ACTIONS if a.startswith("ec2:Describe") and a != "ec2:DescribeTags"
 ]
-ENDPOINT_LOG_ACTIONS = ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"]
+# Its log group exists (the stack creates it): streams and events only.
+ENDPOINT_LOG_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]
 
 
 @dataclass
@@ -97,6 +98,14 @@ class Serving(pulumi.ComponentResource):
             args.network.vpc.id,
             "SageMaker endpoint instances: HTTPS to S3, ECR and AWS APIs; no ingress",
             child,
+        )
+        # Created before SageMaker would create it, so that it keeps the stack's retention and key.
+        self.log_group = aws.cloudwatch.LogGroup(
+            endpoint,
+            name=cfg.serving_log_group,
+            retention_in_days=cfg.log_retention_days,
+            kms_key_id=args.keys.key.arn,
+            opts=child,
         )
         self.role = aws.iam.Role(
             f"{endpoint}-role",
@@ -181,12 +190,7 @@ class Serving(pulumi.ComponentResource):
         interfaces = pulumi.Output.concat("arn:aws:ec2:", region, ":", account, ":network-interface/*")
         group = pulumi.Output.concat("arn:aws:ec2:", region, ":", account, ":security-group/*")
         logs = pulumi.Output.concat(
-            "arn:aws:logs:",
-            region,
-            ":",
-            account,
-            ":log-group:/aws/sagemaker/Endpoints/",
-            cfg.serving_endpoint_name,
+            "arn:aws:logs:", region, ":", account, ":log-group:", cfg.serving_log_group
         )
         return [
             allow("ReadExports", ["s3:GetObject"], [pulumi.Output.concat(bucket, "/", EXPORT_KEYS)]),

@@ -107,14 +107,22 @@ class Fake:
             "describe_endpoint", "ValidationException", f'Could not find endpoint "{ENDPOINT}".'
         )
 
-    def live(self, version: str, config: str = "old-config"):
-        self.status("InService", config=config)
+    def live(
+        self,
+        version: str,
+        config: str = "old-config",
+        instances: int = 1,
+        instance_type: str = "ml.g5.2xlarge",
+    ):
+        self.status("InService", config=config, instances=instances)
         self.sm.add_response(
             "describe_endpoint_config",
             {
                 "EndpointConfigName": config,
                 "EndpointConfigArn": f"arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/{config}",
-                "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": "old-model"}],
+                "ProductionVariants": [
+                    {"VariantName": "AllTraffic", "ModelName": "old-model", "InstanceType": instance_type}
+                ],
                 "CreationTime": NOW,
             },
             {"EndpointConfigName": config},
@@ -147,7 +155,14 @@ class Fake:
                 "create_endpoint", {"EndpointArn": arn + "endpoint/e"}, ANY_ARGS["create_endpoint"]
             )
 
-    def status(self, status: str, config: str = ANY, variant: str | None = None, reason: str | None = None):
+    def status(
+        self,
+        status: str,
+        config: str = ANY,
+        variant: str | None = None,
+        reason: str | None = None,
+        instances: int | None = None,
+    ):
         response = {
             "EndpointName": ENDPOINT,
             "EndpointArn": f"arn:aws:sagemaker:us-east-1:123456789012:endpoint/{ENDPOINT}",
@@ -156,10 +171,12 @@ class Fake:
             "CreationTime": NOW,
             "LastModifiedTime": NOW,
         }
+        if variant or instances is not None:
+            response["ProductionVariants"] = [{"VariantName": "AllTraffic"}]
         if variant:
-            response["ProductionVariants"] = [
-                {"VariantName": "AllTraffic", "VariantStatus": [{"Status": variant}]}
-            ]
+            response["ProductionVariants"][0]["VariantStatus"] = [{"Status": variant}]
+        if instances is not None:
+            response["ProductionVariants"][0]["CurrentInstanceCount"] = instances
         if reason:
             response["FailureReason"] = reason
         self.sm.add_response("describe_endpoint", response, {"EndpointName": ENDPOINT})
@@ -260,6 +277,7 @@ def run_matching_config(fake: Fake, registry, version, rollback=False, model=Non
 
     fake.sagemaker.describe_endpoint = named  # type: ignore[method-assign]
     code = fake.run(registry, model=model or version, rollback=rollback, call=call)
+    fake.created = created
     if created:
         assert created["KmsKeyId"] == fake.pool.kms_key_arn
         assert created["ProductionVariants"][0]["InstanceType"] == "ml.g5.2xlarge"
@@ -382,20 +400,7 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
 
 def test_status_names_the_live_version_its_instances_and_dollars(world):
     fake, _, (_, newest), _ = world
-    fake.live(newest)
-    fake.sm.add_response(
-        "describe_endpoint",
-        {
-            "EndpointName": ENDPOINT,
-            "EndpointArn": f"arn:aws:sagemaker:us-east-1:123456789012:endpoint/{ENDPOINT}",
-            "EndpointConfigName": "old-config",
-            "EndpointStatus": "InService",
-            "CreationTime": NOW,
-            "LastModifiedTime": NOW,
-            "ProductionVariants": [{"VariantName": "AllTraffic", "CurrentInstanceCount": 2}],
-        },
-        {"EndpointName": ENDPOINT},
-    )
+    fake.live(newest, instances=2)
     fake.no_endpoint()
     with fake.sm:
         line = ep.status_line(fake.clients, fake.pool)
@@ -406,3 +411,23 @@ def test_status_names_the_live_version_its_instances_and_dollars(world):
         assert ep.status_line(fake.clients, fake.pool).startswith(
             f"endpoint {ENDPOINT}: none yet (make deploy STACK=test MODEL=<tag>); would cost 1..2 x ml.g5.2xlarge"
         )
+
+
+def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fleets_size(world, capsys):
+    fake, registry, (older, newest), _ = world
+    ep.register_scaling(fake.clients, fake.pool)  # as the first deploy left it
+    fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
+    fake.creates(update=True)
+    fake.status("Updating", config="old-config", variant="Baking")
+    fake.answers(answer_of(newest))
+    fake.status("InService", config=ANY)
+    fake.answers(answer_of(newest))
+    assert run_matching_config(fake, registry, newest) == 0, capsys.readouterr().err
+    assert (
+        "ml.p4d.24xlarge -> ml.g5.2xlarge: autoscaling paused during the rollout" in capsys.readouterr().out
+    )
+    assert fake.created["ProductionVariants"][0]["InitialInstanceCount"] == 2  # what autoscaling held
+    targets = fake.clients.autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")[
+        "ScalableTargets"
+    ]
+    assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(1, 2)]  # registered again

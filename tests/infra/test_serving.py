@@ -61,6 +61,17 @@ def test_the_role_pulls_the_pinned_image_and_manages_enis_in_the_private_subnets
     assert found["WriteEndpointLogs"]["Resource"][0].endswith(
         f":log-group:/aws/sagemaker/Endpoints/{stack.config.serving_endpoint_name}"
     )
+    assert found["WriteEndpointLogs"]["Action"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
+
+
+def test_the_endpoints_log_group_is_the_stacks_with_its_retention_and_key(stack):
+    group = stack.one("cloudwatch.LogGroup", stack.config.serving_endpoint_name).inputs
+    assert group["name"] == f"/aws/sagemaker/Endpoints/{stack.config.serving_endpoint_name}"
+    assert (group["retentionInDays"], group["kmsKeyId"]) == (stack.config.log_retention_days, stack.key_arn)
+    policy = json.loads(stack.one("kms.Key").inputs["policy"])
+    [logs] = [s for s in policy["Statement"] if s["Sid"] == "CloudWatchLogsForStackLogGroups"]
+    scope = logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"]
+    assert any(arn.endswith(f":log-group:{group['name']}") for arn in scope)
 
 
 def test_the_security_group_is_in_the_stacks_vpc_with_https_out_and_no_ingress(stack):

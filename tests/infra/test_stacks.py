@@ -281,8 +281,10 @@ def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
         if stack.config.orchestrator == "eks"
         else {f"/trainstack/{stack.stack}/jobs"}
     )
+    serving = {stack.config.serving_log_group} if stack.config.serving is not None else set()
     assert {g.inputs["name"] for g in groups} == {
         *jobs,
+        *serving,  # the inference pool's endpoint (infra/serving.py)
         f"/trainstack/{stack.stack}/vpc-flow-logs",
         f"/trainstack/{stack.stack}/cloudtrail",
     }
@@ -317,13 +319,13 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
     assert logs["Principal"] == {"Service": f"logs.{stack.config.region}.amazonaws.com"}
     context = logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"]
     eks = stack.config.orchestrator == "eks"
-    contexts = context if eks else [context]
+    contexts = context if isinstance(context, list) else [context]
     assert contexts[0].endswith(f":log-group:/trainstack/{stack.stack}/*")
-    if eks:
-        assert contexts[1:] == [
-            contexts[0].split(":log-group:")[0]
-            + f":log-group:/aws/containerinsights/trainstack-{stack.stack}/*"
-        ]
+    base = contexts[0].split(":log-group:")[0]
+    assert contexts[1:] == [
+        *([f"{base}:log-group:/aws/containerinsights/trainstack-{stack.stack}/*"] if eks else []),
+        *([f"{base}:log-group:{stack.config.serving_log_group}"] if stack.config.serving is not None else []),
+    ]
     assert not [s for s in statements.values() if "kms:*" in s["Action"]]
     via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
     serving = ("sagemaker",) if stack.config.serving is not None else ()  # the inference pool's volumes

@@ -65,7 +65,8 @@ def deploy(
     sleep=None,
 ) -> int:
     try:
-        live, _ = ep.live_version(clients, pool)
+        now = ep.live(clients, pool)
+        live = now.version if now is not None else None
         if rollback:
             history = [
                 d for d in ep.deployments(clients, registry.versions, pool.endpoint) if d["version"] == live
@@ -97,7 +98,8 @@ def deploy(
     at = datetime.now(UTC)
     name = ep.resource_name(pool.endpoint, version, at)
     model_request = ep.model_request(pool, ready, name)
-    config_request = ep.endpoint_config_request(pool, name, name, pool.min_instances)
+    instances = ep.update_instances(pool, now) if now is not None else pool.min_instances
+    config_request = ep.endpoint_config_request(pool, name, name, instances)
     deployment = ep.deployment_config(pool) if live is not None else None
     if problems := ep.request_problems(model_request, config_request, deployment):
         print(f"deploy: refused: {'; '.join(problems)}", file=sys.stderr)
@@ -105,15 +107,20 @@ def deploy(
     print(f"deploy: {version} ({ready.export_uri}) -> {pool.endpoint} on {pool.instance_type}")
     clients.sagemaker.create_model(**model_request)
     clients.sagemaker.create_endpoint_config(**config_request)
-    if live is None:
+    if now is None:
         clients.sagemaker.create_endpoint(
             EndpointName=pool.endpoint, EndpointConfigName=name, Tags=[{"Key": "stack", "Value": pool.stack}]
         )
     else:
         print(
-            f"deploy: blue/green from {live}: {pool.canary_percent} % canary, {pool.bake_minutes} min bakes, "
-            f"rollback on {', '.join(pool.alarms)}"
+            f"deploy: blue/green from {live}: {instances} x {pool.instance_type}, {pool.canary_percent} % canary, "
+            f"{pool.bake_minutes} min bakes, rollback on {', '.join(pool.alarms)}"
         )
+        if now.instance_type != pool.instance_type:
+            print(
+                f"deploy: {now.instance_type} -> {pool.instance_type}: autoscaling paused during the rollout"
+            )
+            ep.deregister_scaling(clients, pool)
         clients.sagemaker.update_endpoint(
             EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
         )
@@ -124,6 +131,8 @@ def deploy(
         rollout.follow()
     except ep.DeployError as error:
         print(f"deploy: {error}", file=sys.stderr)
+        if now is not None:
+            ep.register_scaling(clients, pool)  # the blue fleet serves on, scaled as before
         return 1
     ep.register_scaling(clients, pool)
     where = ep.record_live(clients, pool, target, at, live, caller())

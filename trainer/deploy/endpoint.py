@@ -193,17 +193,40 @@ def request_problems(
     return problems
 
 
-def live_version(clients: Clients, pool: Pool) -> tuple[str | None, str | None]:
-    """(the version the endpoint serves, its EndpointConfigName), or (None, None) when there is no endpoint."""
+@dataclass(frozen=True)
+class Live:
+    """What the endpoint serves now: the version, its EndpointConfig, the variant's instance type and count."""
+
+    version: str | None
+    config: str
+    instance_type: str
+    instances: int
+    status: str
+
+
+def live(clients: Clients, pool: Pool) -> Live | None:
+    """The endpoint as it is, or None when there is none."""
     try:
         endpoint = clients.sagemaker.describe_endpoint(EndpointName=pool.endpoint)
     except ClientError as error:
         if error.response["Error"]["Code"] == "ValidationException":  # "Could not find endpoint"
-            return None, None
+            return None
         raise
     config = clients.sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
-    model = clients.sagemaker.describe_model(ModelName=config["ProductionVariants"][0]["ModelName"])
-    return model["PrimaryContainer"]["Environment"].get(VERSION_ENV), endpoint["EndpointConfigName"]
+    variant = config["ProductionVariants"][0]
+    model = clients.sagemaker.describe_model(ModelName=variant["ModelName"])
+    return Live(
+        version=model["PrimaryContainer"].get("Environment", {}).get(VERSION_ENV),
+        config=endpoint["EndpointConfigName"],
+        instance_type=str(variant.get("InstanceType", "")),
+        instances=sum(v.get("CurrentInstanceCount", 0) for v in endpoint.get("ProductionVariants", [])),
+        status=endpoint["EndpointStatus"],
+    )
+
+
+def update_instances(pool: Pool, now: Live) -> int:
+    """The green fleet's size: what autoscaling holds the blue one at, within the pool's minimum and maximum."""
+    return max(pool.min_instances, min(now.instances, pool.max_instances))
 
 
 def smoke_answer(clients: Clients, pool: Pool, smoke: Smoke) -> str:
@@ -303,6 +326,30 @@ class Rollout:
         )
 
 
+def deregister_scaling(clients: Clients, pool: Pool) -> None:
+    """Before an update that changes the variant's instance type, which Application Auto Scaling refuses while the
+    variant is a scalable target (SageMaker Developer Guide, "Update endpoints that use auto scaling"); the
+    variant is registered again after the rollout, whichever way it ends."""
+    resource = scaling_resource_id(pool.endpoint)
+    policies = clients.autoscaling.describe_scaling_policies(
+        ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=SCALABLE_DIMENSION
+    )["ScalingPolicies"]
+    for policy in policies:
+        clients.autoscaling.delete_scaling_policy(
+            PolicyName=policy["PolicyName"],
+            ServiceNamespace="sagemaker",
+            ResourceId=resource,
+            ScalableDimension=SCALABLE_DIMENSION,
+        )
+    targets = clients.autoscaling.describe_scalable_targets(
+        ServiceNamespace="sagemaker", ResourceIds=[resource], ScalableDimension=SCALABLE_DIMENSION
+    )["ScalableTargets"]
+    if targets:
+        clients.autoscaling.deregister_scalable_target(
+            ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=SCALABLE_DIMENSION
+        )
+
+
 def register_scaling(clients: Clients, pool: Pool) -> None:
     """Target tracking on invocations per instance between the pool's minimum and maximum (Application Auto
     Scaling: RegisterScalableTarget, PutScalingPolicy with PredefinedMetricType SageMakerVariantInvocationsPerInstance);
@@ -333,18 +380,20 @@ def register_scaling(clients: Clients, pool: Pool) -> None:
 def status_line(clients: Clients, pool: Pool) -> str:
     """`make status`'s line for the endpoint: its state, the version it serves, its instances and dollars."""
     try:
-        version, _ = live_version(clients, pool)
+        now = live(clients, pool)
     except ClientError as error:
         return f"endpoint {pool.endpoint}: cannot read it ({error.response['Error']['Code']})"
-    if version is None:
+    if now is None:
         return (
             f"endpoint {pool.endpoint}: none yet (make deploy STACK={pool.stack} MODEL=<tag>); would cost "
             + pool_cost(pool.instance_type, pool.region, pool.min_instances, pool.max_instances)
         )
-    endpoint = clients.sagemaker.describe_endpoint(EndpointName=pool.endpoint)
-    now = sum(v.get("CurrentInstanceCount", 0) for v in endpoint.get("ProductionVariants", []))
-    return f"endpoint {pool.endpoint}: {endpoint['EndpointStatus']}, serving {version}; " + pool_cost(
-        pool.instance_type, pool.region, pool.min_instances, pool.max_instances, now
+    return f"endpoint {pool.endpoint}: {now.status}, serving {now.version}; " + pool_cost(
+        now.instance_type or pool.instance_type,
+        pool.region,
+        pool.min_instances,
+        pool.max_instances,
+        now.instances,
     )
 
 

@@ -454,7 +454,7 @@ def deliver(
 ) -> int:
     """The suite's gate between the new version's evaluation `record` and the live version's, then the deploy."""
     from trainer.deploy.command import deploy
-    from trainer.deploy.endpoint import live_version
+    from trainer.deploy.endpoint import live as endpoint_now
     from trainer.deploy.gate import verdict
 
     gate = Suite.model_validate(yaml.safe_load(suite_path.read_text()) or {}).deploy
@@ -462,7 +462,8 @@ def deliver(
         print(f"deploy: skipped: {suite_path} has no deploy gate (docs/serving-stack.md#continuous-delivery)")
         return 0
     registry = Registry(store)
-    live, _ = live_version(clients, pool)
+    now = endpoint_now(clients, pool)
+    live = now.version if now is not None else None
 
     def evaluation(name: str) -> dict[str, Any] | None:
         return next((e for e in registry.find(name).evaluations if e.get("name") == record), None)
