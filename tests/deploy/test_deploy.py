@@ -138,6 +138,10 @@ class Fake:
             {"ModelName": "old-model"},
         )
 
+    def retires(self, config: str = "old-config"):
+        self.sm.add_response("delete_endpoint_config", {}, {"EndpointConfigName": config})
+        self.sm.add_response("delete_model", {}, {"ModelName": "old-model"})
+
     def creates(self, update: bool):
         arn = "arn:aws:sagemaker:us-east-1:123456789012:"
         self.sm.add_response("create_model", {"ModelArn": arn + "model/m"}, ANY_ARGS["create_model"])
@@ -293,6 +297,7 @@ def test_a_canary_rollout_that_bakes_clean_goes_live(world, capsys):
     fake.answers(answer_of(older))  # the canary splits traffic: the blue fleet may answer
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
+    fake.retires()  # the blue fleet's Model and EndpointConfig, once it is gone
     code = run_matching_config(fake, registry, newest)
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -309,6 +314,8 @@ def test_a_rollout_whose_smoke_answer_differs_rolls_back_and_names_the_alarm(wor
     fake.answers("something else entirely")
     fake.status("RollingBack", config="old-config")
     fake.status("InService", config="old-config")
+    fake.sm.add_response("delete_endpoint_config", {}, None)  # the green fleet's, named by the verb
+    fake.sm.add_response("delete_model", {}, None)
     # What the stack's smoke alarm does on the 1 the verb puts: CloudWatch moves it to ALARM, SageMaker rolls back.
     fake.clients.cloudwatch.set_alarm_state(
         AlarmName=ALARMS[2], StateValue="ALARM", StateReason="SmokeMismatch 1"
@@ -363,6 +370,7 @@ def test_rollback_returns_to_the_version_live_before(world, capsys):
     fake.answers(answer_of(older))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(older))
+    fake.retires()  # the blue fleet's Model and EndpointConfig, once it is gone
     code = run_matching_config(fake, registry, older, rollback=True, model=None)
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -422,6 +430,7 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     fake.answers(answer_of(newest))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
+    fake.retires()  # the blue fleet's Model and EndpointConfig, once it is gone
     assert run_matching_config(fake, registry, newest) == 0, capsys.readouterr().err
     assert (
         "ml.p4d.24xlarge -> ml.g5.2xlarge: autoscaling paused during the rollout" in capsys.readouterr().out
@@ -431,3 +440,19 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
         "ScalableTargets"
     ]
     assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(1, 2)]  # registered again
+
+
+def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rollback_can_leave_it(
+    world, capsys
+):
+    fake, registry, (older, newest), _ = world
+    fake.live(older)
+    fake.creates(update=True)
+    fake.status("InService", config=ANY)  # no alarm fired within the bakes
+    fake.answers("something else entirely")
+    fake.retires()
+    assert run_matching_config(fake, registry, newest) == 1
+    err = capsys.readouterr().err
+    assert "differs from the one recorded at evaluation" in err and "ROLLBACK=1" in err
+    [record] = ep.deployments(fake.clients, registry.versions, ENDPOINT)
+    assert (record["version"], record["previous"]) == (newest, older)

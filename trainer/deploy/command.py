@@ -131,11 +131,25 @@ def deploy(
         rollout.follow()
     except ep.DeployError as error:
         print(f"deploy: {error}", file=sys.stderr)
-        if now is not None:
-            ep.register_scaling(clients, pool)  # the blue fleet serves on, scaled as before
-        return 1
+        if isinstance(error, ep.RolledBack):
+            # the blue fleet serves on, scaled as before; the green one is gone
+            ep.register_scaling(clients, pool)
+            ep.retire(clients, name, name)
+        if not isinstance(error, ep.LiveButWrong):
+            return 1
+        wrong: ep.DeployError | None = error
+    else:
+        wrong = None
     ep.register_scaling(clients, pool)
+    if now is not None:
+        ep.retire(clients, now.config, now.model)
+    # Live, even with a wrong smoke answer: the record is what ROLLBACK=1 returns from.
     where = ep.record_live(clients, pool, target, at, live, caller())
+    if wrong is not None:
+        print(
+            f"deploy: {version} is live on {pool.endpoint} all the same; recorded in {where}", file=sys.stderr
+        )
+        return 1
     print(
         f"deploy: {version} is live on {pool.endpoint} ({pool.min_instances}..{pool.max_instances} x "
         f"{pool.instance_type}); recorded in {where}"

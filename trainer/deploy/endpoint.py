@@ -58,6 +58,14 @@ class DeployError(RuntimeError):
     """A deployment that cannot start, failed, or was rolled back; the message names why."""
 
 
+class LiveButWrong(DeployError):
+    """The new version went live (no alarm fired in time) but its smoke answer differs from evaluation's."""
+
+
+class RolledBack(DeployError):
+    """SageMaker returned all traffic to the blue fleet; the endpoint serves the version it served before."""
+
+
 @dataclass(frozen=True)
 class Pool:
     """The stack outputs of the inference pool (trainer/contract/outputs.py SERVING_OUTPUTS) and its key."""
@@ -199,6 +207,7 @@ class Live:
 
     version: str | None
     config: str
+    model: str
     instance_type: str
     instances: int
     status: str
@@ -218,6 +227,7 @@ def live(clients: Clients, pool: Pool) -> Live | None:
     return Live(
         version=model["PrimaryContainer"].get("Environment", {}).get(VERSION_ENV),
         config=endpoint["EndpointConfigName"],
+        model=variant["ModelName"],
         instance_type=str(variant.get("InstanceType", "")),
         instances=sum(v.get("CurrentInstanceCount", 0) for v in endpoint.get("ProductionVariants", [])),
         status=endpoint["EndpointStatus"],
@@ -288,7 +298,7 @@ class Rollout:
                 seen = state
             if status == "InService":
                 if endpoint["EndpointConfigName"] != self.new_config:
-                    raise DeployError(self._rolled_back(endpoint))
+                    raise RolledBack(self._rolled_back(endpoint))
                 self._smoke(final=True)
                 return
             if status in ("Failed", "UpdateRollbackFailed", "OutOfService"):
@@ -311,7 +321,7 @@ class Rollout:
         mismatch = not any(_same(answer, k) for k in known)
         put_smoke(self.clients, self.pool, mismatch)
         if mismatch and final:
-            raise DeployError(
+            raise LiveButWrong(
                 f"{self.pool.endpoint} serves the new version but the smoke request's greedy answer {answer!r} "
                 f"differs from the one recorded at evaluation {self.smoke.answer!r}; ROLLBACK=1 returns to the "
                 "previous version"
@@ -348,6 +358,14 @@ def deregister_scaling(clients: Clients, pool: Pool) -> None:
         clients.autoscaling.deregister_scalable_target(
             ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=SCALABLE_DIMENSION
         )
+
+
+def retire(clients: Clients, config: str, model: str) -> None:
+    """A Model and EndpointConfig the endpoint no longer uses: the blue fleet's after a rollout, the green one's
+    after a rollback (DeleteEndpointConfig and DeleteModel leave a running endpoint as it is); ROLLBACK=1 makes
+    new ones from the deployment records."""
+    clients.sagemaker.delete_endpoint_config(EndpointConfigName=config)
+    clients.sagemaker.delete_model(ModelName=model)
 
 
 def register_scaling(clients: Clients, pool: Pool) -> None:
