@@ -87,10 +87,12 @@ finetune: $(VENV)/.train-installed ## Fine-tune the `make train` model on the bu
 ifneq ($(STACK),)
 	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
 	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
-	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md)
+	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md); DEPLOY=1
+	# then deploys the new version to the stack's endpoint when it beats the live one by the suite's deploy gate
 	$(PY) -m trainer finetune $(STACK_ARGS) $(if $(CONFIG),--config "$(CONFIG)") $(if $(SUITE),--suite "$(SUITE)") \
 	  $(if $(DATASET),--dataset "$(DATASET)") $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") \
-	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) $(ARGS)
+	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) \
+	  $(if $(DEPLOY),--deploy) $(ARGS)
 else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks
@@ -254,6 +256,12 @@ audit: $(VENV)/.train-installed ## STACK=<env> [RUN=name] [SINCE=7d|2026-12-01] 
 compliance: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json] [LIVE=1]: each control, the policies and resources that hold it, its status
 	$(need_stack)
 	@$(PY) -m policy.compliance --stack $(STACK) --format $(FORMAT) $(if $(LIVE),--live) $(if $(OUT),--out "$(OUT)")
+
+.PHONY: deploy
+deploy: $(VENV)/.train-installed ## STACK=<env> MODEL=<tag or version> | ROLLBACK=1: the stack's SageMaker endpoint, blue/green behind a canary (docs/serving-stack.md)
+	$(need_stack)
+	@test -n "$(MODEL)$(ROLLBACK)" || { echo "make deploy: give MODEL=<tag or version>, or ROLLBACK=1" >&2; exit 2; }
+	$(PY) -m trainer deploy $(STACK_ARGS) $(if $(ROLLBACK),--rollback,--model "$(MODEL)")
 
 .PHONY: push
 push: $(VENV)/.train-installed ## STACK=<env>: push trainstack:<git commit> to the stack's ECR repository

@@ -16,6 +16,7 @@
     eks_teams       teams on an EKS stack: namespace, Kueue queues in a cohort, RBAC, access entry, pod identity
     data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard
+    serving         the inference pool: the SageMaker endpoint's role, security group and rollback alarms
     budget          the stack's AWS Budgets budget on its cost-allocation tag, notifying the alarm topic
     audit           the audit trail: CloudTrail, its Object-Locked log bucket, the CIS metric filters and alarms
     teams           teams on a shared stack: a role each, one tag-based policy, fair share

@@ -26,6 +26,7 @@ from infra.lustre import Lustre, LustreArgs  # noqa: E402
 from infra.monitoring import Monitoring, MonitoringArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.registry import Registry, RegistryArgs  # noqa: E402
+from infra.serving import Serving, ServingArgs  # noqa: E402
 from infra.teams import Teams, TeamsArgs  # noqa: E402
 
 cfg = pulumi_stack_config()  # validated before any resource is registered
@@ -77,6 +78,12 @@ data_prep = DataPrep(
 monitoring = Monitoring("monitoring", MonitoringArgs(cfg, account_id, keys, lustre, cluster), opts)
 audit = Audit("audit", AuditArgs(cfg, account_id, keys, lake, monitoring), opts)
 budget = Budget("budget", BudgetArgs(cfg, monitoring), opts)  # the month's tagged cost, to the alarm topic
+# The inference pool (trainstack:serving): role, security group and rollback alarms; make deploy owns the endpoint.
+serving = (
+    Serving("serving", ServingArgs(cfg, account_id, network, keys, lake, monitoring), opts)
+    if cfg.serving is not None
+    else None
+)
 
 outputs = {  # the names trainer/contract/outputs.py lists
     "region": cfg.region,
@@ -97,6 +104,7 @@ outputs = {  # the names trainer/contract/outputs.py lists
     **data_prep.outputs,  # data_job_queue, data_job_definition
     **audit.outputs,  # audit_trail (+ audit_bucket when the stack has its own trail)
     **teams.outputs,  # teams, team_role_arns (only with trainstack:teams)
+    **(serving.outputs if serving is not None else {}),  # serving_* (only with trainstack:serving)
     "allowed_regions": cfg.data_regions,
 }
 for name, value in outputs.items():

@@ -24,6 +24,12 @@ from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, Instanc
 
 # The SIGTERM grace the launcher gives the ranks by default (the container contract, image/container.env).
 from trainer.contract.container import STOP_GRACE_SECONDS as DEFAULT_STOP_GRACE_SECONDS
+from trainer.contract.serving import (
+    DEFAULT_MAX_INSTANCES,
+    DEFAULT_MIN_INSTANCES,
+    DEFAULT_SERVING_INSTANCE,
+    SERVING_INSTANCES,
+)
 from trainer.contract.stack import (
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_JOB_TIMEOUT_HOURS,
@@ -165,6 +171,59 @@ class TeamConfig(BaseModel):
         return members
 
 
+# Application Auto Scaling's ceiling for an endpoint variant's instances is the account's quota per instance type
+# (SageMaker "Endpoint quotas"); the project keeps a pool small and asks for more first, as for training nodes.
+MAX_SERVING_INSTANCES = 8
+
+
+class ServingConfig(BaseModel):
+    """The inference pool (`trainstack:serving`): a SageMaker real-time endpoint, docs/serving-stack.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel)
+
+    instance_type: str = Field(default=DEFAULT_SERVING_INSTANCE, description="a SageMaker ML instance type")
+    # An endpoint of production variants keeps at least one instance: scaling to zero needs inference components
+    # (SageMaker Developer Guide, "Scale an endpoint to zero instances"), whose updates roll (botocore sagemaker
+    # InferenceComponentDeploymentConfig: RollingUpdatePolicy only) without an endpoint's blue/green canary;
+    # docs/serving-stack.md says what scaling to zero would cost in cold start.
+    min_instances: int = Field(
+        default=DEFAULT_MIN_INSTANCES, description="instances at the least (1 or more)"
+    )
+    max_instances: int = Field(default=DEFAULT_MAX_INSTANCES, ge=1, le=MAX_SERVING_INSTANCES)
+    # Target tracking on SageMakerVariantInvocationsPerInstance: invocations per instance per minute.
+    invocations_per_instance: int = Field(default=60, ge=1)
+    # Rollback alarms (trainer/deploy/ rolls back when any fires during the canary's baking time).
+    error_rate_alarm_percent: float = Field(default=1.0, gt=0, le=100)
+    latency_p99_alarm_ms: int = Field(default=10_000, ge=1)
+    canary_percent: int = Field(default=10, ge=1, le=50)
+    bake_minutes: int = Field(default=10, ge=1, le=60)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, name: str) -> str:
+        if name not in SERVING_INSTANCES:
+            raise _problem(f"unknown serving instance type; valid: {', '.join(SERVING_INSTANCES)}")
+        return name
+
+    @field_validator("min_instances")
+    @classmethod
+    def _at_least_one(cls, count: int) -> int:
+        if count < 1:
+            raise _problem(
+                "an endpoint of production variants keeps one instance at the least; scaling to zero needs "
+                "SageMaker inference components, which update without the canary (docs/serving-stack.md)"
+            )
+        return count
+
+    @model_validator(mode="after")
+    def _range(self) -> ServingConfig:
+        if self.max_instances < self.min_instances:
+            raise _problem(
+                f"maxInstances = {self.max_instances} is below minInstances = {self.min_instances}; raise it"
+            )
+        return self
+
+
 class StackConfig(BaseModel):
     """One environment's settings. Field `foo_bar` is the stack file's `trainstack:fooBar`; `region` is `aws:region`."""
 
@@ -231,6 +290,8 @@ class StackConfig(BaseModel):
     data_max_vcpus: int = Field(default=256, ge=1, le=10_000)
     data_job_vcpus: int = Field(default=8, ge=1, le=96)
     data_source_buckets: list[str] = []
+    # The inference pool (infra/serving.py, docs/serving-stack.md); none: the stack serves no model.
+    serving: ServingConfig | None = None
 
     @field_validator("data_source_buckets")
     @classmethod
@@ -650,6 +711,18 @@ class StackConfig(BaseModel):
     def audit_trail_name(self) -> str:
         """The stack's own trail; its ARN is known before it exists, so the key policy can name it."""
         return f"{self.name_prefix}-audit"
+
+    @property
+    def serving_endpoint_name(self) -> str:
+        """The endpoint `make deploy` creates and updates; the alarms and the dashboard name it before it exists."""
+        return f"{self.name_prefix}-serving"
+
+    @property
+    def serving_log_group(self) -> str:
+        """Where SageMaker writes the endpoint's container logs (SageMaker Developer Guide, "Log Amazon SageMaker AI
+        Events with Amazon CloudWatch": /aws/sagemaker/Endpoints/<endpoint name>); the stack creates it first, with
+        its retention and key."""
+        return f"/aws/sagemaker/Endpoints/{self.serving_endpoint_name}"
 
     @property
     def tags(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ import pulumi_aws as aws
 from infra.cluster import RETRY_ON_HOST_FAILURE, root_volume
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, service_trust_policy
+from infra.network import https_out_group
 from infra.node_bootstrap import ECS_CONFIG, MIME_BOUNDARY, ecs_stop_timeout_seconds
 
 if TYPE_CHECKING:
@@ -89,21 +90,11 @@ class DataPrep(pulumi.ComponentResource):
         cfg, child = args.config, pulumi.ResourceOptions(parent=self)
         prefix = f"{cfg.name_prefix}-data"
 
-        self.security_group = aws.ec2.SecurityGroup(
+        self.security_group = https_out_group(
             prefix,
-            vpc_id=args.network.vpc.id,
-            description="CPU data preparation nodes: HTTPS to AWS APIs, S3 and ECR; no ingress",
-            opts=child,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{prefix}-https",
-            security_group_id=self.security_group.id,
-            cidr_ipv4="0.0.0.0/0",
-            ip_protocol="tcp",
-            from_port=443,
-            to_port=443,
-            description="AWS APIs, ECR, S3 (through the gateway endpoint)",
-            opts=child,
+            args.network.vpc.id,
+            "CPU data preparation nodes: HTTPS to AWS APIs, S3 and ECR; no ingress",
+            child,
         )
         self.launch_template = aws.ec2.LaunchTemplate(
             prefix,

@@ -56,6 +56,9 @@ VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")
 # EKS stacks: the control plane encrypts Secrets with the key through EKS (EKS user guide, "Encrypt Kubernetes secrets
 # with KMS on existing clusters"); whether its calls carry kms:ViaService eks.* only a real account shows.
 EKS_VIA_SERVICES = ("eks",)
+# The inference pool (infra/serving.py): SageMaker encrypts the endpoint's ML storage volumes with the key named in
+# the endpoint configuration (SageMaker API reference, CreateEndpointConfig KmsKeyId).
+SERVING_VIA_SERVICES = ("sagemaker",)
 SERVICE_LINKED_ROLES = (
     "aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling",
     "aws-service-role/batch.amazonaws.com/AWSServiceRoleForBatch",
@@ -181,6 +184,7 @@ class Keys(pulumi.ComponentResource):
             "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.log_group_prefix, "/*"
         )
         services = (*VIA_SERVICES, *EKS_VIA_SERVICES) if cfg.orchestrator == "eks" else VIA_SERVICES
+        services = (*services, *SERVING_VIA_SERVICES) if cfg.serving is not None else services
         via_services = [f"{service}.{cfg.region}.amazonaws.com" for service in services]
         if (
             cfg.orchestrator == "eks"
@@ -200,6 +204,11 @@ class Keys(pulumi.ComponentResource):
             logs_scope: Any = [log_groups, container_insights, control_plane]
         else:
             logs_scope = log_groups
+        if cfg.serving is not None:  # the endpoint's log group (infra/serving.py), outside the stack's prefix
+            serving_logs = pulumi.Output.concat(
+                "arn:aws:logs:", cfg.region, ":", account, ":log-group:", cfg.serving_log_group
+            )
+            logs_scope = [*(logs_scope if isinstance(logs_scope, list) else [logs_scope]), serving_logs]
         linked_roles = {
             "StringEquals": {"aws:PrincipalAccount": account},
             "ArnLike": {

@@ -34,6 +34,7 @@ from infra.config import StackConfig
 from infra.iam import policy_document
 from trainer.contract import metrics as registry
 from trainer.contract.metrics import NODE_DIMENSIONS, RANK_DIMENSIONS, RUN_DIMENSIONS
+from trainer.contract.serving import VARIANT
 
 if TYPE_CHECKING:
     from infra.cluster import Cluster
@@ -49,6 +50,9 @@ CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
 # FreeDataStorageCapacity: one point per disk per minute; their Sum over exactly one minute is the file system's
 # free bytes (FSx for Lustre User Guide, "Amazon FSx for Lustre metrics and dimensions").
 FSX_CAPACITY_PERIOD_S = 60
+# Where an endpoint's instance metrics go (SageMaker Developer Guide, "Amazon SageMaker AI metrics in Amazon
+# CloudWatch": endpoint instance metrics, CPUUtilization, GPUUtilization).
+ENDPOINT_INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 
 
 class _AlarmActions(TypedDict):
@@ -189,7 +193,15 @@ class Monitoring(pulumi.ComponentResource):
             f"{prefix}-training",
             dashboard_name=f"{prefix}-training",
             dashboard_body=pulumi.Output.all(file_system.id, *queues.values()).apply(
-                lambda values: json.dumps(dashboard_body(cfg.region, values[1], values[0], values[1:]))
+                lambda values: json.dumps(
+                    dashboard_body(
+                        cfg.region,
+                        values[1],
+                        values[0],
+                        values[1:],
+                        endpoint=cfg.serving_endpoint_name if cfg.serving is not None else None,
+                    )
+                )
             ),
             opts=child,
         )
@@ -317,11 +329,16 @@ def _widget(title: str, series: list[Any], region: str, x: int, y: int, **proper
 
 
 def dashboard_body(
-    region: str, queue: str, file_system_id: str, queues: list[str] | tuple[str, ...] = ()
+    region: str,
+    queue: str,
+    file_system_id: str,
+    queues: list[str] | tuple[str, ...] = (),
+    endpoint: str | None = None,
 ) -> dict[str, Any]:
     """CloudWatch dashboard body (Dashboard Body Structure and Syntax, CloudWatch API reference): loss, throughput,
     MFU, step time per rank, GPUs and EFA per node, FSx throughput and free capacity for the GPU queue `queue`, and
-    each run's seconds since its last step on every queue in `queues` (what the stall alarms read)."""
+    each run's seconds since its last step on every queue in `queues` (what the stall alarms read); with an
+    `endpoint`, the inference pool's row (endpoint_widgets)."""
     run, rank, node = RUN_DIMENSIONS[1], RANK_DIMENSIONS[0], NODE_DIMENSIONS[0]
 
     def searches(dimensions, statistic, *wanted):
@@ -432,5 +449,37 @@ def dashboard_body(
                 18,
                 period=FSX_CAPACITY_PERIOD_S,
             ),
+            *(endpoint_widgets(region, endpoint, 36) if endpoint is not None else []),
         ]
     }
+
+
+def endpoint_widgets(region: str, endpoint: str, y: int) -> list[dict[str, Any]]:
+    """The endpoint's row: invocations and 4XX/5XX, model latency p50/p99, instance count, GPU utilisation. Metric
+    names and namespaces: SageMaker Developer Guide, "Amazon SageMaker AI metrics in Amazon CloudWatch" (endpoint
+    invocation metrics in AWS/SageMaker; instance metrics, GPUUtilization among them, in
+    /aws/sagemaker/Endpoints); the instance count: the variant's CPUUtilization SampleCount per minute."""
+    variant = ["EndpointName", endpoint, "VariantName", VARIANT]
+    invocations = [
+        ["AWS/SageMaker", name, *variant, {"stat": "Sum"}]
+        for name in ("Invocations", "Invocation4XXErrors", "Invocation5XXErrors")
+    ]
+    latency = [
+        ["AWS/SageMaker", "ModelLatency", *variant, {"stat": stat, "label": f"ModelLatency {stat} (us)"}]
+        for stat in ("p50", "p99")
+    ]
+    instances = [
+        [
+            ENDPOINT_INSTANCE_NAMESPACE,
+            "CPUUtilization",
+            *variant,
+            {"stat": "SampleCount", "label": "instances reporting"},
+        ]
+    ]
+    gpu = [[ENDPOINT_INSTANCE_NAMESPACE, "GPUUtilization", *variant, {"stat": "Average"}]]
+    return [
+        _widget(f"{endpoint}: invocations, 4XX, 5XX", invocations, region, 0, y),
+        _widget(f"{endpoint}: model latency p50, p99 (microseconds)", latency, region, 12, y),
+        _widget(f"{endpoint}: instances", instances, region, 0, y + 6),
+        _widget(f"{endpoint}: GPU utilisation (%)", gpu, region, 12, y + 6),
+    ]

@@ -224,3 +224,22 @@ class Network(pulumi.ComponentResource):
             iam_role_arn=role.arn,
             opts=child,
         )
+
+
+def https_out_group(
+    name: str, vpc_id: pulumi.Input[str], description: str, opts: pulumi.ResourceOptions
+) -> aws.ec2.SecurityGroup:
+    """A security group with no ingress and HTTPS out (AWS APIs, ECR, S3 through the gateway endpoint): what the
+    stack's non-EFA compute (data preparation nodes, the SageMaker endpoint's instances) uses."""
+    group = aws.ec2.SecurityGroup(name, vpc_id=vpc_id, description=description, opts=opts)
+    aws.vpc.SecurityGroupEgressRule(
+        f"{name}-https",
+        security_group_id=group.id,
+        cidr_ipv4="0.0.0.0/0",
+        ip_protocol="tcp",
+        from_port=443,
+        to_port=443,
+        description="AWS APIs, ECR, S3 (through the gateway endpoint)",
+        opts=opts,
+    )
+    return group

@@ -16,6 +16,7 @@
     residency         nothing lives, replicates or is copied outside `trainstack:allowedRegions`
     compliance        `make compliance`: each control's policies, resources and status
     aws_rules         AWS's own cross-resource rules (Batch, EC2/EFA, FSx for Lustre, KMS), each with its source
+    serving           every SageMaker endpoint encrypted, in a VPC, rolled back by alarms; the pool's alarms
     eks               EKS stacks: catalog, node template or node class, Kueue quota and JobSet agree; grace; fixed
                       versions; Capacity Block templates; grants before use; the control plane's audit log
     kueue             Kueue objects against its documented semantics: cohorts, whole-node quotas, waitForPodsReady

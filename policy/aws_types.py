@@ -40,3 +40,7 @@ BATCH_JOB_DEFINITION = "aws:batch/jobDefinition:JobDefinition"
 KMS_KEY_POLICY = "aws:kms/keyPolicy:KeyPolicy"
 METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 SNS_TOPIC = "aws:sns/topic:Topic"
+
+SAGEMAKER_MODEL = "aws:sagemaker/model:Model"
+SAGEMAKER_ENDPOINT_CONFIGURATION = "aws:sagemaker/endpointConfiguration:EndpointConfiguration"
+SAGEMAKER_ENDPOINT = "aws:sagemaker/endpoint:Endpoint"

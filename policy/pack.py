@@ -21,6 +21,7 @@ from policy import (
     rbac,
     residency,
     s3,
+    serving,
 )
 
 PACK_NAME = "trainstack-guardrails"
@@ -77,4 +78,7 @@ POLICIES: list[Policy] = [
     rbac.team_rbac,
     kueue.queues_whole_nodes,
     kueue.pods_ready,
+    # The inference pool (policy/serving.py): encryption, VPC placement and rollback alarms on every endpoint.
+    serving.endpoint_guarded,
+    serving.serving_rollback_alarms,
 ]

@@ -94,7 +94,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("evaluation",),
     ("models",),
     ("metrics", "health", "preflight", "serving", "tracking"),
-    ("launch", "sweep"),
+    ("launch", "sweep", "deploy"),
     ("jobs",),
     ("train",),
     ("bench", "__main__"),

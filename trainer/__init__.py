@@ -25,6 +25,7 @@ metrics     metrics.jsonl, TensorBoard and the console for each logged step; MFU
 health      straggler windows and the hang watchdog
 preflight   the checks every node passes before training
 launch      a cluster node's share of a job: each backend's rendezvous, preflight, torchrun
+deploy      `make deploy`: a model version onto the stack's SageMaker endpoint, behind a canary, rolled back by alarms
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
 sweep       hyperparameter sweeps: an Optuna study, each trial a trainer run (`sweep`)
 train       the `train` command and the engine-agnostic training loop

@@ -74,6 +74,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "push": ("trainer.jobs.push", "push the trainer image to a stack's ECR repository"),
     "upload": ("trainer.jobs.upload", "upload a prepared dataset to a stack's datasets bucket"),
     "data": ("trainer.jobs.data", "prepare a corpus on a stack's CPU queue: array job of shards, then merge"),
+    "deploy": (
+        "trainer.deploy.command",
+        "a model version onto the stack's SageMaker endpoint: canary, rollback on alarms, or ROLLBACK",
+    ),
     "audit": ("trainer.jobs.audit", "who submitted, cancelled and changed what on a stack, newest first"),
     "compliance": (
         "trainer.jobs.compliance",

@@ -260,3 +260,18 @@ def test_an_unreachable_endpoint_falls_back_to_the_snapshot_and_says_why(no_cred
     price = hourly_price("p5.48xlarge", "us-east-1", "on-demand")
     assert not price.live and price.usd_per_hour == 55.04
     assert "live lookup failed: Could not connect to the endpoint URL" in price.source
+
+
+def test_the_inference_pools_price_comes_from_the_snapshot_with_its_source():
+    from trainer.cost.pricing import endpoint_price, pool_cost
+
+    price = endpoint_price("ml.g5.2xlarge", "us-east-1")
+    assert (price.usd_per_hour, price.as_of) == (1.52, "2026-03-15")
+    assert "aws.amazon.com/sagemaker/ai/pricing/" in price.source and not price.live
+    line = pool_cost("ml.g5.2xlarge", "us-east-1", 1, 2, now=1)
+    assert line.startswith(
+        "1..2 x ml.g5.2xlarge at $1.52/hour each: $1.52/hour now (1 in service); $1.52-$3.04/hour"
+    )
+    assert "no SageMaker real-time inference price for ml.g5.2xlarge in eu-west-1" in pool_cost(
+        "ml.g5.2xlarge", "eu-west-1", 1, 2
+    )

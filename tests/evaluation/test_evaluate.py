@@ -103,6 +103,8 @@ def test_suite_figures_equal_a_hand_computation_on_the_exported_model(
     assert (echo["correct"], echo["samples"]) == (2, 3)
     assert echo["exact_match"] == pytest.approx(2 / 3)
     assert echo["interval"] == pytest.approx([0.207660, 0.938508], abs=2e-6)
+    # the first prompt's greedy answer, transformers' own: what make deploy's smoke request must get back
+    assert echo["smoke"] == {"prompt": PROMPTS[0], "answer": references[0], "max_new_tokens": 8, "stop": []}
 
 
 @pytest.mark.slow

@@ -137,6 +137,24 @@ ROWS = {
     "stack-min-mfu-above-one": Row(
         "prod", {"trainstack:minMfu": 1.5}, ("trainstack:minMfu = 1.5: Input should be less than 1",)
     ),
+    "stack-serving-min-instances-zero": Row(
+        "prod",
+        {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 0, "maxInstances": 2}},
+        ("trainstack:serving[minInstances] = 0: an endpoint of production variants keeps one instance",),
+    ),
+    "stack-serving-max-below-min": Row(
+        "prod",
+        {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 2, "maxInstances": 1}},
+        ("maxInstances = 1 is below minInstances = 2; raise it",),
+    ),
+    "stack-serving-unknown-instance-type": Row(
+        "prod",
+        {"trainstack:serving": {"instanceType": "ml.g9.huge"}},
+        (
+            "trainstack:serving[instanceType] = 'ml.g9.huge': unknown serving instance type; valid: "
+            "ml.g5.2xlarge",
+        ),
+    ),
     "stack-team-name-invalid": Row(
         "prod",
         {

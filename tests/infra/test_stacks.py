@@ -20,6 +20,7 @@ from trainer.contract.outputs import (
     EKS_TEAM_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
+    SERVING_OUTPUTS,
     SPOT_OUTPUTS,
     STACK_OUTPUTS,
     TEAM_OUTPUTS,
@@ -282,8 +283,10 @@ def test_every_log_group_uses_the_stack_key_and_the_configured_retention(stack):
         if stack.config.orchestrator == "eks"
         else {f"/trainstack/{stack.stack}/jobs"}
     )
+    serving = {stack.config.serving_log_group} if stack.config.serving is not None else set()
     assert {g.inputs["name"] for g in groups} == {
         *jobs,
+        *serving,  # the inference pool's endpoint (infra/serving.py)
         f"/trainstack/{stack.stack}/vpc-flow-logs",
         f"/trainstack/{stack.stack}/cloudtrail",
     }
@@ -318,17 +321,18 @@ def test_key_policy_lets_logs_use_it_only_for_the_stack_log_groups(stack):
     assert logs["Principal"] == {"Service": f"logs.{stack.config.region}.amazonaws.com"}
     context = logs["Condition"]["ArnLike"]["kms:EncryptionContext:aws:logs:arn"]
     eks = stack.config.orchestrator == "eks"
-    contexts = context if eks else [context]
+    contexts = context if isinstance(context, list) else [context]
     assert contexts[0].endswith(f":log-group:/trainstack/{stack.stack}/*")
-    if eks:
-        assert contexts[1:] == [
-            contexts[0].split(":log-group:")[0]
-            + f":log-group:/aws/containerinsights/trainstack-{stack.stack}/*",
-            contexts[0].split(":log-group:")[0] + f":log-group:/aws/eks/trainstack-{stack.stack}/cluster",
-        ]
+    base = contexts[0].split(":log-group:")[0]
+    assert contexts[1:] == [
+        *([f"{base}:log-group:/aws/containerinsights/trainstack-{stack.stack}/*"] if eks else []),
+        *([f"{base}:log-group:/aws/eks/trainstack-{stack.stack}/cluster"] if eks else []),
+        *([f"{base}:log-group:{stack.config.serving_log_group}"] if stack.config.serving is not None else []),
+    ]
     assert not [s for s in statements.values() if "kms:*" in s["Action"]]
     via = statements["UseThroughStackServices"]["Condition"]["StringEquals"]["kms:ViaService"]
-    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2", *(("eks",) if eks else ())}
+    serving = ("sagemaker",) if stack.config.serving is not None else ()  # the inference pool's volumes
+    assert {v.split(".")[0] for v in via} == {"s3", "fsx", "ecr", "ec2", *(("eks",) if eks else ()), *serving}
 
 
 # --- data lake and file system ----------------------------------------------------------------------------------
@@ -554,6 +558,7 @@ def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
         *(SPOT_OUTPUTS if stack.config.spot else ()),
         *(TEAM_OUTPUTS if stack.config.teams else ()),
         *(EKS_TEAM_OUTPUTS if stack.config.teams and eks else ()),
+        *(SERVING_OUTPUTS if stack.config.serving is not None else ()),
     }
     assert set(stack.plan.outputs) == expected
     outputs = stack.plan.outputs

@@ -78,6 +78,26 @@ def on_eks(without: tuple[str, ...] = ()) -> Callable[[Stack], None]:
     return setup
 
 
+def with_inference_pool(stack: Stack) -> None:
+    """The stack's outputs with an inference pool's (infra/serving.py SERVING_OUTPUTS); no endpoint exists yet."""
+    endpoint = "trainstack-test-serving"
+    pool = {
+        "serving_endpoint": endpoint,
+        "serving_role_arn": "arn:aws:iam::123456789012:role/trainstack-test-serving-role",
+        "serving_security_group": "sg-0123456789abcdef0",
+        "serving_subnets": ["subnet-0123456789abcdef0"],
+        "serving_image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.36.0-lmi18.0.0-cu128",
+        "serving_instance_type": "ml.g5.2xlarge",
+        "serving_min_instances": 1,
+        "serving_max_instances": 2,
+        "serving_invocations_per_instance": 60,
+        "serving_canary_percent": 10,
+        "serving_bake_minutes": 10,
+        "serving_alarms": [f"{endpoint}-errors", f"{endpoint}-latency", f"{endpoint}-smoke"],
+    }
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, **pool}))
+
+
 ROWS = {
     "outputs-missing-keys": Row(
         (),
@@ -138,6 +158,18 @@ ROWS = {
         ("IMAGE=0123456789ab", "RUN=llama-a"),
         "RUN=llama-a: job ",
         run_in_flight,
+    ),
+    "deploy-without-inference-pool": Row(
+        ("MODEL=candidate",),
+        "stack test has no inference pool (outputs lack serving_endpoint, serving_alarms): set "
+        "trainstack:serving in Pulumi.test.yaml",
+        target="deploy",
+    ),
+    "deploy-unknown-model": Row(
+        ("MODEL=nope",),
+        "deploy: no model version or tag 'nope' in s3://trainstack-test-checkpoints",
+        with_inference_pool,
+        target="deploy",
     ),
     "finetune-dataset-missing": Row(
         ("IMAGE=0123456789ab", "DATASET=chat-v3"),

@@ -11,6 +11,8 @@
     retry          the exit code that asks for a retry on fresh hosts
     stack          which cluster a stack describes, from its checked-in Pulumi.<env>.yaml
     teams          what a team is called where (the stack's roles and shares, `make train TEAM=`)
+    serving        the inference pool: the LMI image pin, the endpoint's variant, scaling and smoke metric, who owns
+                   which of its resources
     controls       the security controls `make compliance` reports on, and what implements each
     gpu_nodes      the taint an EKS stack's GPU nodes carry and the toleration the pods meant for them need
 

@@ -43,6 +43,24 @@ TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
 EKS_TEAM_OUTPUTS: tuple[str, ...] = ("team_namespaces",)
 
 
+# Only with `trainstack:serving` (infra/serving.py, docs/serving-stack.md): what `make deploy` reads to create and
+# update the endpoint it owns, and the rollback alarms Pulumi owns.
+SERVING_OUTPUTS: tuple[str, ...] = (
+    "serving_endpoint",
+    "serving_role_arn",
+    "serving_security_group",
+    "serving_subnets",
+    "serving_image",
+    "serving_instance_type",
+    "serving_min_instances",
+    "serving_max_instances",
+    "serving_invocations_per_instance",
+    "serving_canary_percent",
+    "serving_bake_minutes",
+    "serving_alarms",
+)
+
+
 # Which orchestrator runs the stack's jobs (`trainstack:orchestrator`); every stack exports it. A stack from before
 # the switch has no such output and is a Batch stack.
 ORCHESTRATOR_OUTPUT = "orchestrator"

@@ -235,6 +235,41 @@ def snapshot_price(instance_type: str, region: str, option: PurchaseOption, why:
     return Price(instance_type, region, option, float(usd), source, section["as_of"])
 
 
+def endpoint_price(instance_type: str, region: str) -> Price:
+    """One SageMaker real-time inference instance-hour (the inference pool, docs/serving-stack.md), from the
+    snapshot only: SageMaker's prices are not looked up live yet."""
+    snapshot = json.loads(SNAPSHOT.read_text())
+    section = snapshot["sagemaker-hosting"]
+    usd = section["usd_per_hour"].get(region, {}).get(instance_type)
+    if usd is None:
+        known = sorted(f"{r}: {', '.join(sorted(types))}" for r, types in section["usd_per_hour"].items())
+        raise PriceUnavailable(
+            f"no SageMaker real-time inference price for {instance_type} in {region}; the snapshot has "
+            f"{'; '.join(known)}"
+        )
+    source = f"snapshot {snapshot['snapshot_date']}: {section['source']}"
+    return Price(instance_type, region, "on-demand", float(usd), source, section["as_of"])
+
+
+HOURS_PER_MONTH = 730  # AWS's pricing pages' month (8,760 hours / 12)
+
+
+def pool_cost(instance_type: str, region: str, low: int, high: int, now: int | None = None) -> str:
+    """The inference pool's dollars: per hour and per month between its minimum and maximum instances (and now,
+    given the instances in service), with the price's source; what `plan --stack` and `make status` print."""
+    try:
+        price = endpoint_price(instance_type, region)
+    except PriceUnavailable as error:
+        return f"{low}..{high} x {instance_type}: {error}"
+    rate = price.usd_per_hour
+    current = f"${now * rate:,.2f}/hour now ({now} in service); " if now is not None else ""
+    return (
+        f"{low}..{high} x {instance_type} at ${rate:,.2f}/hour each: {current}${low * rate:,.2f}-${high * rate:,.2f}"
+        f"/hour, ${low * rate * HOURS_PER_MONTH:,.0f}-${high * rate * HOURS_PER_MONTH:,.0f}/month "
+        f"({price.source}, as of {price.as_of})"
+    )
+
+
 def transfer_rates() -> tuple[dict[str, float], str]:
     """AWS's published per-GB data-transfer rates the plan prices (USD per GB), and their source and date."""
     section = json.loads(SNAPSHOT.read_text())["data-transfer"]

@@ -81,6 +81,8 @@ class GenerationResult:
     correct: int
     samples: int
     interval: tuple[float, float]  # 95 % Wilson
+    # The first example's prompt and greedy answer: the smoke request `make deploy` checks a new fleet against.
+    smoke: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,15 +211,21 @@ def _generation(
     generator: generate.Generator, task: GenerationTask, examples: list[Example], ids: list[list[int]]
 ) -> GenerationResult:
     sampling = generate.Sampling(max_new_tokens=task.max_new_tokens, stop=tuple(task.stop))
+    answers = [generator.generate(prompt, sampling).text for prompt in ids]
     correct = sum(
-        exact_match(generator.generate(prompt, sampling).text, example.reference)
-        for example, prompt in zip(examples, ids, strict=True)
+        exact_match(answer, example.reference) for example, answer in zip(examples, answers, strict=True)
     )
     return GenerationResult(
         exact_match=correct / len(examples),
         correct=correct,
         samples=len(examples),
         interval=wilson_interval(correct, len(examples)),
+        smoke={
+            "prompt": examples[0].prompt,
+            "answer": answers[0],
+            "max_new_tokens": task.max_new_tokens,
+            "stop": list(task.stop),
+        },
     )
 
 

@@ -12,6 +12,10 @@ model is built, and the arithmetic of its figures (exact match, intervals).
         max_new_tokens: 16
         stop: ["\\n"]                 # default: none
         limit: 100                   # default: every line
+    deploy:                          # optional: the continuous-delivery gate (`make finetune STACK= DEPLOY=1`)
+      metric: generation.completions.exact_match   # <perplexity|generation>.<task>.<figure>
+      margin: 0.02                   # beat the live version's figure by this much (lower is better for perplexity
+                                     # and loss, higher for exact_match)
 
 Paths are relative to the working directory, as a training config's are.
 """
@@ -55,10 +59,35 @@ class GenerationTask(_Entry):
     limit: PositiveInt | None = None
 
 
+# The figures a gate may compare, and which way is better.
+GATE_FIGURES = {"perplexity": {"perplexity": -1, "loss": -1}, "generation": {"exact_match": 1}}
+
+
+class DeployGate(BaseModel):
+    """When a new version may replace the live one on the stack's endpoint (trainer/deploy/gate.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(pattern=r"^(perplexity|generation)\.[A-Za-z0-9_.-]+\.[a-z_]+$")
+    margin: float = Field(ge=0)
+
+    @property
+    def parts(self) -> tuple[str, str, str]:
+        kind, rest = self.metric.split(".", 1)
+        task, figure = rest.rsplit(".", 1)
+        return kind, task, figure
+
+    @property
+    def better(self) -> int:
+        """1: higher is better, -1: lower is."""
+        kind, _, figure = self.parts
+        return GATE_FIGURES[kind][figure]
+
+
 class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     perplexity: list[PerplexityTask] = []
     generation: list[GenerationTask] = []
+    deploy: DeployGate | None = None
 
     @model_validator(mode="after")
     def _named_once(self) -> Suite:
@@ -68,6 +97,15 @@ class Suite(BaseModel):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"task names must differ; repeated: {', '.join(repeated)}")
+        if self.deploy is not None:
+            kind, task, figure = self.deploy.parts
+            tasks = [t.name for t in (self.perplexity if kind == "perplexity" else self.generation)]
+            if task not in tasks or figure not in GATE_FIGURES[kind]:
+                valid = [f"{kind}.{t}.{f}" for t in tasks for f in GATE_FIGURES[kind]]
+                raise ValueError(
+                    f"deploy.metric {self.deploy.metric!r} names no figure of this suite; valid: "
+                    f"{', '.join(valid) or 'none (add a ' + kind + ' task)'}"
+                )
         return self
 
 

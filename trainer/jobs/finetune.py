@@ -18,6 +18,10 @@ resuming where the last call stopped.
            <run>/export/<version>/ with its marker <version>.export.json. When the run's newest version in the
            bucket has all three, the stage is done and nothing is submitted.
 
+4 deploy   with --deploy (`make finetune STACK=<env> DEPLOY=1`) and a suite with a `deploy:` gate: the new version
+           goes to the stack's endpoint (`make deploy`, trainer/deploy/) when its evaluation beats the live
+           version's by the gate's margin (trainer/deploy/gate.py); else one line says why it was held back
+
 One line per stage (`train: succeeded (job ...)`, `stages: submitted (job ...)`). Every check that needs no
 cluster runs before anything is looked up or submitted: the stack, the config and layout, the run name, the suite,
 the names of the tag and the evaluation, the dataset and the suite's files in the bucket.
@@ -394,7 +398,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
             f"stages: done ({version}: evaluated as {p.record!r}, tagged {p.tag!r}, exported to "
             f"s3://{bucket}/{p.run}/{EXPORT}/{version}/)"
         )
-        return 0
+        return deliver_stage(p, outputs, args, version)
 
     def checks() -> list[str]:
         return residency_problems(outputs) + orchestrator_problems(outputs) + image_problems(outputs, tag)
@@ -407,7 +411,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
         version, missing = stages_missing(outputs, p, train)
         if not missing:
             print(f"stages: done ({version}: in s3://{bucket}/{p.run}/)")
-            return 0
+            return deliver_stage(p, outputs, args, version)
         if not args.wait or time.monotonic() > deadline:
             break
         time.sleep(args.poll_s)
@@ -422,6 +426,60 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
         return 1
     print(f"{line}; run again to see it done")
     return 0
+
+
+def deliver_stage(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, version: str | None) -> int:
+    """Stage 4, only with --deploy: the gate, then `make deploy` of the new version to the stack's endpoint."""
+    if not args.deploy or version is None:
+        return 0
+    from trainer.deploy.command import clients_for
+    from trainer.deploy.endpoint import DeployError, Pool
+
+    try:
+        pool = Pool.from_outputs(outputs.stack, outputs.values)
+    except DeployError as error:
+        raise FinetuneError(f"deploy: {error}") from None
+    store = S3Store(
+        aws("s3", pool.region), aws("sts", pool.region), outputs["checkpoints_bucket"], pool.kms_key_arn
+    )
+    return deliver(args.suite, p.record, version, clients_for(pool.region), pool, store, args.poll_s)
+
+
+def deliver(
+    suite_path: Path,
+    record: str,
+    version: str,
+    clients: Any,
+    pool: Any,
+    store: S3Store,
+    poll_s: float,
+    sleep: Callable[[float], None] | None = None,
+) -> int:
+    """The suite's gate between the new version's evaluation `record` and the live version's, then the deploy."""
+    from trainer.deploy.command import deploy
+    from trainer.deploy.endpoint import live as endpoint_now
+    from trainer.deploy.gate import verdict
+
+    gate = Suite.model_validate(yaml.safe_load(suite_path.read_text()) or {}).deploy
+    if gate is None:
+        print(f"deploy: skipped: {suite_path} has no deploy gate (docs/serving-stack.md#continuous-delivery)")
+        return 0
+    registry = Registry(store)
+    now = endpoint_now(clients, pool)
+    live = now.version if now is not None else None
+
+    def evaluation(name: str) -> dict[str, Any] | None:
+        return next((e for e in registry.find(name).evaluations if e.get("name") == record), None)
+
+    if live == version:
+        print(f"deploy: {version} is live on {pool.endpoint} already")
+        return 0
+    opens, why = verdict(gate, evaluation(version) or {}, evaluation(live) if live else None)
+    if not opens:
+        print(f"deploy: held back: {version} does not beat {live} by the margin: {why}")
+        return 0
+    print(f"deploy: {version} passes the gate ({why})")
+    return deploy(clients, pool, registry, version, False, store.caller, poll_s, sleep)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -443,6 +501,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
     parser.add_argument("--wait", action="store_true", help="wait for each job instead of returning at once")
     parser.add_argument("--retry", action="store_true", help="submit a failed stage's job again")
+    parser.add_argument(
+        "--deploy",
+        action="store_true",
+        help="last, deploy the new version to the stack's endpoint when it passes the suite's deploy gate",
+    )
     parser.add_argument("--poll-s", type=float, default=60.0, help="seconds between looks with --wait")
     parser.add_argument(
         "--export-timeout-s", type=float, default=1800.0, help="with --wait: how long the bucket may lag FSx"

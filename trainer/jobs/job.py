@@ -338,6 +338,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.action == "status":
             backend.status(outputs, args.job)
+            if "serving_endpoint" in outputs.values:  # the inference pool (docs/serving-stack.md)
+                from trainer.deploy.command import clients_for
+                from trainer.deploy.endpoint import Pool, status_line
+
+                pool = Pool.from_outputs(outputs.stack, outputs.values)
+                print(status_line(clients_for(pool.region), pool))
         elif args.action == "logs":
             backend.logs(outputs, args.job, args.follow)
         else:

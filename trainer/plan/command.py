@@ -23,6 +23,7 @@ from rich.table import Table
 from trainer.arguments import positive_float, positive_int
 from trainer.config import LAYOUT_KEYS, ConfigError, TrainConfig, auto_keys, load_config
 from trainer.contract.catalog import EFA_INSTANCE_TYPES, INSTANCE_TYPES, InstanceType, instance_type
+from trainer.contract.serving import stack_pool
 from trainer.contract.stack import (
     StackCapacity,
     StackFileError,
@@ -33,6 +34,7 @@ from trainer.contract.stack import (
 from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
 from trainer.cost.idle import idle_cost, startup_cost
 from trainer.cost.ledger import LEDGER_FILE, Ledger, read_ledger
+from trainer.cost.pricing import pool_cost
 from trainer.cost.resilience import Recommendation, recommend
 from trainer.model.flops import parameter_counts
 from trainer.plan.cost import (
@@ -190,6 +192,10 @@ def main(args: argparse.Namespace) -> int:
     met = _print_costs(console, plan, costs, tokens, region, args.deadline)
     if args.stack:
         _print_idle(console, stack_capacity(args.stack), nodes, region)
+    if args.stack and (pool := stack_pool(read_stack_file(args.stack))) is not None:
+        console.print(
+            f"\n[bold]inference pool[/] (trainstack:serving, docs/serving-stack.md): {escape(pool_cost(pool[0], region, pool[1], pool[2]))}"
+        )
     if args.compare:
         met = _print_compare(console, args, nodes, tokens, region, assumptions)
     console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")

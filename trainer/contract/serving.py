@@ -1,0 +1,95 @@
+"""The inference pool's shared facts: what infra/serving.py creates and `make deploy` (trainer/deploy/) acts on.
+
+Ownership, so that Pulumi and the deploy verb never write one resource: Pulumi owns the execution role, the
+security group, the alarms (and the dashboard's endpoint row); `make deploy` owns the SageMaker Model,
+EndpointConfig and Endpoint and the endpoint variant's Application Auto Scaling target and policy, which
+Application Auto Scaling registers only on an endpoint that exists. The stack exports the names and settings the
+verb needs (SERVING_OUTPUTS in trainer/contract/outputs.py); the verb never creates an alarm, Pulumi never an
+endpoint.
+
+The image: AWS's Large Model Inference (LMI) container, whose vLLM engine serves the export's Hugging Face files
+from /opt/ml/model; chosen over vLLM's own image because the vLLM project publishes no SageMaker image (its
+docker/Dockerfile has a `vllm-sagemaker` target to build, scan, patch and push ourselves), while LMI is AWS's,
+patched by AWS, answers SageMaker's /ping and /invocations on port 8080, and is pulled from AWS's regional ECR
+without a copy in the stack's. What it costs: LMI's vLLM lags upstream's (0.12.0 here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# deepjavalibrary/djl-serving serving/docs/lmi/release_notes.md, "LMI V18 (DJL-Serving 0.36.0)": vLLM 0.12.0.
+LMI_REPOSITORY = "djl-inference"
+LMI_TAG = "0.36.0-lmi18.0.0-cu128"
+# The account that hosts AWS's Deep Learning Containers in the commercial regions the stacks use
+# (aws/sagemaker-python-sdk src/sagemaker/image_uri_config/djl-lmi.json, "registries").
+LMI_ACCOUNT = "763104351884"
+
+
+def lmi_image(region: str) -> str:
+    """The pinned LMI image in the stack's region."""
+    return f"{LMI_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{LMI_REPOSITORY}:{LMI_TAG}"
+
+
+# Where SageMaker mounts an uncompressed S3 prefix (ModelDataSource.S3DataSource, CompressionType None), and the
+# LMI settings that serve it with vLLM's async engine (djl-serving serving/docs/lmi/user_guides/vllm_user_guide.md,
+# "Async Mode Configurations"; the default handler from LMI V17 on).
+MODEL_DIR = "/opt/ml/model"
+LMI_ENVIRONMENT = {
+    "HF_MODEL_ID": MODEL_DIR,
+    "OPTION_ASYNC_MODE": "true",
+    "OPTION_ROLLING_BATCH": "disable",
+    "OPTION_ENTRYPOINT": "djl_python.lmi_vllm.vllm_async_service",
+    "OPTION_TENSOR_PARALLEL_DEGREE": "max",
+    "SERVING_FAIL_FAST": "true",
+}
+
+# A blue/green update keeps the variant's name (SageMaker Developer Guide, "Deployment guardrails: Exclusions").
+VARIANT = "AllTraffic"
+# Application Auto Scaling's resource id and dimension for an endpoint variant (Application Auto Scaling API
+# reference, RegisterScalableTarget ResourceId and ScalableDimension).
+SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+SCALING_METRIC = "SageMakerVariantInvocationsPerInstance"
+
+
+def scaling_resource_id(endpoint: str) -> str:
+    return f"endpoint/{endpoint}/variant/{VARIANT}"
+
+
+# The smoke check's metric: `make deploy` puts 1 when an answer from the new fleet differs from the greedy answer
+# recorded at evaluation, 0 when it matches; the stack's smoke alarm rolls the deployment back on a 1.
+SMOKE_NAMESPACE = "trainstack/Serving"
+SMOKE_METRIC = "SmokeMismatch"
+
+
+@dataclass(frozen=True)
+class ServingInstance:
+    name: str
+    gpus: int
+    gpu_memory_gib: int  # per GPU
+
+
+# SageMaker ML instance types for the pool, those with a price in trainer/cost/prices.json "sagemaker-hosting"
+# (Amazon EC2 G5 and P4d instance pages: A10G 24 GB, A100 40 GB).
+SERVING_INSTANCES = {
+    i.name: i
+    for i in (
+        ServingInstance("ml.g5.2xlarge", 1, 24),
+        ServingInstance("ml.p4d.24xlarge", 8, 40),
+    )
+}
+DEFAULT_SERVING_INSTANCE = "ml.g5.2xlarge"
+DEFAULT_MIN_INSTANCES, DEFAULT_MAX_INSTANCES = 1, 2
+
+
+def stack_pool(values: dict[str, object]) -> tuple[str, int, int] | None:
+    """(instance type, minimum, maximum) of a stack file's `trainstack:serving` (its defaults where left out), or
+    None for a stack without an inference pool; infra/config.py validates the same mapping."""
+    pool = values.get("trainstack:serving")
+    if not isinstance(pool, dict):
+        return None
+    return (
+        str(pool.get("instanceType", DEFAULT_SERVING_INSTANCE)),
+        int(pool.get("minInstances", DEFAULT_MIN_INSTANCES)),
+        int(pool.get("maxInstances", DEFAULT_MAX_INSTANCES)),
+    )
