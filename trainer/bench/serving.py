@@ -264,7 +264,11 @@ class Server:
                     f"serving: the server did not start; its log:\n{self.log.read_text()[-3000:]}"
                 )
             time.sleep(0.5)
-        self.version = self.client().models.list().data[0].id
+        try:
+            self.version = self.client().models.list().data[0].id
+        except Exception:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:
