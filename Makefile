@@ -135,7 +135,8 @@ sweep: $(VENV)/.train-installed ## Hyperparameter sweep (Optuna: TPE, pruned on 
 	  $(if $(REGISTER),--register "$(REGISTER)") $(if $(MLFLOW),--mlflow $(filter-out 1,$(MLFLOW))) $(ARGS)
 
 .PHONY: bench
-bench: $(VENV)/.train-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json
+# bench's serving section drives `trainer serve` with the openai client, as make serve does (requirements/dev.txt).
+bench: $(VENV)/.dev-installed ## Benchmarks here, each against a baseline from the same run -> runs/bench/bench.json
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
 	$(PY) -m trainer bench $(ARGS)
 

@@ -36,6 +36,7 @@ def cpu_report(pipelined_config, tmp_path_factory) -> tuple[dict, Path]:
         disk_bytes=16 << 20,
         data_inputs=[str(Path(email.__file__).parent)],
         sweep=None,  # tests/bench/test_sweep.py runs it small
+        serving=False,  # tests/bench/test_serving.py runs it
     )
     return report, write_report(report, out / "bench.json")
 

@@ -10,7 +10,9 @@ Every result stands beside a baseline measured in the same run, and the ratio be
 - the trainer's step (logging included) against a bare megatron-core loop of the same shape, fp32;
 - peak memory per GPU: the planner's estimate against the measured peak, for several layouts;
 - a hyperparameter sweep (TPE with pruning) against an exhaustive grid of the same budget: best validation loss and
-  trial-steps (`--only sweep` runs this alone).
+  trial-steps (`--only sweep` runs this alone);
+- the local server (`trainer serve`) against `trainer generate` on the same prompts: tokens/s and time to the first
+  token, and a bounded load test of the server on 127.0.0.1 (`--only serving` runs this alone).
 Written to <out>/bench.json and printed as a table. See docs/bench.md.
 """
 
@@ -32,6 +34,7 @@ from rich.table import Table
 from trainer.bench.data import bench_data
 from trainer.bench.disk import sequential_write_gbytes_per_s
 from trainer.bench.report import add_memory_results, add_result, machine
+from trainer.bench.serving import bench_serving
 from trainer.bench.sweep import SWEEP, bench_sweep
 from trainer.bench.training import (
     BenchError,
@@ -93,8 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="store_true", help="the GPU suite (needs CUDA): make bench-gpu")
     parser.add_argument(
         "--only",
-        choices=("sweep",),
-        help="one section alone: sweep (the sweep against a grid, a few minutes)",
+        choices=("sweep", "serving"),
+        help="one section alone: sweep (the sweep against a grid, a few minutes), serving (the local server "
+        "against trainer generate, and a load test; about two minutes)",
     )
 
 
@@ -112,6 +116,15 @@ def main(args: argparse.Namespace) -> int:
             report = {"machine": machine(), "config": str(SWEEP), "results": [], "details": {}}
             bench_sweep(report, args.out)
             name = "bench-sweep.json"
+        elif args.only == "serving":
+            report = {
+                "machine": machine(),
+                "config": "trainer/configs/local.yaml",
+                "results": [],
+                "details": {},
+            }
+            bench_serving(report, args.out)
+            name = "bench-serving.json"
         else:
             report = run_suite(args.config or Path("trainer/configs/local.yaml"), args.out, steps=args.steps)
             name = "bench.json"
@@ -136,6 +149,7 @@ def run_suite(
     data_inputs: Sequence[str] = (),
     data_globs: Sequence[str] = ("*.py",),
     sweep: Path | None = SWEEP,
+    serving: bool = True,
 ) -> dict:
     """The CPU suite. The data section tokenizes the standard library (or `data_inputs`) with the config's
     tokenizer; training runs the config's own layout against TP=1 x PP=1."""
@@ -220,6 +234,8 @@ def run_suite(
     add_memory_results(report, runs)
     if sweep is not None:
         bench_sweep(report, out, sweep)
+    if serving:
+        bench_serving(report, out)
     return report
 
 
