@@ -34,9 +34,16 @@ def test_local_yaml_on_4_processes_has_one_layout_per_split_train_accepts():
     assert sorted(splits(candidates)) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)]
     steps = [c.step.total_s for c in candidates]
     assert steps == sorted(steps)  # ranked by the planner's step time
-    # A DP layout needs a micro-batch the global batch of 16 divides over DP: local.yaml's 16 is free to change.
-    dp4 = next(c for c in candidates if c.data_parallel_size == 4)
-    assert 16 % (dp4.cfg.schedule.micro_batch_size * 4) == 0
+    # Each split at the largest micro-batch the global batch of 16 divides over DP: local.yaml's own layout is one.
+    assert [
+        (c.data_parallel_size, c.cfg.schedule.micro_batch_size)
+        for c in candidates
+        if c.cfg.parallel.tensor_model_parallel_size == 2
+    ] in (
+        [(2, 8), (1, 16)],
+        [(1, 16), (2, 8)],
+    )
+    assert {c.data_parallel_size * c.cfg.schedule.micro_batch_size for c in candidates} == {16}
     assert all(not c.cfg.parallel.sequence_parallel and c.cfg.engine == "megatron" for c in candidates)
 
 
@@ -92,12 +99,16 @@ def test_all_failed_runs_choose_nothing():
     assert measure.fastest([measure.Measurement(1, candidates[0], (), None, "timeout")]) is None
 
 
-def test_the_train_command_sets_the_layout_few_steps_and_no_saves(tmp_path):
-    cmd = measure.train_command(LOCAL, VOCAB, ["parallel.tensor_model_parallel_size=2"], 4, 6, tmp_path)
+def test_the_train_command_sets_the_layout_few_steps_the_config_lr_schedule_and_no_saves(tmp_path):
+    candidate = measure.local_candidates(LOCAL, VOCAB, 4, Assumptions())[0]
+    cmd = measure.train_command(LOCAL, VOCAB, candidate, 4, 6, tmp_path)
     assert cmd[:4] == [sys.executable, "-m", "trainer", "train"]
     sets = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
-    assert sets.index("model.vocab_size=4096") < sets.index("parallel.tensor_model_parallel_size=2")
-    assert "schedule.train_iters=6" in sets and f"logging.run_dir={tmp_path}" in sets
+    layout = candidate.overrides(measure.MEASURE_KEYS)
+    assert sets.index("model.vocab_size=4096") < sets.index(layout[0]) and set(layout) <= set(sets)
+    # local.yaml warms up for 20 steps: 6 steps alone would be refused (warm-up below the decay length)
+    assert "schedule.train_iters=6" in sets and "schedule.lr_decay_iters=180" in sets
+    assert f"logging.run_dir={tmp_path}" in sets
     assert f"checkpoint.save_interval={measure.NO_SAVE_INTERVAL}" in sets
     assert cmd[cmd.index("--nproc") + 1] == "4"
 

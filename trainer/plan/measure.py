@@ -6,7 +6,7 @@ error recorded beside it (`<out>.measured.json`) for calibrating the planner. Ne
 On CPU the catalog knows no instance type, so the planner ranks the local world's layouts with its own step-time
 model on `local_machine`: one "GPU" per process, the host's cores shared among them, at the nominal CPU figures
 below (not measured: the recorded errors say how far off they are). The layout keys it may change are TP, PP and the
-micro-batch size (DP follows from the world), one layout per TP x PP split at its best-ranked micro-batch; every
+micro-batch size (DP follows from the world), one layout per TP x PP split at its largest micro-batch; every
 candidate passes `layout_problems` for the CPU. Measuring on a
 stack's nodes is not built (docs/plan.md).
 """
@@ -111,23 +111,35 @@ def local_candidates(
     """The layouts `train` accepts on `world` CPU processes, ranked by the planner's step time on this host."""
     cfg = load_config(config, overrides, device="cpu")
     plan = search(cfg, local_machine(world), 1, MEASURE_KEYS, assumptions)
-    best: dict[tuple[int, int], Candidate] = {}  # the best-ranked micro-batch of each TP x PP split
+    # One layout per TP x PP split, at its largest micro-batch: the model counts no cost per micro-batch, which on
+    # CPU processes sharing the cores is what dominates (local.yaml's schedule comment).
+    best: dict[tuple[int, int], Candidate] = {}
     for c in plan.candidates:
         split = (c.cfg.parallel.tensor_model_parallel_size, c.cfg.parallel.pipeline_model_parallel_size)
-        if c.fits and c.cfg.engine == "megatron" and not layout_problems(c.cfg, world, "cpu"):
-            best.setdefault(split, c)
-    return list(best.values())
+        if not c.fits or c.cfg.engine != "megatron" or layout_problems(c.cfg, world, "cpu"):
+            continue
+        if split not in best or c.cfg.schedule.micro_batch_size > best[split].cfg.schedule.micro_batch_size:
+            best[split] = c
+    return sorted(best.values(), key=lambda c: c.step.total_s)
 
 
 def train_command(
-    config: str | Path, overrides: Sequence[str], layout: Sequence[str], world: int, steps: int, run_dir: Path
+    config: str | Path,
+    overrides: Sequence[str],
+    candidate: Candidate,
+    world: int,
+    steps: int,
+    run_dir: Path,
 ) -> list[str]:
-    """A real `train` of the config with the layout, `steps` steps, no save before the end, on a run dir of its own."""
+    """A real `train` of the config with the candidate's layout: its first `steps` steps (the LR schedule kept at
+    the config's decay length), no save before the end, on a run directory of its own."""
+    s = candidate.cfg.schedule
     sets = [
         *overrides,
-        *layout,
+        *candidate.overrides(MEASURE_KEYS),
         "parallel.data_parallel_size=null",
         f"schedule.train_iters={steps}",
+        f"schedule.lr_decay_iters={s.lr_decay_iters or s.train_iters}",
         f"checkpoint.save_interval={NO_SAVE_INTERVAL}",
         "checkpoint.async_save=false",
         "logging.log_interval=1",
@@ -175,7 +187,7 @@ def measure(
             layout = tuple(candidate.overrides(MEASURE_KEYS))
             run_dir = Path(base) / f"layout-{rank}"
             console.print(f"measuring {rank}/{len(candidates)}: {candidate.describe()} ...")
-            command = train_command(config, overrides, layout, world, steps, run_dir)
+            command = train_command(config, overrides, candidate, world, steps, run_dir)
             problem = _run(command, timeout_s)
             seconds = None if problem else step_seconds(run_dir / "metrics.jsonl")
             if problem is None and seconds is None:
