@@ -530,6 +530,18 @@ ROWS: dict[str, Row] = {
         "plan --config trainer/configs/llama3-8b.yaml --stack prod --region us-east-1",
         ("give --stack or --region, not both (the stack names its Region: aws:region)",),
     ),
+    "plan-measure-on-an-instance": Row(
+        "plan --config trainer/configs/local.yaml --measure 2 --instance p5.48xlarge --nodes 1 --out {tmp}/m.yaml",
+        ("--measure trains on this machine's CPU processes; drop --instance/--stack",),
+    ),
+    "plan-measure-without-out": Row(
+        "plan --config trainer/configs/local.yaml --measure 2",
+        ("--measure writes the measured-fastest layout's config: give --out FILE",),
+    ),
+    "plan-measure-steps-all-warm-up": Row(
+        "plan --config trainer/configs/local.yaml --measure 2 --measure-steps 2 --out {tmp}/m.yaml",
+        ("--measure-steps 2: the first 2 are warm-up; give at least 3",),
+    ),
     "plan-compare-with-given-price": Row(
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 2 --compare --price-per-hour 9",
         ("--price-per-hour prices one instance type; --compare prices each type from AWS",),

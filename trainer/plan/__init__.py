@@ -6,6 +6,8 @@ long and how much the run takes. Imports no torch (like trainer/config/), so it 
     search.py       every layout `train` accepts on N nodes, estimated and ranked
     fit.py          the estimate against a GPU's free memory: the check before the first step, the largest micro-batch
     cost.py         dollars per purchase option, the deadline's pick, data transfer, energy and emissions estimates
+    measure.py      `plan --measure N`: the N best local layouts trained a few steps each, the measured-fastest
+                    written, each prediction's error recorded
     command.py      `python -m trainer plan`: the table, the chosen layout as a config fragment, and the checkpoint
                     interval from the interruption rate (trainer/cost/resilience.py)
 """

@@ -3,6 +3,7 @@ written as a config that `train` accepts.
 
     python -m trainer plan --config trainer/configs/llama3-70b.yaml --instance p5.48xlarge --nodes 32
     python -m trainer plan --config trainer/configs/llama3-8b.yaml --stack prod --tokens 1e12 --out planned.yaml
+    python -m trainer plan --config trainer/configs/local.yaml --measure 3 --out measured.yaml
 
 The search changes the layout keys the config marks `auto` (all of them when it marks none). See docs/plan.md.
 """
@@ -37,6 +38,7 @@ from trainer.cost.ledger import LEDGER_FILE, Ledger, read_ledger
 from trainer.cost.pricing import pool_cost
 from trainer.cost.resilience import Recommendation, recommend
 from trainer.model.flops import parameter_counts
+from trainer.plan import measure
 from trainer.plan.cost import (
     OptionCost,
     cheapest,
@@ -141,6 +143,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="rank the catalog's EFA instance types by time to finish and dollars for the same config and nodes",
     )
+    measuring = parser.add_argument_group(
+        "layouts chosen by measurement on this machine's CPU processes (instead of --instance/--stack)"
+    )
+    measuring.add_argument(
+        "--measure",
+        type=positive_int,
+        metavar="N",
+        help="train the N best layouts a few steps each; --out gets the measured-fastest",
+    )
+    measuring.add_argument(
+        "--measure-steps",
+        type=positive_int,
+        default=6,
+        help=f"steps per layout, the first {measure.WARMUP_STEPS} not timed (default %(default)s)",
+    )
+    measuring.add_argument(
+        "--nproc", type=positive_int, help="processes (default: the config's TP x PP x DP)"
+    )
+    measuring.add_argument(
+        "--measure-timeout",
+        type=positive_float,
+        default=600.0,
+        metavar="S",
+        help="seconds one layout's run may take (default %(default)s)",
+    )
     interval = parser.add_argument_group(
         "the checkpoint interval (Young's rule at Llama 3's interruption rate): measured costs from a run's "
         "ledger, or given"
@@ -157,6 +184,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     # Piped output keeps the table whole instead of rich's 80-column default.
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    if args.measure:
+        return _measure(console, args)
     try:
         instance, nodes = _where(args)
         if not 0 < args.matmul_efficiency <= 1:
@@ -205,6 +234,54 @@ def main(args: argparse.Namespace) -> int:
         write_config(chosen, args.out, args.config)
         console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
     return 0 if met else 1
+
+
+def _measure(console: Console, args: argparse.Namespace) -> int:
+    """--measure N: the N best local layouts trained a few steps each, the measured-fastest written to --out."""
+    try:
+        if args.stack or args.instance:
+            raise PlanError(
+                "--measure trains on this machine's CPU processes; drop --instance/--stack (measuring on a "
+                "stack's nodes is not built: docs/plan.md)"
+            )
+        if args.out is None:
+            raise PlanError("--measure writes the measured-fastest layout's config: give --out FILE")
+        if args.measure_steps <= measure.WARMUP_STEPS:
+            raise PlanError(
+                f"--measure-steps {args.measure_steps}: the first {measure.WARMUP_STEPS} are warm-up; give at "
+                f"least {measure.WARMUP_STEPS + 1}"
+            )
+        world = measure.world_of(args.config, args.overrides, args.nproc)
+        assumptions = Assumptions(matmul_efficiency=args.matmul_efficiency)
+        candidates = measure.local_candidates(args.config, args.overrides, world, assumptions)
+    except (ConfigError, PlanError) as error:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]plan:[/] {escape(str(error))}"
+        )
+        return 2
+    if not candidates:
+        console.print(f"[bold red]no layout passes the trainer's checks on {world} CPU processes[/]")
+        return 1
+    best = candidates[: args.measure]
+    console.print(
+        f"measuring the planner's {len(best)} best of {len(candidates)} layouts on {world} CPU processes, "
+        f"{args.measure_steps} steps each (the first {measure.WARMUP_STEPS} not timed)"
+    )
+    measurements = measure.measure(
+        args.config, args.overrides, best, world, args.measure_steps, args.measure_timeout, console
+    )
+    chosen = measure.fastest(measurements)
+    measure.print_measurements(console, measurements, chosen)
+    record = measure.record_path(args.out)
+    measure.write_record(record, args.config, world, args.measure_steps, measurements)
+    console.print(f"prediction errors: {record}")
+    if chosen is None:
+        console.print("[bold red]no layout's run succeeded[/]")
+        return 1
+    console.print(f"fastest measured: {chosen.candidate.describe()} ({chosen.measured_s:.4f} s a step)")
+    write_config(chosen.candidate, args.out, args.config)
+    console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
+    return 0
 
 
 def measured_costs(ledger: Ledger, save_interval: int | None) -> tuple[float | None, float | None]:
