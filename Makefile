@@ -235,11 +235,11 @@ status: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [TEAM=name]: the stack'
 	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: logs
-logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1]: the main node's log (default: newest job)
+logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1] [TEAM=name]: the main node's log (default: newest job)
 	$(PY) -m trainer job logs $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(FOLLOW),--follow) $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: cancel
-cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id: stop a job (SIGTERM: the trainer checkpoints, then exits)
+cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id [TEAM=name]: stop a job (SIGTERM: the trainer checkpoints, then exits)
 	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: smoke
