@@ -232,16 +232,16 @@ render: $(VENV)/.train-installed $(VENV)/.infra-installed ## STACK=<env>: print 
 	  $(if $(TEAM),--team "$(TEAM)") $(ARGS)
 
 .PHONY: status
-status: $(VENV)/.train-installed ## STACK=<env> [JOB=id]: the stack's recent jobs, or one job in detail
-	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+status: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [TEAM=name]: the stack's recent jobs, or one job in detail (TEAM: an EKS team's namespace)
+	$(PY) -m trainer job status $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: logs
-logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1]: the main node's log (default: newest job)
-	$(PY) -m trainer job logs $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(FOLLOW),--follow)
+logs: $(VENV)/.train-installed ## STACK=<env> [JOB=id] [FOLLOW=1] [TEAM=name]: the main node's log (default: newest job)
+	$(PY) -m trainer job logs $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(FOLLOW),--follow) $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: cancel
-cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id: stop a job (SIGTERM: the trainer checkpoints, then exits)
-	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)")
+cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id [TEAM=name]: stop a job (SIGTERM: the trainer checkpoints, then exits)
+	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: smoke
 smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag]: 2-node preflight job (EFA, bandwidth floor, Lustre, S3 export); JOB=id RUN=name reports on one

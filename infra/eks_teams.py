@@ -42,7 +42,8 @@ from infra.cluster_software import (
 from infra.config import StackConfig, TeamConfig
 from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import JOBSET_API_VERSION, KUEUE_API_VERSION
-from trainer.contract.teams import team_prefix
+from trainer.contract.jobset import QUEUE_LABEL
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_prefix
 
 if TYPE_CHECKING:
     from infra.cluster_software import ClusterSoftware
@@ -53,10 +54,6 @@ if TYPE_CHECKING:
 
 # The label that marks a team's namespace (the admission policy selects JobSets in these namespaces by it).
 TEAM_LABEL = "trainstack.dev/team"
-# The service account team pods run as; its Pod Identity association gives them the team's S3 read role.
-SERVICE_ACCOUNT = "trainer"
-# Kueue's queue label on a job (kueue v0.19.2 pkg/controller/constants/constants.go QueueLabel).
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # The Pod Identity trust (EKS user guide, "Create IAM role with trust policy required by EKS Pod Identity").
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
 RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -152,7 +149,7 @@ def team_objects(cfg: StackConfig, team: TeamConfig) -> list[dict[str, Any]]:
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": {"name": SERVICE_ACCOUNT, "namespace": ns},
+            "metadata": {"name": TEAM_SERVICE_ACCOUNT, "namespace": ns},
         },
         team_role(team.name),
         team_role_binding(team.name),
@@ -370,7 +367,7 @@ class EksTeams(pulumi.ComponentResource):
                 prefix,
                 cluster_name=eks.cluster.name,
                 namespace=team_namespace(team.name),
-                service_account=SERVICE_ACCOUNT,
+                service_account=TEAM_SERVICE_ACCOUNT,
                 role_arn=pod_role.arn,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[read]),
             )

@@ -17,7 +17,6 @@ from moto.iam.access_control import IAMPolicy, PermissionResult
 
 from infra.config import parse_stack_config, read_stack_file
 from infra.eks_teams import (
-    SERVICE_ACCOUNT,
     cluster_queue_name,
     pod_read_statements,
     team_group,
@@ -25,7 +24,7 @@ from infra.eks_teams import (
     team_nodes,
 )
 from infra.iam import policy_text
-from trainer.contract.teams import team_prefix
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_prefix
 
 TEAMS = ("vision", "language")
 
@@ -93,7 +92,7 @@ def test_each_team_namespace_has_the_stacks_local_queue_name_its_claim_and_servi
     for team in TEAMS:
         assert volumes[claims[team_namespace(team)]] == {"namespace": team_namespace(team), "name": "fsx"}
     accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in objects(stack, "ServiceAccount")}
-    assert accounts == {(team_namespace(t), SERVICE_ACCOUNT) for t in TEAMS}
+    assert accounts == {(team_namespace(t), TEAM_SERVICE_ACCOUNT) for t in TEAMS}
     assert stack.plan.outputs["team_namespaces"] == {t: team_namespace(t) for t in TEAMS}
 
 
@@ -130,7 +129,7 @@ def test_each_team_service_account_runs_as_its_own_pod_role(stack):
         association = associations[f"{stack.config.name_prefix}-team-{team}"]
         assert (association["namespace"], association["serviceAccount"]) == (
             team_namespace(team),
-            SERVICE_ACCOUNT,
+            TEAM_SERVICE_ACCOUNT,
         )
         role = next(r for r in stack.all("iam.Role") if r.outputs["arn"] == association["roleArn"])
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]

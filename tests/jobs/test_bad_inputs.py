@@ -78,6 +78,18 @@ def on_eks(without: tuple[str, ...] = ()) -> Callable[[Stack], None]:
     return setup
 
 
+def eks_shared_by_teams(stack: Stack) -> None:
+    """An EKS stack with a team: its JobSets live in the team's namespace (infra/eks_teams.py)."""
+    on_eks()(stack)
+    outputs = json.loads(stack.outputs_file.read_text())
+    teams = {
+        "teams": ["vision"],
+        "team_gpu_quotas": {"vision": 8},
+        "team_namespaces": {"vision": "team-vision"},
+    }
+    stack.outputs_file.write_text(json.dumps({**outputs, **teams}))
+
+
 def with_inference_pool(stack: Stack) -> None:
     """The stack's outputs with an inference pool's (infra/serving.py SERVING_OUTPUTS); no endpoint exists yet."""
     endpoint = "trainstack-test-serving"
@@ -158,6 +170,13 @@ ROWS = {
         ("IMAGE=0123456789ab", "RUN=llama-a"),
         "RUN=llama-a: job ",
         run_in_flight,
+    ),
+    # A team's JobSets are in its namespace: status, logs and cancel need TEAM= to know where to look.
+    "eks-team-missing-for-status": Row(
+        (),
+        "status: stack 'test' is shared by teams vision: say which with TEAM=<name>",
+        eks_shared_by_teams,
+        target="status",
     ),
     "deploy-without-inference-pool": Row(
         ("MODEL=candidate",),

@@ -36,13 +36,14 @@ from trainer.jobs.eks import K8S_AWS_ID_HEADER, TOKEN_PREFIX, TOKEN_VALID_SECOND
 from .conftest import DATASET, IMAGE_TAG, REGION, TOKENIZER, Stack, without_submission_env
 from .jobset_schema import jobset_errors
 from .test_smoke import PASSED_REPORT, export_tokens
+from .test_teams import team_data
 
 CLUSTER = "trainstack-eks-test"
 NAMESPACE = "trainstack"
 CONFIG = "trainer/configs/llama3-8b.yaml"
 DATA = ["--set", f"data.prefixes=[{DATASET}]", "--set", f"data.tokenizer_path={TOKENIZER}"]
-JOBSETS = re.compile(rf"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/{NAMESPACE}/jobsets(?:/([^/?]+))?$")
-PODS = re.compile(rf"^/api/v1/namespaces/{NAMESPACE}/pods(?:/([^/?]+)/log)?$")
+JOBSETS = re.compile(r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/?]+))?$")
+PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/?]+)/log)?$")
 
 
 def decode_token(token: str) -> str:
@@ -53,13 +54,13 @@ def decode_token(token: str) -> str:
 
 @dataclass
 class ApiServer:
-    """What the stand-in has seen and holds: callers, created JobSets, deletions, pods and their logs."""
+    """What the stand-in has seen and holds: callers, created JobSets by namespace, deletions, pods and their logs."""
 
     cluster: str
     endpoint: str = ""
     callers: list[str] = field(default_factory=list)
     received: list[dict] = field(default_factory=list)
-    jobsets: dict[str, dict] = field(default_factory=dict)
+    namespaces: dict[str, dict[str, dict]] = field(default_factory=dict)
     deletions: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
@@ -89,6 +90,11 @@ class ApiServer:
         replay = requests.get(url, headers=headers, timeout=10)
         match = re.search(r"<Arn>([^<]+)</Arn>", replay.text)
         return match.group(1) if replay.ok and match else None
+
+    @property
+    def jobsets(self) -> dict[str, dict]:
+        """The JobSets in the stack's own namespace, by name."""
+        return self.namespaces.setdefault(NAMESPACE, {})
 
 
 def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
@@ -125,17 +131,21 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             if not self.caller_ok():
                 return
-            if not (match := JOBSETS.match(urlparse(self.path).path)) or match.group(1):
+            if not (match := JOBSETS.match(urlparse(self.path).path)) or match.group(2):
                 return self.status(404, "NotFound")
             jobset = self.body()
             server.received.append(copy.deepcopy(jobset))
             if errors := jobset_errors(jobset):
                 return self.status(422, "Invalid: " + "; ".join(errors))
-            name = jobset["metadata"]["name"]
-            if name in server.jobsets:
+            # The API server refuses an object whose namespace is not the request's (400 BadRequest, "the namespace
+            # of the provided object does not match the namespace sent on the request").
+            if jobset["metadata"].get("namespace", match.group(1)) != match.group(1):
+                return self.status(400, "BadRequest")
+            name, held = jobset["metadata"]["name"], server.namespaces.setdefault(match.group(1), {})
+            if name in held:
                 return self.status(409, "AlreadyExists")
             jobset["metadata"]["creationTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            server.jobsets[name] = jobset
+            held[name] = jobset
             self.reply(201, jobset)
             if server.on_create:
                 server.on_create(jobset)
@@ -145,17 +155,23 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                 return
             url = urlparse(self.path)
             if match := JOBSETS.match(url.path):
-                if match.group(1) is None:
-                    return self.reply(200, {"kind": "JobSetList", "items": list(server.jobsets.values())})
-                found = server.jobsets.get(match.group(1))
+                held = server.namespaces.get(match.group(1), {})
+                if match.group(2) is None:
+                    return self.reply(200, {"kind": "JobSetList", "items": list(held.values())})
+                found = held.get(match.group(2))
                 return self.reply(200, found) if found else self.status(404, "NotFound")
             if match := PODS.match(url.path):
-                if match.group(1):
-                    return self.reply(200, server.logs[match.group(1)])
+                if match.group(2):
+                    return self.reply(200, server.logs[match.group(2)])
                 selector = dict(
                     term.split("=", 1) for term in unquote(parse_qs(url.query)["labelSelector"][0]).split(",")
                 )
-                pods = [p for p in server.pods if selector.items() <= p["metadata"]["labels"].items()]
+                pods = [
+                    p
+                    for p in server.pods
+                    if p["metadata"]["namespace"] == match.group(1)
+                    and selector.items() <= p["metadata"]["labels"].items()
+                ]
                 return self.reply(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods})
             self.status(404, "NotFound")
 
@@ -163,10 +179,11 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             if not self.caller_ok():
                 return
             match = JOBSETS.match(urlparse(self.path).path)
-            if not match or match.group(1) not in server.jobsets:
+            held = server.namespaces.get(match.group(1), {}) if match else {}
+            if not match or match.group(2) not in held:
                 return self.status(404, "NotFound")
-            server.deletions.append({"name": match.group(1), **self.body()})
-            self.reply(200, server.jobsets.pop(match.group(1)))
+            server.deletions.append({"name": match.group(2), "namespace": match.group(1), **self.body()})
+            self.reply(200, held.pop(match.group(2)))
 
     return Handler
 
@@ -382,13 +399,13 @@ def test_an_unreachable_api_server_is_named(eks_stack, api_server, capsys):
     assert status == 1 and "cannot reach http://127.0.0.1:9" in err
 
 
-def pod(name: str, jobset: str, index: int, restarts: int = 0) -> dict:
+def pod(name: str, jobset: str, index: int, restarts: int = 0, namespace: str = NAMESPACE) -> dict:
     labels = {
         "jobset.sigs.k8s.io/jobset-name": jobset,
         "jobset.sigs.k8s.io/restart-attempt": str(restarts),
         "batch.kubernetes.io/job-completion-index": str(index),
     }
-    return {"metadata": {"name": name, "namespace": NAMESPACE, "labels": labels}}
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels}}
 
 
 def test_status_logs_and_cancel_on_an_eks_stack(eks_stack, api_server, capsys):
@@ -486,3 +503,133 @@ def test_the_ca_from_the_outputs_verifies_the_api_servers_certificate(
     status, _, err = submit(eks_stack, capsys, "llama-two")
     assert status == 1 and "cannot reach https://127.0.0.1:" in err and "CERTIFICATE_VERIFY_FAILED" in err
     assert len(api_server.received) == 1
+
+
+# An EKS stack shared by two teams (infra/eks_teams.py): each team's JobSets go to, and are found in, its namespace.
+TEAM_NAMESPACES = {"vision": "team-vision", "language": "team-language"}
+
+
+@pytest.fixture
+def teams_stack(eks_stack: Stack) -> Stack:
+    outputs = {
+        **eks_stack.outputs,
+        "teams": list(TEAM_NAMESPACES),
+        "team_gpu_quotas": dict.fromkeys(TEAM_NAMESPACES, 32),
+        "team_namespaces": TEAM_NAMESPACES,
+    }
+    eks_stack.outputs_file.write_text(json.dumps(outputs))
+    eks_stack.outputs = outputs
+    for team in TEAM_NAMESPACES:
+        team_data(eks_stack, team)
+    return eks_stack
+
+
+def team_argv(team: str) -> list[str]:
+    """--team and the team's copy of the corpus (under its own prefix, as make data TEAM= LOCAL=1 puts it)."""
+    data = f"/fsx/datasets/teams/{team}/corpus/corpus"
+    return [
+        "--team",
+        team,
+        "--set",
+        f"data.prefixes=[{data}]",
+        "--set",
+        f"data.tokenizer_path={data}.tokenizer.json",
+    ]
+
+
+def test_a_team_submits_into_its_namespace_with_its_queue_service_account_and_prefix(
+    teams_stack, api_server, capsys
+):
+    job = ("--config", CONFIG, "--image", IMAGE_TAG, "--run", "llama-eks", *team_argv("vision"))
+    status, rendered, err = trainer(teams_stack, capsys, "render", *job)
+    assert status == 0, err
+    status, out, err = trainer(teams_stack, capsys, "submit", *job)
+    assert status == 0, err
+    (received,) = api_server.received
+    assert jobset_errors(received) == []
+    assert list(api_server.namespaces) == [
+        "team-vision"
+    ]  # the request's namespace: the team's, not the stack's
+    sent = copy.deepcopy(received)
+    pod_template = sent["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    container = pod_template["spec"]["containers"][0]
+    container["env"], _ = without_submission_env(container["env"])
+    assert sent == yaml.safe_load(rendered)
+    assert sent["metadata"]["namespace"] == "team-vision"
+    assert sent["metadata"]["labels"] == {
+        "kueue.x-k8s.io/queue-name": "training",  # every team's LocalQueue has the stack's queue name
+        "trainstack.dev/run": "llama-eks",
+        "team": "vision",
+    }
+    assert pod_template["metadata"]["labels"]["team"] == "vision"
+    assert (
+        pod_template["spec"]["serviceAccountName"] == "trainer"
+    )  # its Pod Identity reads teams/vision/ only
+    assert "logging.run_dir=/fsx/checkpoints/teams/vision/llama-eks" in container["args"]
+    assert "(s3://trainstack-test-checkpoints/teams/vision/llama-eks)" in out
+    assert (
+        "in namespace team-vision" in out and "make logs STACK=test TEAM=vision JOB=llama-eks FOLLOW=1" in out
+    )
+    # One job per run, in the team's namespace: vision's live run refuses a second, language's of one name is apart.
+    status, _, err = trainer(teams_stack, capsys, "submit", *job)
+    assert status == 2 and "job llama-eks of this run is SUBMITTED" in err
+    assert "make cancel STACK=test TEAM=vision JOB=llama-eks" in err
+    language = ("--config", CONFIG, "--image", IMAGE_TAG, "--run", "llama-eks", *team_argv("language"))
+    status, _, err = trainer(teams_stack, capsys, "submit", *language)
+    assert status == 0, err
+    assert {ns: list(held) for ns, held in api_server.namespaces.items()} == {
+        "team-vision": ["llama-eks"],
+        "team-language": ["llama-eks"],
+    }
+
+
+def test_status_logs_and_cancel_find_a_teams_jobset_in_its_namespace(teams_stack, api_server, capsys):
+    run = ("--config", CONFIG, "--image", IMAGE_TAG, "--run", "llama-eks", *team_argv("vision"))
+    assert trainer(teams_stack, capsys, "submit", *run)[0] == 0
+    status, out, err = trainer(teams_stack, capsys, "job status", "--team", "vision")
+    assert status == 0, err
+    assert re.search(r"^llama-eks  SUBMITTED llama-eks", out, re.M)
+    status, out, err = trainer(teams_stack, capsys, "job status", "--team", "language")
+    assert status == 0 and "no jobs in namespace 'team-language'" in out
+    api_server.namespaces["team-vision"]["llama-eks"]["status"] = {
+        "replicatedJobsStatus": [{"name": "node", "active": 1}]
+    }
+    api_server.pods = [pod("llama-eks-node-0-0-abc", "llama-eks", 0, namespace="team-vision")]
+    api_server.logs["llama-eks-node-0-0-abc"] = "step 1 loss 10.1\n"
+    status, out, err = trainer(teams_stack, capsys, "job status", "--team", "vision", "--job", "llama-eks")
+    assert status == 0, err
+    assert "pod llama-eks-node-0-0-abc in namespace team-vision (make logs STACK=test TEAM=vision" in out
+    assert "no health report yet (s3://trainstack-test-checkpoints/teams/vision/llama-eks/health.json)" in out
+    status, out, err = trainer(teams_stack, capsys, "job logs", "--team", "vision", "--job", "llama-eks")
+    assert status == 0 and out.splitlines() == ["step 1 loss 10.1"], err
+    status, out, err = trainer(teams_stack, capsys, "job cancel", "--team", "vision", "--job", "llama-eks")
+    assert status == 0, err
+    assert (
+        api_server.deletions[0]["name"] == "llama-eks"
+        and api_server.deletions[0]["namespace"] == "team-vision"
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "argv", "message"),
+    [
+        ("submit", [], "stack 'test' is shared by teams vision, language: say which with TEAM=<name>"),
+        (
+            "submit",
+            ["--team", "audio"],
+            "TEAM=audio: not a team of stack 'test'; its teams are vision, language",
+        ),
+        ("job status", [], "stack 'test' is shared by teams vision, language: say which with TEAM=<name>"),
+        (
+            "job cancel",
+            ["--job", "x", "--team", "audio"],
+            "TEAM=audio: not a team of stack 'test'; its teams are",
+        ),
+    ],
+)
+def test_a_stack_with_teams_wants_one_of_its_teams(teams_stack, api_server, capsys, verb, argv, message):
+    if verb == "submit":
+        argv = ["--config", CONFIG, "--image", IMAGE_TAG, "--run", "llama-eks", *argv, *DATA]
+    status, _, err = trainer(teams_stack, capsys, verb, *argv)
+    assert status == 2 and message in err
+    assert api_server.received == [] and api_server.callers == []

@@ -9,13 +9,18 @@ import subprocess
 import pytest
 import yaml
 
+from infra.cluster_software import local_queue_name
+from infra.config import parse_stack_config, read_stack_file
+from infra.eks_teams import team_namespace
 from policy.eks import jobset_problems
 from tests.conftest import ROOT
 from trainer.__main__ import main as trainer_main
 from trainer.aws.outputs import StackError, load_outputs
 from trainer.contract.container import SUBMISSION_ENV
+from trainer.contract.jobset import QUEUE_LABEL
 from trainer.contract.outputs import EKS_OUTPUTS, missing_outputs
 from trainer.contract.stack import stack_cluster
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT
 
 from .conftest import DATASET, IMAGE_TAG, TOKENIZER, Stack, without_submission_env
 from .jobset_schema import jobset_errors
@@ -101,10 +106,13 @@ def test_without_outputs_render_uses_the_offline_preview_of_the_stack_file():
     assert request["nodeOverrides"]["numNodes"] == 1
 
 
-def test_make_render_eks_dev_prints_the_jobset_from_the_offline_preview():
+def test_make_render_eks_dev_prints_a_teams_jobset_from_the_offline_preview():
+    # eks-dev is shared by teams (docs/eks.md#teams): a job is a team's, its data under the team's prefix.
+    data = "/fsx/datasets/teams/vision/corpus/corpus"
+    team_data = f"--set data.prefixes=[{data}] --set data.tokenizer_path={data}.tokenizer.json"
     result = subprocess.run(
         ["make", "-s", "--no-print-directory", "render", "STACK=eks-dev", f"IMAGE={IMAGE_TAG}", "RUN=llama-eks",
-         "ARGS=" + " ".join(DATA)],
+         "TEAM=vision", "ARGS=" + team_data],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},  # no Pulumi CLI: the stack has no outputs to give
     )  # fmt: skip
@@ -116,6 +124,17 @@ def test_make_render_eks_dev_prints_the_jobset_from_the_offline_preview():
     assert jobset_problems(jobset, efa_devices_per_node=32, gpus_per_node=8) == []
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert job["parallelism"] == stack_cluster("eks-dev")[1]
+    # The team's namespace, LocalQueue and service account as the stack makes them (infra/eks_teams.py).
+    assert jobset["metadata"]["namespace"] == team_namespace("vision")
+    assert jobset["metadata"]["labels"][QUEUE_LABEL] == local_queue_name(
+        parse_stack_config("eks-dev", read_stack_file("eks-dev"))
+    )
+    assert jobset["metadata"]["labels"]["team"] == "vision"
+    assert job["template"]["spec"]["serviceAccountName"] == TEAM_SERVICE_ACCOUNT
+    assert (
+        "logging.run_dir=/fsx/checkpoints/teams/vision/llama-eks"
+        in job["template"]["spec"]["containers"][0]["args"]
+    )
 
 
 def test_an_eks_stack_lacking_its_outputs_is_named(tmp_path):

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from trainer.__main__ import main as trainer_main
+
 from .conftest import Stack
 from .test_submit import submit_in_process, train
 
@@ -95,3 +97,13 @@ def test_team_refusals_name_the_problem_and_submit_nothing(stack, capsys, argv, 
     status, stderr = submit_in_process(stack, capsys, *argv)
     assert status == 2 and message in stderr
     assert stack.requests("SubmitJob") == [] and stack.jobs() == []
+
+
+def test_on_batch_status_takes_a_team_of_the_stack_and_lists_the_one_queue(stack, capsys):
+    # Batch job ids are unique in the stack's one queue: TEAM= is checked, and needed only on EKS (test_eks.py).
+    share(stack)
+    base = ["job", "status", "--stack", "test", "--outputs", str(stack.outputs_file)]
+    assert trainer_main(base) == 0
+    assert trainer_main([*base, "--team", "vision"]) == 0
+    assert trainer_main([*base, "--team", "audio"]) == 2
+    assert "TEAM=audio: not a team of stack 'test'; its teams are vision, speech" in capsys.readouterr().err

@@ -241,9 +241,14 @@ CONTROLS: tuple[Control, ...] = (
     Control(
         "trainstack.teams",
         "A team's role is denied another team's S3 prefixes, queue share and jobs",
-        resource_types=("aws:batch/schedulingPolicy:SchedulingPolicy",),
-        not_covered="the stack has no trainstack:teams: it is single-tenant",
-        evidence="policy evaluation of the generated team policy: tests/infra/test_teams.py",
+        # Teams on Batch get a fair-share scheduling policy, on EKS per-team RoleBindings (infra/eks_teams.py).
+        resource_types=(
+            "aws:batch/schedulingPolicy:SchedulingPolicy",
+            "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+        ),
+        not_covered="the stack has no trainstack:teams (on Batch or EKS): it is single-tenant",
+        evidence="policy evaluation of the generated team policy: tests/infra/test_teams.py; on EKS the team "
+        "namespaces' RBAC and pod roles: tests/policy/test_policy_rbac.py, tests/infra/test_eks_teams.py",
     ),
     # EKS stacks (docs/eks.md). EKS.8's title as Security Hub's controls reference words it; the control checks that
     # the `audit` control plane log type is enabled.

@@ -1,9 +1,11 @@
 """What a JobSet's submitter (trainer/jobs/jobset.py) and its pods (trainer/launch/jobset.py) both read: the
-replicated job's name, the labels JobSet puts on every pod and the variables the pod reads them from, and node
+Kueue queue label the stack's admission policy requires (infra/eks_teams.py), the replicated job's name, the labels JobSet puts on every pod and the variables the pod reads them from, and node
 rank 0's DNS name. The node count and JobSet name variables are the container contract's (container.py)."""
 
 from __future__ import annotations
 
+# Kueue admits a JobSet through this label (kueue v0.19.2 pkg/controller/constants/constants.go QueueLabel).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICATED_JOB = "node"
 # Labels and annotations JobSet puts on every pod (jobset v0.12.0 api/jobset/v1alpha2/jobset_types.go JobSetNameKey,
 # ReplicatedJobNameKey); JobSet's own in-place-restart example reads JOBSET_NAME from the first by a fieldRef.

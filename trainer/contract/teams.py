@@ -1,4 +1,5 @@
-"""What a team is called where, shared by the stack (infra/teams.py) and `make train TEAM=` (trainer/jobs/teams.py).
+"""What a team is called where, shared by the stack (infra/teams.py, infra/eks_teams.py) and `make train TEAM=`
+(trainer/jobs/teams.py).
 
 A team's runs live under `teams/<name>/` of the checkpoints bucket and `/fsx/checkpoints/teams/<name>/` (the
 bucket's root is /fsx/checkpoints: infra/lustre.py), its datasets under `teams/<name>/` of the datasets bucket and
@@ -17,6 +18,9 @@ JOB_TAG_KEYS = (RUN_TAG, STACK_TAG, TEAM_TAG)
 # The `team` tag of every job the stack's verbs submit for no team (data preparation, a stack without teams): no
 # team is called this (team names are a-z, 0-9 and '-': infra/config.py), so no team role may set or stop it.
 STACK_TEAM = "_stack"
+# The service account a team's pods run as in its namespace on EKS: its Pod Identity association gives them the
+# team's S3 read role (infra/eks_teams.py), and a team's JobSet names it (trainer/jobs/jobset.py).
+TEAM_SERVICE_ACCOUNT = "trainer"
 # Each team's datasets and checkpoints live under teams/<name>/ of the stack's buckets.
 TEAMS_PREFIX = "teams/"
 

@@ -5,7 +5,8 @@ token    `k8s-aws-v1.` + base64url(an STS GetCallerIdentity URL presigned with t
          awscli/customizations/eks/get_token.py (TokenGenerator, STSClientFactory); no kubectl or AWS CLI needed.
          Valid 15 minutes from its signing, so a long `make logs FOLLOW=1` gets a fresh one before each request
          once the last is 13 minutes old (`BearerToken`).
-JobSets  create, read, list and delete in the stack's namespace; the logs of the pod of node rank 0.
+JobSets  create, read, list and delete in the stack's namespace, or a team's (trainer/jobs/teams.py job_namespace);
+         the logs of the pod of node rank 0.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trainer.aws.clients import client
 from trainer.aws.outputs import StackOutputs
 from trainer.contract.jobset import JOBSET_NAME_KEY
 from trainer.jobs.jobset import CONTAINER, JOBSET_API_VERSION
+from trainer.jobs.teams import job_namespace
 
 # aws/aws-cli 1.45.55 awscli/customizations/eks/get_token.py: TOKEN_PREFIX, K8S_AWS_ID_HEADER, URL_TIMEOUT (the
 # X-Amz-Expires it signs, 60: STS ignores it) and TOKEN_EXPIRATION_MINS (14: the expirationTimestamp it reports).
@@ -111,14 +113,11 @@ def cluster_problems(outputs: StackOutputs) -> list[str]:
 
 @dataclass
 class Cluster:
-    """The stack's API server and namespace, through the `kubernetes` client."""
+    """The stack's API server and the namespace of the jobs at hand, through the `kubernetes` client."""
 
     outputs: StackOutputs
     api: k8s.ApiClient
-
-    @property
-    def namespace(self) -> str:
-        return self.outputs["k8s_namespace"]
+    namespace: str
 
     def create_jobset(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self._call(
@@ -228,9 +227,12 @@ class Cluster:
             ) from None
 
 
-def connect(outputs: StackOutputs, clock: Callable[[], float] = time.monotonic) -> Cluster:
-    """A client for the stack's API server: its endpoint and CA from the outputs, a token from STS made fresh
-    before it expires (BearerToken)."""
+def connect(
+    outputs: StackOutputs, clock: Callable[[], float] = time.monotonic, *, team: str | None = None
+) -> Cluster:
+    """A client for the stack's API server in the namespace of `team`'s jobs (the stack's own for none): its
+    endpoint and CA from the outputs, a token from STS made fresh before it expires (BearerToken)."""
+    namespace = job_namespace(outputs, team)
     configuration = k8s.Configuration()
     configuration.host = outputs["eks_cluster_endpoint"]
     configuration.refresh_api_key_hook = BearerToken(outputs["eks_cluster_name"], outputs.region, clock)
@@ -247,7 +249,7 @@ def connect(outputs: StackOutputs, clock: Callable[[], float] = time.monotonic) 
         pem.write(ca)
     atexit.register(os.unlink, pem.name)
     configuration.ssl_ca_cert = pem.name
-    return Cluster(outputs, k8s.ApiClient(configuration))
+    return Cluster(outputs, k8s.ApiClient(configuration), namespace)
 
 
 def jobset_status(jobset: dict[str, Any]) -> str:

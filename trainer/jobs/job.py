@@ -2,7 +2,8 @@
 
 On a Batch stack a job is a Batch job; on an EKS stack it is a JobSet (its name is the job id) and the same lines
 come from the API server (trainer/jobs/eks.py): states in Batch's words, node rank 0's pod log, and cancel as a
-deletion (each pod gets SIGTERM, then the termination grace above the trainer's stop grace).
+deletion (each pod gets SIGTERM, then the termination grace above the trainer's stop grace). On an EKS stack with
+teams, TEAM= says whose namespace to look in (a team's role may read only its own).
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from trainer.aws.clients import batch_job_url, client, log_stream_url
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
-from trainer.contract.teams import job_team, run_path
+from trainer.contract.teams import TEAM_TAG, job_team, run_path
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cost_report
 from trainer.health.report import HEALTH_FILE, summary
+from trainer.jobs.teams import team_name_problems
 
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 TERMINAL = ("SUCCEEDED", "FAILED")
@@ -169,10 +172,11 @@ def cancel(outputs: StackOutputs, job_id: str) -> str:
 LIVE = tuple(status for status in STATUSES if status not in TERMINAL)
 
 
-def run_jobs(outputs: StackOutputs, run: str) -> list[tuple[str, str]]:
-    """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status)."""
+def run_jobs(outputs: StackOutputs, run: str, team: str | None = None) -> list[tuple[str, str]]:
+    """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status); on EKS those in
+    `team`'s namespace, where its run of that name would go."""
     if outputs.orchestrator == "eks":
-        return [(name, status) for name, status in _jobsets(outputs) if name == run]
+        return [(name, status) for name, status in _jobsets(outputs, team) if name == run]
     # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
     # Reference, ListJobs `filters`): the exact name is kept here.
     pages = (
@@ -186,15 +190,20 @@ def run_jobs(outputs: StackOutputs, run: str) -> list[tuple[str, str]]:
 
 
 def stop_and_wait(
-    outputs: StackOutputs, jobs: list[tuple[str, str]], reason: str, timeout_s: float, poll_s: float = 5.0
+    outputs: StackOutputs,
+    jobs: list[tuple[str, str]],
+    reason: str,
+    timeout_s: float,
+    poll_s: float = 5.0,
+    team: str | None = None,
 ) -> list[tuple[str, str]]:
     """Stop `jobs` and wait until each has ended (Batch) or is gone (EKS, where a JobSet's name stays taken until it
-    is deleted, so an ended one is deleted too); the jobs still there after `timeout_s`."""
+    is deleted, so an ended one is deleted too; in `team`'s namespace); the jobs still there after `timeout_s`."""
     eks = outputs.orchestrator == "eks"
     if eks:
         from trainer.jobs.eks import connect
 
-        cluster = connect(outputs)
+        cluster = connect(outputs, team=team)
         for name, _ in jobs:
             cluster.delete_jobset(name)  # each pod gets SIGTERM, then its termination grace
     else:
@@ -207,7 +216,7 @@ def stop_and_wait(
     deadline = time.monotonic() + timeout_s
     while True:
         if eks:
-            waiting = [(name, status) for name, status in _jobsets(outputs) if name in ids]
+            waiting = [(name, status) for name, status in _jobsets(outputs, team) if name in ids]
         else:
             found = client("batch", outputs.region).describe_jobs(jobs=ids)["jobs"]
             waiting = [(j["jobId"], j["status"]) for j in found if j["status"] not in TERMINAL]
@@ -216,16 +225,16 @@ def stop_and_wait(
         time.sleep(poll_s)
 
 
-def _jobsets(outputs: StackOutputs) -> list[tuple[str, str]]:
+def _jobsets(outputs: StackOutputs, team: str | None) -> list[tuple[str, str]]:
     from trainer.jobs.eks import connect, jobset_status
 
-    return [(str(js["metadata"]["name"]), jobset_status(js)) for js in connect(outputs).jobsets()]
+    return [(str(js["metadata"]["name"]), jobset_status(js)) for js in connect(outputs, team=team).jobsets()]
 
 
-def print_jobset_status(outputs: StackOutputs, name: str | None) -> None:
+def print_jobset_status(outputs: StackOutputs, name: str | None, team: str | None) -> None:
     from trainer.jobs.eks import connect, created_at, jobset_status, status_reason
 
-    cluster = connect(outputs)
+    cluster = connect(outputs, team=team)
     if name is None:
         jobsets = cluster.jobsets()[:10]
         if not jobsets:
@@ -244,16 +253,20 @@ def print_jobset_status(outputs: StackOutputs, name: str | None) -> None:
     print(f"  attempts: {js.get('status', {}).get('restarts', 0) + 1}")
     if pod := cluster.leader_pod(js):
         print(
-            f"  log:      pod {pod} in namespace {cluster.namespace} (make logs STACK={outputs.stack} JOB={name})"
+            f"  log:      pod {pod} in namespace {cluster.namespace} (make logs STACK={outputs.stack}"
+            f"{f' TEAM={team}' if team else ''} JOB={name})"
         )
     print(f"  cluster:  {outputs['eks_cluster_name']} (queue {outputs['kueue_local_queue']})")
-    print(f"  health:   {health_line(outputs, {'jobName': name})}")
+    # The run's files under its team's prefix: the JobSet's `team` label (trainer/jobs/jobset.py).
+    print(f"  health:   {health_line(outputs, {'jobName': name, 'tags': {TEAM_TAG: team}})}")
 
 
-def print_jobset_logs(outputs: StackOutputs, name: str | None, follow: bool, poll_s: float = 5.0) -> None:
+def print_jobset_logs(
+    outputs: StackOutputs, name: str | None, follow: bool, team: str | None, poll_s: float = 5.0
+) -> None:
     from trainer.jobs.eks import connect, jobset_status
 
-    cluster = connect(outputs)
+    cluster = connect(outputs, team=team)
     if name is None:
         jobsets = cluster.jobsets()
         if not jobsets:
@@ -272,10 +285,10 @@ def print_jobset_logs(outputs: StackOutputs, name: str | None, follow: bool, pol
         print(line)
 
 
-def cancel_jobset(outputs: StackOutputs, name: str) -> str:
+def cancel_jobset(outputs: StackOutputs, name: str, team: str | None) -> str:
     from trainer.jobs.eks import connect, jobset_status
 
-    cluster = connect(outputs)
+    cluster = connect(outputs, team=team)
     state = jobset_status(cluster.jobset(name))
     if state in TERMINAL:
         raise JobError(f"job {name} already ended ({state}); nothing to cancel")
@@ -291,6 +304,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--job", help="job id (default: the newest job in the stack's queue; cancel needs one)"
     )
     parser.add_argument("--follow", action="store_true", help="logs: keep printing until the job ends")
+    parser.add_argument(
+        "--team", help="on an EKS stack shared by teams: the team whose namespace holds the job (TEAM=)"
+    )
 
 
 @dataclass(frozen=True)
@@ -305,14 +321,16 @@ class _Backend:
     errors: tuple[type[Exception], ...]  # its client's failures, reported as one line
 
 
-def _backend(orchestrator: str) -> _Backend:
+def _backend(orchestrator: str, team: str | None) -> _Backend:
+    """On EKS the jobs of `team` (its namespace: trainer/jobs/teams.py job_namespace); Batch job ids are unique in
+    the stack's one queue, whoever's they are."""
     if orchestrator == "eks":
         from trainer.jobs.eks import ClusterError  # the Kubernetes client: only EKS stacks pay its import
 
         return _Backend(
-            print_jobset_status,
-            print_jobset_logs,
-            cancel_jobset,
+            partial(print_jobset_status, team=team),
+            partial(print_jobset_logs, team=team),
+            partial(cancel_jobset, team=team),
             "name",
             "deletion requested (was {was}); each pod gets SIGTERM, then SIGKILL after its termination grace",
             (ClusterError,),
@@ -330,7 +348,13 @@ def _backend(orchestrator: str) -> _Backend:
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
-        backend = _backend(outputs.orchestrator)
+        # A team's JobSets are in its namespace, so TEAM= is needed on an EKS stack with teams; on Batch it may
+        # be given (it must name a team of the stack) and changes nothing.
+        if (outputs.orchestrator == "eks" or args.team) and (
+            problems := team_name_problems(outputs, args.team)
+        ):
+            raise StackError("; ".join(problems))
+        backend = _backend(outputs.orchestrator, args.team)
     except StackError as error:
         print(f"{args.action}: {error}", file=sys.stderr)
         return 2

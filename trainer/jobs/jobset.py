@@ -27,18 +27,19 @@ from trainer.contract.gpu_nodes import GPU_TOLERATION
 from trainer.contract.image import efa_environment
 from trainer.contract.jobset import (
     JOBSET_NAME_KEY,
+    QUEUE_LABEL,
     REPLICATED_JOB,
     REPLICATED_JOB_ENV,
     REPLICATED_JOB_KEY,
 )
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG
+from trainer.jobs.teams import job_namespace
 from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
 
 # The pinned JobSet API (kubernetes-sigs/jobset v0.12.0, api/jobset/v1alpha2; ../shared/k8s-crds/).
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTAINER = "trainer"
-# Kueue admits a JobSet through this label (kueue v0.19.2 pkg/controller/constants/constants.go QueueLabel).
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RUN_LABEL = "trainstack.dev/run"
 # The EFA device plugin's resource and AWS's p5 pod example beside it (EKS user guide, ml/node-efa.adoc):
 # instances with the EFA driver pre-allocate 2 MiB hugepages, and a pod that asks for hugepages must ask for memory.
@@ -111,8 +112,10 @@ def jobset_manifest(
     environment: dict[str, str],
     outputs: StackOutputs,
     settings: JobSettings,
+    team: str | None = None,
 ) -> dict[str, Any]:
-    """The JobSet object for `run` on the stack, as the API server receives it."""
+    """The JobSet object for `run` on the stack (for `team`: in its namespace, as its service account, with its
+    `team` label), as the API server receives it."""
     if problems := jobset_name_problems(run, nodes):
         raise RenderError("; ".join(problems))
     instance = instance_type(outputs["instance_type"])
@@ -130,6 +133,10 @@ def jobset_manifest(
         JOB_QUEUE_ENV: outputs["kueue_local_queue"],  # the metrics' JobQueue dimension, as Batch's queue name
         **environment,
     }
+    # The team under Batch's `team` tag key (trainer/contract/teams.py TEAM_TAG); a job of no team has none, the
+    # stack's STACK_TEAM being no label value (one starts and ends with a letter or digit: Kubernetes "Labels and
+    # Selectors", syntax and character set).
+    labels = {RUN_LABEL: run, **({TEAM_TAG: team} if team else {})}
     from_annotation = {JOBSET_NAME_ENV: JOBSET_NAME_KEY, REPLICATED_JOB_ENV: REPLICATED_JOB_KEY}
     container = {
         "name": CONTAINER,
@@ -147,6 +154,8 @@ def jobset_manifest(
         ],
     }
     pod_spec = {
+        # A team's pods run as its service account, whose Pod Identity reads only its S3 prefix (infra/eks_teams.py).
+        **({"serviceAccountName": TEAM_SERVICE_ACCOUNT} if team else {}),
         "restartPolicy": "Never",  # a podFailurePolicy needs it; restarts are the JobSet's
         # Above the trainer's SIGTERM grace, by the margin the Batch nodes' ECS stop timeout keeps
         # (trainer/contract/container.py), so a cancelled or preempted pod saves before SIGKILL.
@@ -188,15 +197,16 @@ def jobset_manifest(
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]
         },
-        "template": {"metadata": {"labels": {RUN_LABEL: run}}, "spec": pod_spec},
+        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
     return {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": {
             "name": run,
-            "namespace": outputs["k8s_namespace"],
-            "labels": {QUEUE_LABEL: outputs["kueue_local_queue"], RUN_LABEL: run},
+            "namespace": job_namespace(outputs, team),
+            # Every team's LocalQueue has the stack's queue name: the namespace says whose quota (docs/eks.md#teams).
+            "labels": {QUEUE_LABEL: outputs["kueue_local_queue"], **labels},
         },
         "spec": {
             # Pods find node rank 0 by name, also before it is ready (both are JobSet's defaults, relied on here).

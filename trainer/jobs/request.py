@@ -87,4 +87,5 @@ def jobset_for(submission: Submission, outputs: StackOutputs, settings: JobSetti
         submission.environment,
         outputs,
         settings,
+        submission.team,
     )

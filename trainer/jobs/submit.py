@@ -38,7 +38,7 @@ from trainer.jobs.job import LIVE, run_jobs, stop_and_wait
 from trainer.jobs.jobset import RenderError, jobset_name_problems
 from trainer.jobs.request import Submission, batch_job_request, job_settings, jobset_for
 from trainer.jobs.residency import residency_problems
-from trainer.jobs.teams import team_problems
+from trainer.jobs.teams import job_namespace, team_problems
 from trainer.plan.command import plan_for
 from trainer.plan.performance import Assumptions
 
@@ -327,29 +327,25 @@ def submit(submission: Submission, outputs: StackOutputs) -> str:
     now = {**({IMAGE_DIGEST_ENV: digest} if digest else {}), SUBMITTED_AT_ENV: f"{time.time():.3f}"}
     submission = dataclasses.replace(submission, environment={**submission.environment, **now})
     if outputs.orchestrator == "eks":
-        return submit_jobset(jobset_for(submission, outputs, job_settings(outputs.stack)), outputs)
+        manifest = jobset_for(submission, outputs, job_settings(outputs.stack))
+        return submit_jobset(manifest, outputs, submission.team)
     request = batch_job_request(submission, outputs, job_definition_for(submission.image, outputs))
     return client("batch", outputs.region).submit_job(**request)["jobId"]
 
 
-def submit_jobset(manifest: dict[str, Any], outputs: StackOutputs) -> str:
-    """Create exactly `manifest` (what `make render` prints) in the stack's namespace."""
+def submit_jobset(manifest: dict[str, Any], outputs: StackOutputs, team: str | None = None) -> str:
+    """Create exactly `manifest` (what `make render` prints) in the stack's namespace, or `team`'s."""
     from trainer.jobs.eks import connect  # the kubernetes client only for EKS stacks
 
-    created = connect(outputs).create_jobset(manifest)
+    created = connect(outputs, team=team).create_jobset(manifest)
     return str(created["metadata"]["name"])
 
 
 def eks_problems(submission: Submission, outputs: StackOutputs) -> list[str]:
-    """What only an EKS stack refuses: a run name that is no DNS label, a team (teams are Batch's job queues)."""
+    """What only an EKS stack refuses: a run name that is no DNS label (TEAM= is checked as on Batch: plan)."""
     if outputs.orchestrator != "eks":
         return []
-    problems = jobset_name_problems(submission.run, submission.nodes)
-    if submission.team:
-        problems.append(
-            f"TEAM={submission.team}: teams share Batch job queues; an EKS stack has none (docs/eks.md)"
-        )
-    return problems
+    return jobset_name_problems(submission.run, submission.nodes)
 
 
 def print_jobset_submitted(submission: Submission, outputs: StackOutputs, name: str) -> None:
@@ -361,11 +357,11 @@ def print_jobset_submitted(submission: Submission, outputs: StackOutputs, name: 
         print(f"  layout:     {submission.planned_layout} (planned: docs/plan.md)")
     print(f"  job id:     {name}")
     print(f"  checkpoints {submission.run_dir}  (s3://{outputs['checkpoints_bucket']}/{submission.run_key})")
-    print(
-        f"  logs:       pod {name}-node-0-0 in namespace {outputs['k8s_namespace']}, once Kueue admits the JobSet"
-    )
+    namespace = job_namespace(outputs, submission.team)
+    team = f" TEAM={submission.team}" if submission.team else ""
+    print(f"  logs:       pod {name}-node-0-0 in namespace {namespace}, once Kueue admits the JobSet")
     print(f"  cluster:    {outputs['eks_cluster_name']} (queue {outputs['kueue_local_queue']})")
-    print(f"follow it:    make logs STACK={outputs.stack} JOB={name} FOLLOW=1")
+    print(f"follow it:    make logs STACK={outputs.stack}{team} JOB={name} FOLLOW=1")
 
 
 # One job per run (issue 40): how often --replace looks whether the old job has ended, and how long beyond the
@@ -377,16 +373,17 @@ REPLACE_SLACK_S = 120.0
 def make_way(submission: Submission, outputs: StackOutputs, *, replace: bool, dry_run: bool) -> None:
     """A run's jobs all write its run directory, so one at a time: refuse while a job of this run is queued or
     running; with --replace stop it first and wait until it has ended (its run lock goes with its processes)."""
-    jobs = run_jobs(outputs, submission.run)
+    jobs = run_jobs(outputs, submission.run, submission.team)
     live = [(job, status) for job, status in jobs if status in LIVE]
     stack, run = outputs.stack, submission.run
+    team = f" TEAM={submission.team}" if submission.team else ""
     if live and not replace:
         raise SubmitError(
             [
                 f"RUN={run}: job {job} of this run is {status} on stack {stack}, and would share "
-                f"{submission.run_dir} with this one. Wait for it (make status STACK={stack} JOB={job}), stop it "
-                f"(make cancel STACK={stack} JOB={job}), or replace it: make train STACK={stack} RUN={run} "
-                "REPLACE=1 (stops it, then submits)"
+                f"{submission.run_dir} with this one. Wait for it (make status STACK={stack}{team} JOB={job}), "
+                f"stop it (make cancel STACK={stack}{team} JOB={job}), or replace it: make train STACK={stack}"
+                f"{team} RUN={run} REPLACE=1 (stops it, then submits)"
                 for job, status in live
             ]
         )
@@ -400,7 +397,7 @@ def make_way(submission: Submission, outputs: StackOutputs, *, replace: bool, dr
     grace = job_settings(stack).stop_grace_seconds + REPLACE_SLACK_S
     print(f"replacing run {run!r}: stopping {', '.join(f'{job} ({status})' for job, status in old)}")
     reason = f"replaced by a new submission of run {run} (make train REPLACE=1)"
-    if left := stop_and_wait(outputs, old, reason, grace, REPLACE_POLL_S):
+    if left := stop_and_wait(outputs, old, reason, grace, REPLACE_POLL_S, submission.team):
         raise SubmitError(
             [
                 f"RUN={run}: job {job} is still {status} {grace:g} s after it was told to stop; submit again once "

@@ -6,17 +6,22 @@ SubmitJob, `shareIdentifier`: required on a queue with a scheduling policy) or w
 teams takes no TEAM. Batch has no per-share GPU ceiling, so the team's `gpuQuota` is checked here against this
 job's GPUs. Every job carries a `team` tag from its submission on (a team's name, or the stack's own STACK_TEAM), so
 no team role can tag it afterwards (infra/teams.py).
+
+On an EKS stack with teams the same TEAM= picks the namespace a job goes to and is found in (`job_namespace`):
+the team's, where its LocalQueue feeds its ClusterQueue and its service account reads its S3 prefix
+(infra/eks_teams.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.aws.outputs import StackOutputs
+from trainer.aws.outputs import StackError, StackOutputs
 from trainer.contract.teams import STACK_TEAM, TEAM_TAG
 
 
-def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
+def team_name_problems(outputs: StackOutputs, team: str | None) -> list[str]:
+    """TEAM= against the stack's teams: required on a stack with teams, one of them, and absent on one without."""
     listed = outputs.values.get("teams")
     teams = [str(t) for t in listed] if isinstance(listed, list) else []
     if not teams:
@@ -29,6 +34,15 @@ def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[s
         return [f"stack {outputs.stack!r} is shared by teams {', '.join(teams)}: say which with TEAM=<name>"]
     if team not in teams:
         return [f"TEAM={team}: not a team of stack {outputs.stack!r}; its teams are {', '.join(teams)}"]
+    return []
+
+
+def team_problems(outputs: StackOutputs, team: str | None, nodes: int) -> list[str]:
+    """TEAM= for a job of `nodes` nodes: a team of the stack, with the GPUs within its quota."""
+    if problems := team_name_problems(outputs, team):
+        return problems
+    if team is None:
+        return []
     quotas = outputs.values.get("team_gpu_quotas")
     quota: int | None = (int(quotas.get(team, 0)) if isinstance(quotas, dict) else 0) or None
     gpus = nodes * outputs.gpus_per_node
@@ -63,3 +77,17 @@ def team_submit_arguments(team: str | None) -> dict[str, Any]:
         "schedulingPriorityOverride": FAIR_SHARE_PRIORITY,
         "tags": team_tags(team),
     }
+
+
+def job_namespace(outputs: StackOutputs, team: str | None) -> str:
+    """Where an EKS stack's JobSets of `team` live: the team's namespace (stack output `team_namespaces`,
+    infra/eks_teams.py), or the stack's own for a stack without teams."""
+    if not team:
+        return str(outputs["k8s_namespace"])
+    namespaces = outputs.values.get("team_namespaces")
+    if not isinstance(namespaces, dict) or team not in namespaces:
+        raise StackError(
+            f"stack {outputs.stack}: output team_namespaces has no namespace for team {team!r}; run make up "
+            "with this checkout"
+        )
+    return str(namespaces[team])
