@@ -1,0 +1,139 @@
+"""`make sweep STACK=<env> TRIALS=32 PARALLEL=4` against the moto stack (tests/jobs/conftest.py): one Batch array job
+of sweep workers on the single-node GPU queue, found again by name instead of submitted twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.aws.outputs import load_outputs
+from trainer.jobs.sweep import follow
+
+from .conftest import IMAGE_TAG
+
+TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
+
+
+@pytest.fixture
+def sweep_stack(stack):
+    """What infra/cluster.py `_spot` adds, in moto: the Spot queue and its single-node GPU job definition."""
+    batch = stack.client("batch")
+    environment = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentArn"]
+    batch.create_job_queue(
+        jobQueueName="spot-queue",
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+    )
+    definition = batch.register_job_definition(
+        jobDefinitionName="trainstack-test-spot",
+        type="container",
+        containerProperties={
+            "image": f"{stack.outputs['ecr_repository_url']}:latest",
+            "command": ["train", "--help"],
+            "resourceRequirements": [
+                {"type": "VCPU", "value": "188"},
+                {"type": "MEMORY", "value": "1900000"},
+                {"type": "GPU", "value": "8"},
+            ],
+        },
+        propagateTags=True,
+    )["jobDefinitionArn"]
+    stack.outputs.update(spot_job_queue="spot-queue", spot_job_definition=definition, **TEAMS)
+    stack.outputs_file.write_text(json.dumps(stack.outputs))
+    return stack
+
+
+def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(sweep_stack):
+    args = ("TRIALS=32", "PARALLEL=4", "MAX_DOLLARS=500", "TEAM=vision", f"IMAGE={IMAGE_TAG}", "NAME=lr")
+    result = sweep_stack.make("sweep", *args, "ARGS=--no-follow")
+    assert result.returncode == 0, result.stderr
+    assert "submitted sweep-lr-32" in result.stdout
+    [request] = sweep_stack.requests("SubmitJob")
+    assert request["jobName"] == "sweep-lr-32"
+    assert request["jobQueue"] == "spot-queue"
+    assert request["arrayProperties"] == {"size": 4}
+    # The single-node definition, at a revision naming the pushed image (trainer/jobs/submit.py job_definition_for).
+    [definition] = sweep_stack.client("batch").describe_job_definitions(
+        jobDefinitions=[request["jobDefinition"]]
+    )["jobDefinitions"]
+    assert definition["jobDefinitionName"] == "trainstack-test-spot"
+    assert definition["containerProperties"]["image"].endswith(f":{IMAGE_TAG}")
+    study = "/fsx/checkpoints/teams/vision/sweeps/lr"
+    assert request["containerOverrides"]["command"] == [
+        "sweep-worker",
+        "--sweep",
+        "trainer/configs/local-sweep.yaml",
+        "--name",
+        "lr",
+        "--dir",
+        study,
+        "--trials",
+        "32",
+        "--max-dollars",
+        "500",
+    ]
+    environment = {e["name"]: e["value"] for e in request["containerOverrides"]["environment"]}
+    assert environment == {"TRAINSTACK_SWEEP": "lr", "TRAINSTACK_IMAGE_TAG": IMAGE_TAG}
+    # The team's tag, share and priority, as every job of a team carries (trainer/jobs/teams.py).
+    assert request["tags"] == {
+        "trainstack:run": "sweep-lr-32",
+        "trainstack:stack": "test",
+        "team": "vision",
+    }
+    assert request["shareIdentifier"] == "vision" and request["schedulingPriorityOverride"] == 0
+    assert request["propagateTags"] is True
+
+    # The driver interrupted and run again: the job is found by its name, not submitted a second time.
+    again = sweep_stack.make("sweep", *args, "ARGS=--poll 0.2")
+    assert len(sweep_stack.requests("SubmitJob")) == 1
+    assert "sweep-lr-32 (" in again.stdout and "submitted" not in again.stdout, again.stdout
+    # Another TRIALS is another array job on the same study (it resumes there).
+    more = sweep_stack.make("sweep", *args[1:], "TRIALS=40", "ARGS=--no-follow")
+    assert more.returncode == 0, more.stderr
+    assert [r["jobName"] for r in sweep_stack.requests("SubmitJob")] == ["sweep-lr-32", "sweep-lr-40"]
+
+
+def test_following_prints_the_array_jobs_status_until_it_ends(sweep_stack, capsys):
+    result = sweep_stack.make(
+        "sweep", "TRIALS=8", "PARALLEL=2", f"IMAGE={IMAGE_TAG}", "TEAM=speech", "ARGS=--no-follow"
+    )
+    assert result.returncode == 0, result.stderr
+    [request] = sweep_stack.requests("SubmitJob")
+    outputs = load_outputs("test", sweep_stack.outputs_file)
+    jobs = sweep_stack.client("batch").list_jobs(
+        jobQueue="spot-queue", filters=[{"name": "JOB_NAME", "values": [request["jobName"]]}]
+    )["jobSummaryList"]
+    status = follow(outputs, jobs[0]["jobId"], poll_s=0.2)
+    assert status in ("SUCCEEDED", "FAILED")
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-1].startswith(f"{request['jobName']}: {status}")
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        (("PARALLEL=9", "TRIALS=8"), "PARALLEL=9: give 1 to 8 (at most TRIALS=8)"),
+        (("NAME=lr.v2",), "NAME='lr.v2': on a stack use letters, digits, '-' and '_'"),
+        (("SWEEP=tests/support/tiny.yaml",), "the image carries trainer/ only"),
+        (("TEAM=audio",), "TEAM=audio: not a team of stack 'test'"),
+        (
+            ("PARALLEL=2", "TEAM=vision", "TRIALS=2", "ARGS=--set schedule.train_iters=0"),
+            "schedule.train_iters",
+        ),
+    ],
+)
+def test_bad_sweeps_are_refused_before_anything_is_submitted(sweep_stack, variables, message):
+    result = sweep_stack.make("sweep", f"IMAGE={IMAGE_TAG}", "TEAM=vision", *variables)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert sweep_stack.requests("SubmitJob") == []
+
+
+def test_a_stack_without_a_single_node_queue_is_refused(stack):
+    stack.outputs_file.write_text(json.dumps(stack.outputs))
+    result = stack.make("sweep", f"IMAGE={IMAGE_TAG}", "PARALLEL=2")
+    assert result.returncode == 2
+    assert "has no single-node GPU queue (spot_job_queue, spot_job_definition)" in result.stderr
+    assert stack.requests("SubmitJob") == []
