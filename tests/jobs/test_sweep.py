@@ -4,20 +4,23 @@ of sweep workers on the single-node GPU queue, found again by name instead of su
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from trainer.aws.outputs import load_outputs
 from trainer.jobs.sweep import follow
 
-from .conftest import IMAGE_TAG
+from .conftest import IMAGE_TAG, Stack
+from .test_one_job_per_run import _job
 
 TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
 
 
-@pytest.fixture
-def sweep_stack(stack):
-    """What infra/cluster.py `_spot` adds, in moto: the Spot queue and its single-node GPU job definition."""
+def with_single_node_queue(stack: Stack) -> None:
+    """What infra/cluster.py `_spot` adds, in moto: the Spot queue and its single-node GPU job definition; and
+    teams."""
     batch = stack.client("batch")
     environment = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentArn"]
     batch.create_job_queue(
@@ -42,6 +45,18 @@ def sweep_stack(stack):
     )["jobDefinitionArn"]
     stack.outputs.update(spot_job_queue="spot-queue", spot_job_definition=definition, **TEAMS)
     stack.outputs_file.write_text(json.dumps(stack.outputs))
+
+
+def request_job_id(stack: Stack, name: str) -> str:
+    found = stack.client("batch").list_jobs(
+        jobQueue="spot-queue", filters=[{"name": "JOB_NAME", "values": [name]}]
+    )
+    return str(found["jobSummaryList"][0]["jobId"])
+
+
+@pytest.fixture
+def sweep_stack(stack):
+    with_single_node_queue(stack)
     return stack
 
 
@@ -85,10 +100,33 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     assert request["shareIdentifier"] == "vision" and request["schedulingPriorityOverride"] == 0
     assert request["propagateTags"] is True
 
-    # The driver interrupted and run again: the job is found by its name, not submitted a second time.
+    # The driver interrupted and run again while the workers run: the job is found by its name and followed, not
+    # submitted a second time (moto ends a job at once: it is held RUNNING here, then ended while followed).
+    job = _job(request_job_id(sweep_stack, "sweep-lr-32"))
+    deadline = time.monotonic() + 30
+    while job.status != "SUCCEEDED":
+        assert time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    job.status, job.job_stopped = "RUNNING", False
+
+    def end_once_followed() -> None:  # the follower's first DescribeJobs has seen it RUNNING
+        deadline = time.monotonic() + 60
+        while not sweep_stack.recorded("describejobs") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job.status = "SUCCEEDED"
+
+    ender = threading.Thread(target=end_once_followed)
+    ender.start()
     again = sweep_stack.make("sweep", *args, "ARGS=--poll 0.2")
+    ender.join()
+    assert again.returncode == 0, again.stderr
     assert len(sweep_stack.requests("SubmitJob")) == 1
-    assert "sweep-lr-32 (" in again.stdout and "submitted" not in again.stdout, again.stdout
+    assert f"following sweep-lr-32 ({job.job_id}, RUNNING), submitted before" in again.stdout
+    assert again.stdout.rstrip().splitlines()[-1].startswith("sweep-lr-32: SUCCEEDED")
+    # Once it has ended well, the same command reports it and submits nothing.
+    done = sweep_stack.make("sweep", *args, "ARGS=--no-follow")
+    assert f"sweep-lr-32 ({job.job_id}) already ended: SUCCEEDED" in done.stdout
+    assert len(sweep_stack.requests("SubmitJob")) == 1
     # Another TRIALS is another array job on the same study (it resumes there).
     more = sweep_stack.make("sweep", *args[1:], "TRIALS=40", "ARGS=--no-follow")
     assert more.returncode == 0, more.stderr
@@ -102,10 +140,7 @@ def test_following_prints_the_array_jobs_status_until_it_ends(sweep_stack, capsy
     assert result.returncode == 0, result.stderr
     [request] = sweep_stack.requests("SubmitJob")
     outputs = load_outputs("test", sweep_stack.outputs_file)
-    jobs = sweep_stack.client("batch").list_jobs(
-        jobQueue="spot-queue", filters=[{"name": "JOB_NAME", "values": [request["jobName"]]}]
-    )["jobSummaryList"]
-    status = follow(outputs, jobs[0]["jobId"], poll_s=0.2)
+    status = follow(outputs, request_job_id(sweep_stack, request["jobName"]), poll_s=0.2)
     assert status in ("SUCCEEDED", "FAILED")
     printed = capsys.readouterr().out
     assert printed.rstrip().splitlines()[-1].startswith(f"{request['jobName']}: {status}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.aws.clients import batch_job_url, client
+from trainer.aws.clients import client
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.config import ConfigError
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
@@ -219,7 +219,6 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"  study:    {plan.directory} (FSx; the checkpoints bucket's {run_path('sweeps', plan.team)}/{plan.name}/)"
     )
-    print(f"  console:  {batch_job_url(outputs.region, job_id)}")
     if args.no_follow:
         return 0
     try:

@@ -74,9 +74,14 @@ def work(
         objective = trial_objective(
             sweep, name, directory, console, command, timeout_s, worker=worker, extra=extra
         )
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,))
-        last = study.trials[-1]
-        console.print(f"worker {worker}: trial {last.number} {last.state.name.lower()}")
+        study.optimize(
+            objective,
+            n_trials=1,
+            catch=(TrialFailed,),
+            callbacks=[
+                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}")
+            ],
+        )
     console.print(f"worker {worker}: sweep {name} stops: {reason}")
     return reason
 
