@@ -12,7 +12,7 @@ import pytest
 from trainer.aws.outputs import load_outputs
 from trainer.jobs.sweep import follow
 
-from .conftest import IMAGE_TAG, Stack
+from .conftest import IMAGE_TAG, Stack, add_container_queue
 from .test_one_job_per_run import _job
 
 TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
@@ -21,28 +21,13 @@ TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speec
 def with_single_node_queue(stack: Stack) -> None:
     """What infra/cluster.py `_spot` adds, in moto: the Spot queue and its single-node GPU job definition; and
     teams."""
-    batch = stack.client("batch")
-    environment = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentArn"]
-    batch.create_job_queue(
-        jobQueueName="spot-queue",
-        state="ENABLED",
-        priority=1,
-        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+    definition = add_container_queue(
+        stack,
+        "spot-queue",
+        "trainstack-test-spot",
+        ["train", "--help"],
+        {"VCPU": 188, "MEMORY": 1900000, "GPU": 8},
     )
-    definition = batch.register_job_definition(
-        jobDefinitionName="trainstack-test-spot",
-        type="container",
-        containerProperties={
-            "image": f"{stack.outputs['ecr_repository_url']}:latest",
-            "command": ["train", "--help"],
-            "resourceRequirements": [
-                {"type": "VCPU", "value": "188"},
-                {"type": "MEMORY", "value": "1900000"},
-                {"type": "GPU", "value": "8"},
-            ],
-        },
-        propagateTags=True,
-    )["jobDefinitionArn"]
     stack.outputs.update(spot_job_queue="spot-queue", spot_job_definition=definition, **TEAMS)
     stack.outputs_file.write_text(json.dumps(stack.outputs))
 
@@ -122,7 +107,7 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     assert again.returncode == 0, again.stderr
     assert len(sweep_stack.requests("SubmitJob")) == 1
     assert f"following sweep-lr-32 ({job.job_id}, RUNNING), submitted before" in again.stdout
-    assert again.stdout.rstrip().splitlines()[-1].startswith("sweep-lr-32: SUCCEEDED")
+    assert again.stdout.rstrip().splitlines()[-1] == "sweep-lr-32: SUCCEEDED: 4 succeeded"  # the children too
     # Once it has ended well, the same command reports it and submits nothing.
     done = sweep_stack.make("sweep", *args, "ARGS=--no-follow")
     assert f"sweep-lr-32 ({job.job_id}) already ended: SUCCEEDED" in done.stdout
