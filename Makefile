@@ -121,18 +121,27 @@ serve: $(VENV)/.dev-installed ## Serve a model version (MODEL=<tag or version>) 
 # make sweep: a hyperparameter sweep on this machine (trainer/sweep/, docs/automl.md): SWEEP picks the sweep YAML,
 # TRIALS how many finished trials to reach, NAME the study (runs/sweeps/<name>/; the same NAME again resumes),
 # REGISTER=<tag> points a model tag at the best trial's checkpoint, MLFLOW=1 logs each trial to MLflow (runs/mlflow.db;
-# MLFLOW=<uri> another store), ARGS passes more (e.g. --set ...).
+# MLFLOW=<uri> another store), ARGS passes more (e.g. --set ...). STACK=<env> runs it on that stack (trainer/jobs/sweep.py):
+# PARALLEL workers as one Batch array job sharing the study on FSx, MAX_DOLLARS the sweep's one cap, TEAM, IMAGE.
 SWEEP    ?= trainer/configs/local-sweep.yaml
 TRIALS   ?=
 NAME     ?=
 REGISTER ?=
 MLFLOW   ?=
+PARALLEL ?= 1
+MAX_DOLLARS ?=
 
 .PHONY: sweep
-sweep: $(VENV)/.train-installed ## Hyperparameter sweep (Optuna: TPE, pruned on validation loss), each trial a real trainer run; resumes
+sweep: $(VENV)/.train-installed ## Hyperparameter sweep (Optuna: TPE, pruned on validation loss), each trial a real trainer run; resumes; STACK=<env> PARALLEL=N on a stack
+ifneq ($(STACK),)
+	$(PY) -m trainer sweep-stack $(STACK_ARGS) --sweep "$(SWEEP)" $(if $(TRIALS),--trials $(TRIALS)) $(if $(NAME),--name "$(NAME)") \
+	  --parallel "$(PARALLEL)" $(if $(MAX_DOLLARS),--max-dollars "$(MAX_DOLLARS)") $(if $(TEAM),--team "$(TEAM)") \
+	  $(if $(IMAGE),--image "$(IMAGE)") $(ARGS)
+else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
 	$(PY) -m trainer sweep --sweep "$(SWEEP)" $(if $(TRIALS),--trials $(TRIALS)) $(if $(NAME),--name "$(NAME)") \
 	  $(if $(REGISTER),--register "$(REGISTER)") $(if $(MLFLOW),--mlflow $(filter-out 1,$(MLFLOW))) $(ARGS)
+endif
 
 .PHONY: bench
 # bench's serving section drives `trainer serve` with the openai client, as make serve does (requirements/dev.txt).

@@ -47,6 +47,14 @@ VERBS: dict[str, tuple[str, str]] = {
         "trainer.sweep.command",
         "a hyperparameter sweep (Optuna: TPE, pruning on validation loss), each trial a trainer run; resumes",
     ),
+    "sweep-worker": (
+        "trainer.sweep.worker",
+        "one worker of a sweep shared by several: trials from the shared study until its trials or its dollar cap",
+    ),
+    "sweep-stack": (
+        "trainer.jobs.sweep",
+        "a sweep on a stack: its workers as one array job of the queue; follows it, found again by name",
+    ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
     "bench": (
         "trainer.bench.command",

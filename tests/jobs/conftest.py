@@ -82,6 +82,31 @@ class Stack:
         ]
 
 
+def add_container_queue(
+    stack: Stack, queue: str, definition: str, command: list[str], resources: dict
+) -> str:
+    """A queue on the stack's compute environment and a single-node (container) job definition, as infra/ makes
+    the data and Spot queues; the definition's ARN."""
+    batch = stack.client("batch")
+    environment = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentArn"]
+    batch.create_job_queue(
+        jobQueueName=queue,
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+    )
+    return batch.register_job_definition(
+        jobDefinitionName=definition,
+        type="container",
+        containerProperties={
+            "image": f"{stack.outputs['ecr_repository_url']}:latest",
+            "command": command,
+            "resourceRequirements": [{"type": k, "value": str(v)} for k, v in resources.items()],
+        },
+        propagateTags=True,
+    )["jobDefinitionArn"]
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     JobDefinition.describe = _describe_with_node_properties

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+import requests
 
 from .conftest import DATASET, TOKENIZER, Stack
+from .test_sweep import with_single_node_queue
 
 CONFIG = "trainer/configs/llama3-8b.yaml"
 DATA_ARGS = f"ARGS=--set data.prefixes=[{DATASET}] --set data.tokenizer_path={TOKENIZER}"
@@ -24,7 +26,7 @@ class Row:
     says: str
     setup: Callable[[Stack], None] | None = None
     exit_status: int = 2  # the verb's; make itself then exits 2 as well
-    target: str = "train"  # or finetune: `make finetune STACK=` (trainer/jobs/finetune.py)
+    target: str = "train"  # or finetune (trainer/jobs/finetune.py), deploy, sweep (trainer/jobs/sweep.py)
 
 
 def run_in_flight(stack: Stack) -> None:
@@ -47,6 +49,13 @@ def shared_by_teams(stack: Stack) -> None:
     stack.outputs_file.write_text(
         json.dumps({**stack.outputs, "teams": ["vision"], "team_gpu_quotas": {"vision": 8}})
     )
+
+
+def single_node_queue(stack: Stack) -> None:
+    """The Spot queue and its definition (tests/jobs/test_sweep.py), their creation left out of the recording."""
+    with_single_node_queue(stack)
+    requests.post(f"{stack.endpoint}/moto-api/recorder/reset-recording", timeout=10)
+    requests.post(f"{stack.endpoint}/moto-api/recorder/start-recording", timeout=10)
 
 
 def datasets_in_another_region(stack: Stack) -> None:
@@ -194,6 +203,18 @@ ROWS = {
         ("IMAGE=0123456789ab", "DATASET=chat-v3"),
         "DATASET=chat-v3: s3://trainstack-test-datasets/chat-v3/chat-v3.bin, ",
         target="finetune",
+    ),
+    "sweep-stack-without-single-node-queue": Row(
+        ("IMAGE=0123456789ab", "PARALLEL=2"),
+        "stack 'test' has no single-node GPU queue (spot_job_queue, spot_job_definition): a sweep's workers are "
+        "one node each",
+        target="sweep",
+    ),
+    "sweep-stack-parallel-above-trials": Row(
+        ("IMAGE=0123456789ab", "TRIALS=8", "PARALLEL=9", "TEAM=vision"),
+        "PARALLEL=9: give 1 to 8 (at most TRIALS=8)",
+        single_node_queue,
+        target="sweep",
     ),
     "finetune-suite-outside-the-image": Row(
         ("IMAGE=0123456789ab", "SUITE=/tmp/suite.yaml"),

@@ -26,7 +26,7 @@ from trainer.jobs.data import (
     vcpu_hours,
 )
 
-from .conftest import IMAGE_TAG
+from .conftest import IMAGE_TAG, add_container_queue
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DATA_VCPUS = 8
@@ -34,26 +34,13 @@ DATA_VCPUS = 8
 
 def add_data_queue(stack) -> None:
     """What infra/data_prep.py creates, in moto: the CPU queue and the container job definition."""
-    batch = stack.client("batch")
-    environment = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentArn"]
-    batch.create_job_queue(
-        jobQueueName="data-queue",
-        state="ENABLED",
-        priority=1,
-        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+    definition = add_container_queue(
+        stack,
+        "data-queue",
+        "trainstack-test-data",
+        ["prepare", "--help"],
+        {"VCPU": DATA_VCPUS, "MEMORY": DATA_VCPUS * 1945},
     )
-    definition = batch.register_job_definition(
-        jobDefinitionName="trainstack-test-data",
-        type="container",
-        containerProperties={
-            "image": f"{stack.outputs['ecr_repository_url']}:latest",
-            "command": ["prepare", "--help"],
-            "resourceRequirements": [
-                {"type": "VCPU", "value": str(DATA_VCPUS)},
-                {"type": "MEMORY", "value": str(DATA_VCPUS * 1945)},
-            ],
-        },
-    )["jobDefinitionArn"]
     stack.outputs.update(data_job_queue="data-queue", data_job_definition=definition)
     stack.outputs_file.write_text(json.dumps(stack.outputs))
 

@@ -3,7 +3,8 @@ writes metrics.jsonl as the trainer does (a validation loss every 10 steps, with
 
 Its validation loss at step s falls as 1/s towards a floor set by how far log10(optimizer.lr) is from -2.5, so a
 trial's early values already rank it. optimizer.lr above `crash_above` (another override) makes it exit 3 after
-step 10, as a crashing trainer would."""
+step 10, as a crashing trainer would. `dollars_per_trial` (another override) makes it write, as it starts, a
+ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py)."""
 
 import json
 import math
@@ -16,6 +17,10 @@ run_dir = Path(settings["logging.run_dir"])
 run_dir.mkdir(parents=True, exist_ok=True)
 lr = float(settings["optimizer.lr"])
 iters = int(settings.get("schedule.train_iters", 60))
+if "dollars_per_trial" in settings:
+    print(f"objective: budget.max_dollars={settings.get('budget.max_dollars')}", flush=True)
+    (run_dir / "ledger.json.tmp").write_text(json.dumps({"dollars": float(settings["dollars_per_trial"])}))
+    (run_dir / "ledger.json.tmp").rename(run_dir / "ledger.json")
 floor = 5.0 + (math.log10(lr) + 2.5) ** 2
 with (run_dir / "metrics.jsonl").open("a") as metrics:
     for step in range(0, iters + 1, 10):

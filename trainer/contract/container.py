@@ -20,6 +20,9 @@ STOP_GRACE_SECONDS: int = int(_SETTINGS["TRAINSTACK_STOP_GRACE_SECONDS"])
 # checkpoint it publishes carries both (trainer/checkpoint/version.py).
 IMAGE_TAG_ENV = "TRAINSTACK_IMAGE_TAG"
 IMAGE_DIGEST_ENV = "TRAINSTACK_IMAGE_DIGEST"
+# Batch sets it in each child of an array job, from 0 (Batch user guide, "AWS Batch job environment variables"):
+# a data shard's (trainer/jobs/data.py) or a sweep worker's (trainer/sweep/worker.py) index.
+ARRAY_INDEX_ENV = "AWS_BATCH_JOB_ARRAY_INDEX"
 # The submitter's clock at submission: where a run's ledger starts its queue wait (trainer/cost/ledger.py).
 SUBMITTED_AT_ENV = "TRAINSTACK_SUBMITTED_AT"
 # What only the moment of submission knows (an ECR lookup, the clock): `make render` prints the object without them

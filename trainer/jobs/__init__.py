@@ -12,6 +12,7 @@ smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket
 data     `make data STACK=<env>`: prepare shards as a Batch array job on the CPU queue, merge, publish a version
+sweep    `make sweep STACK=<env> PARALLEL=N`: a sweep's workers as one Batch array job sharing the study on FSx
 audit      `make audit`: who submitted, cancelled and changed what, newest first
 k8s_audit  an EKS stack's control plane audit log for `make audit`: writes in the cluster, who made them
 residency  the run's buckets in the stack's allowed regions, checked before a submit

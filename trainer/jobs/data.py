@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainer.aws.clients import client
 from trainer.aws.outputs import StackError, StackOutputs, load_outputs
+from trainer.contract.container import ARRAY_INDEX_ENV
 from trainer.data import DataError
 from trainer.data.manifest import DatasetFiles
 from trainer.data.sources import DEFAULT_GLOBS
@@ -49,7 +50,7 @@ MAX_ARRAY_SIZE = 10_000
 DEFAULT_SHARD_MB = 256
 STAGING = ".staging"
 SOURCES = ".sources"
-ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
+ARRAY_INDEX = ARRAY_INDEX_ENV
 
 
 class DataJobError(RuntimeError):

@@ -172,9 +172,12 @@ def cancel(outputs: StackOutputs, job_id: str) -> str:
 LIVE = tuple(status for status in STATUSES if status not in TERMINAL)
 
 
-def run_jobs(outputs: StackOutputs, run: str, team: str | None = None) -> list[tuple[str, str]]:
-    """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status); on EKS those in
-    `team`'s namespace, where its run of that name would go."""
+def run_jobs(
+    outputs: StackOutputs, run: str, team: str | None = None, queue: str = "job_queue"
+) -> list[tuple[str, str]]:
+    """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status); on Batch those
+    of the queue the stack output `queue` names, on EKS those in `team`'s namespace, where its run of that name
+    would go."""
     if outputs.orchestrator == "eks":
         return [(name, status) for name, status in _jobsets(outputs, team) if name == run]
     # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
@@ -182,7 +185,7 @@ def run_jobs(outputs: StackOutputs, run: str, team: str | None = None) -> list[t
     pages = (
         client("batch", outputs.region)
         .get_paginator("list_jobs")
-        .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [run]}])
+        .paginate(jobQueue=outputs[queue], filters=[{"name": "JOB_NAME", "values": [run]}])
     )
     return [
         (j["jobId"], j["status"]) for page in pages for j in page["jobSummaryList"] if j["jobName"] == run

@@ -6,4 +6,5 @@ a real trainer run, pruned on the validation loss it logs. Above config, models,
     study     the study in its journal file under runs/sweeps/<name>/: resume, TPE, the pruner, the trial loop
     report    the table of trials, the plots (PNG), the best trial's --set lines and YAML
     command   `python -m trainer sweep`
+    worker    `python -m trainer sweep-worker`: one of several workers sharing the study (a stack's array job), under one dollar cap
 """

@@ -23,7 +23,8 @@ SWEEPS = Path("runs/sweeps")
 JOURNAL = "study.journal"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # User attributes each trial carries (the table, the report and the benchmark read them).
-RUN_DIR, STEPS, ERROR, LOG = "run_dir", "steps", "error", "log"
+RUN_DIR, STEPS, ERROR, LOG, WORKER = "run_dir", "steps", "error", "log", "worker"
+WORKER_SEEDS = 100_003  # a worker's sampler seed is moved on by this many per worker index
 INTERRUPTED = "interrupted: the sweep's driver stopped"  # such a trial runs again and is not counted
 
 
@@ -34,15 +35,27 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own
 
 def storage(directory: Path) -> JournalStorage:
     """The study's journal, an append-only file; Optuna's own lock (a symlink beside it) orders its writers
-    (optuna/storages/journal/_file.py, JournalFileBackend, v5.1.0)."""
+    (optuna/storages/journal/_file.py, JournalFileBackend, v5.1.0).
+
+    On a stack the directory is on FSx for Lustre, shared by every node's worker (trainer/sweep/worker.py). The
+    journal needs no fcntl() lock (the reason Optuna made it: SQLite's fcntl locking is broken on many NFS, Optuna
+    docs, JournalFileBackend); its JournalFileSymlinkLock takes the lock by creating a symlink, an exclusive create
+    that works "for NFSv2 or later" (Optuna docs, JournalFileSymlinkLock), and on Lustre, a POSIX file system whose
+    namespace is kept coherent across clients by its metadata server, a create of a name that exists fails on every
+    node alike. The nodes also mount with `flock` (infra/node_bootstrap.py, infra/cluster_software.py: flock/fcntl
+    locks coherent across clients, mount.lustre(8)), which the symlink lock does not need but SQLite would."""
     directory.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(str(directory / JOURNAL)))
 
 
-def open_study(sweep: Sweep, name: str, directory: Path) -> optuna.Study:
+def open_study(sweep: Sweep, name: str, directory: Path, worker: int | None = None) -> optuna.Study:
+    """The study, made or resumed. A driver alone on it (`worker` None) takes every trial left running as its own
+    interrupted one; a worker sharing it with others (trainer/sweep/worker.py) only those it ran itself, and draws
+    from a seed of its own so that workers starting together do not draw the same parameters."""
     store = storage(directory)
     stored = {s.study_name: s._study_id for s in store.get_all_studies()}
-    sampler = sweep.spec.sampler.build(sweep.spec.space, _stored_trials(store, stored, name))
+    seed_stream = 0 if worker is None else WORKER_SEEDS * (worker + 1)
+    sampler = sweep.spec.sampler.build(sweep.spec.space, _stored_trials(store, stored, name) + seed_stream)
     study = optuna.create_study(
         study_name=name,
         storage=store,
@@ -64,7 +77,9 @@ def open_study(sweep: Sweep, name: str, directory: Path) -> optuna.Study:
             ]
         )
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # Left running by a driver that was stopped: nothing is running it now.
+        if worker is not None and trial.user_attrs.get(WORKER) != worker:
+            continue  # another worker's: it may be running it now
+        # Left running by a driver (or this worker) that was stopped: nothing is running it now.
         store.set_trial_user_attr(trial._trial_id, ERROR, INTERRUPTED)
         store.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         study.enqueue_trial(trial.params, skip_if_exists=False)
@@ -117,7 +132,40 @@ def run_sweep(
         return study
     console.print(f"sweep {name}: {done} of {trials} trials finished, running {trials - done} ({directory})")
 
+    objective = trial_objective(sweep, name, directory, console, command, timeout_s)
+
+    def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        best = _best_value(study)
+        value = f"{trial.value:.4f}" if trial.value is not None else "-"
+        console.print(
+            f"trial {trial.number} {trial.state.name.lower()} ({value}); {finished(study)}/{trials} finished, "
+            f"best {best:.4f}"
+            if best is not None
+            else f"trial {trial.number} {trial.state.name.lower()}"
+        )
+
+    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else [])]
+    study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=callbacks)
+    return study
+
+
+def trial_objective(
+    sweep: Sweep,
+    name: str,
+    directory: Path,
+    console: Console,
+    command: Command = train_command,
+    timeout_s: float | None = None,
+    *,
+    worker: int | None = None,
+    extra: Sequence[str] = (),
+) -> Callable[[optuna.Trial], float]:
+    """The objective: the trial's parameters drawn, its trainer run under <directory>/trials/<number> (with the
+    `extra` overrides too), pruned on its validation losses; raises TrialFailed for a crashed trial."""
+
     def objective(trial: optuna.Trial) -> float:
+        if worker is not None:
+            trial.set_user_attr(WORKER, worker)
         params = suggest(trial, sweep)
         run_dir = directory / "trials" / f"{trial.number:04d}"
         trial.set_user_attr(RUN_DIR, str(run_dir))
@@ -135,7 +183,7 @@ def run_sweep(
             )
             return stop
 
-        overrides = [*sweep.overrides(params), f"name={name}-t{trial.number:04d}"]
+        overrides = [*sweep.overrides(params), *extra, f"name={name}-t{trial.number:04d}"]
         try:
             outcome = run_trial(
                 command(sweep.recipe, overrides, run_dir), run_dir, report, timeout_s=timeout_s
@@ -150,19 +198,7 @@ def run_sweep(
         assert outcome.val_loss is not None  # run_trial raises when a finished run logged none
         return outcome.val_loss
 
-    def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        best = _best_value(study)
-        value = f"{trial.value:.4f}" if trial.value is not None else "-"
-        console.print(
-            f"trial {trial.number} {trial.state.name.lower()} ({value}); {finished(study)}/{trials} finished, "
-            f"best {best:.4f}"
-            if best is not None
-            else f"trial {trial.number} {trial.state.name.lower()}"
-        )
-
-    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else [])]
-    study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=callbacks)
-    return study
+    return objective
 
 
 def _best_value(study: optuna.Study) -> float | None:

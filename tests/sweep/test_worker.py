@@ -1,0 +1,96 @@
+"""Workers sharing one study (trainer/sweep/worker.py), as a stack's array job children do on FSx: two real worker
+processes on one JournalFileBackend in a local directory, and the sweep's one dollar cap, with the fast stand-in
+objective (tests/sweep/objective.py) in the trainer's place."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from trainer.sweep.study import WORKER, storage
+from trainer.sweep.worker import spent, work
+
+from .conftest import objective_command, quiet, write_sweep
+
+
+def _worker(sweep_path: Path, directory: Path, trials: int, index: int) -> None:
+    work(sweep_path, "shared", directory, trials, quiet(), worker=index, command=objective_command())
+
+
+def _trials(directory: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=storage(directory)).trials
+
+
+@pytest.mark.slow
+def test_two_worker_processes_share_one_study(tmp_path):
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_worker, args=(sweep_path, directory, 6, i)) for i in (0, 1)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    trials = _trials(directory, "shared")
+    # The study holds the sweep's trials, each decided once, numbered 0..n-1 with no trial run twice.
+    assert (
+        6 <= len(trials) <= 7
+    )  # a race between the two checks may start one more, never more than a worker's
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    # Both workers ran trials, each under its own run directory in the shared study's.
+    assert {t.user_attrs[WORKER] for t in trials} == {0, 1}
+    assert len({t.user_attrs["run_dir"] for t in trials}) == len(trials)
+    # Their seeds differ: the two workers' first draws are not the same parameters.
+    firsts = [min((t for t in trials if t.user_attrs[WORKER] == i), key=lambda t: t.number) for i in (0, 1)]
+    assert firsts[0].params != firsts[1].params
+
+
+def test_the_dollar_cap_stops_new_trials(tmp_path):
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    command = objective_command("dollars_per_trial=4")
+    reason = work(sweep_path, "capped", directory, 8, quiet(), max_dollars=10.0, command=command)
+    trials = _trials(directory, "capped")
+    # $4 a trial: after three ($12 >= $10) no trial starts, though 8 were asked for.
+    assert len(trials) == 3
+    assert spent(directory) == pytest.approx(12.0)
+    assert reason == "budget.max_dollars = 10 reached: spent $12.00"
+    # Each trial ran with what remained of the cap as its own budget.max_dollars.
+    budgets = [
+        re.search(r"budget.max_dollars=(\S+)", (Path(t.user_attrs["log"])).read_text()).group(1)
+        for t in trials
+    ]
+    assert budgets == ["10", "6", "2"]
+    # Run again (a worker restarted): the cap still holds, nothing starts.
+    again = work(sweep_path, "capped", directory, 8, quiet(), max_dollars=10.0, command=command)
+    assert again == reason and len(_trials(directory, "capped")) == 3
+
+
+def test_a_worker_takes_back_only_its_own_interrupted_trial(tmp_path):
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    work(sweep_path, "resume", directory, 1, quiet(), worker=0, command=objective_command())
+    study = optuna.load_study(study_name="resume", storage=storage(directory))
+    # Two trials left running: one by worker 1 (stopped, say, by a Spot reclaim), one by worker 0 (still at it).
+    for index in (1, 0):
+        trial = study.ask()
+        trial.set_user_attr(WORKER, index)
+        trial.suggest_float("optimizer.lr", 1.0e-4, 1.0e-1, log=True)
+    work(sweep_path, "resume", directory, 4, quiet(), worker=1, command=objective_command())
+    trials = _trials(directory, "resume")
+    states = {t.number: (t.state, t.user_attrs.get(WORKER)) for t in trials}
+    assert states[1] == (
+        TrialState.FAIL,
+        1,
+    )  # worker 1's own: failed as interrupted, its parameters run again
+    assert states[2] == (TrialState.RUNNING, 0)  # worker 0's: left alone
+    assert trials[3].params == trials[1].params and trials[3].user_attrs[WORKER] == 1
+    # 4 trials: one finished before, worker 0's still running, and two new; the interrupted one does not count.
+    assert sum(t.state != TrialState.FAIL for t in trials) == 4

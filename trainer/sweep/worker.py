@@ -1,0 +1,125 @@
+"""`python -m trainer sweep-worker`: one of several workers sharing one study (a stack's array job children,
+trainer/jobs/sweep.py). Each asks the shared study for a trial, trains it (a real `trainer train` on its node),
+reports it, and repeats until the study holds the sweep's trials or the sweep's one dollar cap is reached; then it
+says why it stopped and exits 0.
+
+    python -m trainer sweep-worker --sweep trainer/configs/local-sweep.yaml --name NAME --dir /fsx/.../sweeps/NAME \
+        --trials 32 [--max-dollars 500] [--worker N]
+
+The cap is the ledger's (trainer/cost/ledger.py cap_reached): what every trial's ledger.json in the study's
+directory says it spent, summed; no trial starts once it is reached, and each trial runs with
+`budget.max_dollars` set to what remained when it started, so its trainer stops itself there. Trials that run in
+parallel each get that remainder: the sweep can spend up to its workers' count of remainders past the cap's last
+check, never a new trial's."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+from rich.console import Console
+from rich.markup import escape
+
+from trainer.arguments import positive_float, positive_int
+from trainer.config import ConfigError
+from trainer.config.schema import BudgetConfig
+from trainer.contract.container import ARRAY_INDEX_ENV
+from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
+from trainer.sweep.space import load_sweep
+from trainer.sweep.study import Command, finished, open_study, trial_objective
+from trainer.sweep.trial import TrialFailed, train_command
+
+
+def spent(directory: Path) -> float:
+    """Dollars the sweep's trials spent: the sum of their ledgers (each trial's run directory's ledger.json)."""
+    ledgers = (read_ledger(path) for path in sorted((directory / "trials").glob(f"*/{LEDGER_FILE}")))
+    return sum(ledger.dollars for ledger in ledgers if ledger is not None)
+
+
+def stop_reason(study: optuna.Study, directory: Path, trials: int, max_dollars: float | None) -> str | None:
+    """Why no new trial may start: the study holds its trials (finished or running), or the cap is reached."""
+    running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    done = finished(study)
+    if done + running >= trials:
+        return f"{done} of {trials} trials finished" + (f", {running} still running" if running else "")
+    if max_dollars is not None:
+        total = Ledger(dollars=spent(directory))
+        return cap_reached(BudgetConfig(max_dollars=max_dollars), total)
+    return None
+
+
+def work(
+    sweep_path: Path,
+    name: str,
+    directory: Path,
+    trials: int,
+    console: Console,
+    *,
+    max_dollars: float | None = None,
+    worker: int = 0,
+    overrides: tuple[str, ...] = (),
+    command: Command = train_command,
+    timeout_s: float | None = None,
+) -> str:
+    """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped."""
+    sweep = load_sweep(sweep_path, overrides)
+    study = open_study(sweep, name, directory, worker=worker)
+    while (reason := stop_reason(study, directory, trials, max_dollars)) is None:
+        remaining = None if max_dollars is None else max_dollars - spent(directory)
+        extra = [] if remaining is None else [f"budget.max_dollars={remaining:.6g}"]
+        objective = trial_objective(
+            sweep, name, directory, console, command, timeout_s, worker=worker, extra=extra
+        )
+        study.optimize(
+            objective,
+            n_trials=1,
+            catch=(TrialFailed,),
+            callbacks=[
+                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}")
+            ],
+        )
+    console.print(f"worker {worker}: sweep {name} stops: {reason}")
+    return reason
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sweep", required=True, type=Path, help="the sweep YAML (recipe, space, pruner)")
+    parser.add_argument("--name", required=True, help="the shared study's name")
+    parser.add_argument(
+        "--dir", required=True, type=Path, help="the study's directory, shared by every worker"
+    )
+    parser.add_argument("--trials", required=True, type=positive_int, help="trials the sweep runs in all")
+    parser.add_argument(
+        "--max-dollars", type=positive_float, help="the sweep's one dollar cap across its trials"
+    )
+    parser.add_argument(
+        "--worker", type=int, help=f"this worker's index (default: ${ARRAY_INDEX_ENV}, else 0)"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--trial-timeout", type=positive_int, help="seconds a trial may run")
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(highlight=False, soft_wrap=True, width=160)
+    worker = args.worker if args.worker is not None else int(os.environ.get(ARRAY_INDEX_ENV, "0"))
+    try:
+        work(
+            args.sweep,
+            args.name,
+            args.dir,
+            args.trials,
+            console,
+            max_dollars=args.max_dollars,
+            worker=worker,
+            overrides=tuple(args.overrides),
+            timeout_s=args.trial_timeout,
+        )
+    except ConfigError as error:
+        Console(stderr=True).print(f"[bold red]sweep-worker:[/] {escape(str(error))}")
+        return 2
+    sys.stdout.flush()
+    return 0
