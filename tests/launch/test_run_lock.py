@@ -54,7 +54,7 @@ def test_the_holder_is_written_into_the_lock_file_which_goes_with_a_release(tmp_
     lock = acquire(tmp_path)
     holder = json.loads((tmp_path / "run.lock").read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    assert holder["command"].startswith("python -m trainer ")
+    assert holder["command"].startswith("python -m trainer")  # then this process's arguments, if any
     lock.release()
     assert not (tmp_path / "run.lock").exists()  # a refused start leaves its run directory as it found it
 

@@ -85,7 +85,8 @@ def run_trial(
                         # only matters while the trainer still runs.
                         if report(int(record["step"]), val_loss) and not ended:
                             _kill(process)
-                            return Outcome(steps, val_loss, pruned=True)
+                            # what it wrote between this read and the kill was trained too: it counts
+                            return Outcome(max(steps, _last_step(metrics)), val_loss, pruned=True)
                 if ended:
                     break
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
@@ -100,6 +101,13 @@ def run_trial(
     if val_loss is None:
         raise TrialFailed("the trainer logged no validation loss", log)
     return Outcome(steps, val_loss, pruned=False)
+
+
+def _last_step(metrics: Path) -> int:
+    """The newest step a complete line of metrics.jsonl records (0: none)."""
+    text = metrics.read_text()
+    lines = text[: text.rfind("\n") + 1].splitlines()
+    return max((int(json.loads(line)["step"]) for line in lines), default=0)
 
 
 def _kill(process: subprocess.Popen) -> None:
