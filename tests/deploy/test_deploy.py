@@ -24,6 +24,8 @@ from trainer.deploy.command import deploy
 from trainer.models.pipeline import write_marker
 from trainer.models.registry import Registry, S3Store
 
+from .outputs import pool_outputs
+
 ENDPOINT = "trainstack-test-serving"
 ALARMS = [f"{ENDPOINT}-errors", f"{ENDPOINT}-latency", f"{ENDPOINT}-smoke"]
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
@@ -32,22 +34,7 @@ NOW = datetime(2026, 12, 5, tzinfo=UTC)
 def pool(key: str) -> ep.Pool:
     return ep.Pool.from_outputs(
         "test",
-        {
-            "region": REGION,
-            "serving_endpoint": ENDPOINT,
-            "serving_role_arn": "arn:aws:iam::123456789012:role/trainstack-test-serving-role",
-            "serving_security_group": "sg-0123456789abcdef0",
-            "serving_subnets": ["subnet-0123456789abcdef0"],
-            "serving_image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.36.0-lmi18.0.0-cu128",
-            "serving_instance_type": "ml.g5.2xlarge",
-            "serving_min_instances": 1,
-            "serving_max_instances": 2,
-            "serving_invocations_per_instance": 60,
-            "serving_canary_percent": 10,
-            "serving_bake_minutes": 10,
-            "serving_alarms": ALARMS,
-            "kms_key_arn": key,
-        },
+        {"region": REGION, **pool_outputs(ENDPOINT, REGION), "kms_key_arn": key},
     )
 
 

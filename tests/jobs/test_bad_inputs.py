@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import pytest
 import requests
 
+from tests.deploy.outputs import pool_outputs
+
 from .conftest import DATASET, TOKENIZER, Stack
 from .test_sweep import with_single_node_queue
 
@@ -101,21 +103,7 @@ def eks_shared_by_teams(stack: Stack) -> None:
 
 def with_inference_pool(stack: Stack) -> None:
     """The stack's outputs with an inference pool's (infra/serving.py SERVING_OUTPUTS); no endpoint exists yet."""
-    endpoint = "trainstack-test-serving"
-    pool = {
-        "serving_endpoint": endpoint,
-        "serving_role_arn": "arn:aws:iam::123456789012:role/trainstack-test-serving-role",
-        "serving_security_group": "sg-0123456789abcdef0",
-        "serving_subnets": ["subnet-0123456789abcdef0"],
-        "serving_image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.36.0-lmi18.0.0-cu128",
-        "serving_instance_type": "ml.g5.2xlarge",
-        "serving_min_instances": 1,
-        "serving_max_instances": 2,
-        "serving_invocations_per_instance": 60,
-        "serving_canary_percent": 10,
-        "serving_bake_minutes": 10,
-        "serving_alarms": [f"{endpoint}-errors", f"{endpoint}-latency", f"{endpoint}-smoke"],
-    }
+    pool = pool_outputs("trainstack-test-serving", str(stack.outputs["region"]))
     stack.outputs_file.write_text(json.dumps({**stack.outputs, **pool}))
 
 
