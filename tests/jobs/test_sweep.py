@@ -1,5 +1,7 @@
 """`make sweep STACK=<env> TRIALS=32 PARALLEL=4` against the moto stack (tests/jobs/conftest.py): one Batch array job
-of sweep workers on the single-node GPU queue, found again by name instead of submitted twice."""
+of sweep workers on the single-node GPU queue, found again by name instead of submitted twice; on an EKS stack one
+JobSet of Indexed workers, received by the API server's stand-in (tests/jobs/test_eks.py) and checked against the
+pinned JobSet CRD."""
 
 from __future__ import annotations
 
@@ -13,8 +15,16 @@ from trainer.aws.outputs import load_outputs
 from trainer.jobs.sweep import follow
 
 from .conftest import IMAGE_TAG, Stack, add_container_queue
+from .jobset_schema import jobset_errors
+from .test_eks import ApiServer, api_server, eks_stack, teams_stack, trainer  # noqa: F401  (fixtures)
 from .test_one_job_per_run import _job
 
+# The workers' arguments for team vision's sweep `lr` of 32 trials under a $500 cap: the node's one process (not a
+# torchrun rank: each of its trials trains on the node's GPUs), the shared study under the team's prefix.
+VISION_LR_WORKER = [
+    *("--direct", "sweep-worker", "--sweep", "trainer/configs/local-sweep.yaml", "--name", "lr"),
+    *("--dir", "/fsx/checkpoints/teams/vision/sweeps/lr", "--trials", "32", "--max-dollars", "500"),
+]
 TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
 
 
@@ -60,20 +70,7 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     )["jobDefinitions"]
     assert definition["jobDefinitionName"] == "trainstack-test-spot"
     assert definition["containerProperties"]["image"].endswith(f":{IMAGE_TAG}")
-    study = "/fsx/checkpoints/teams/vision/sweeps/lr"
-    assert request["containerOverrides"]["command"] == [
-        "sweep-worker",
-        "--sweep",
-        "trainer/configs/local-sweep.yaml",
-        "--name",
-        "lr",
-        "--dir",
-        study,
-        "--trials",
-        "32",
-        "--max-dollars",
-        "500",
-    ]
+    assert request["containerOverrides"]["command"] == VISION_LR_WORKER
     environment = {e["name"]: e["value"] for e in request["containerOverrides"]["environment"]}
     assert environment == {"TRAINSTACK_SWEEP": "lr", "TRAINSTACK_IMAGE_TAG": IMAGE_TAG}
     # The team's tag, share and priority, as every job of a team carries (trainer/jobs/teams.py).
@@ -157,3 +154,96 @@ def test_a_stack_without_a_single_node_queue_is_refused(stack):
     assert result.returncode == 2
     assert "has no single-node GPU queue (spot_job_queue, spot_job_definition)" in result.stderr
     assert stack.requests("SubmitJob") == []
+
+
+# On EKS: the same sweep as one JobSet in the team's namespace.
+EKS_SWEEP = ("--sweep", "trainer/configs/local-sweep.yaml", "--name", "lr", "--image", IMAGE_TAG)
+
+
+def eks_sweep(stack: Stack, capsys, *argv: str) -> tuple[int, str, str]:
+    return trainer(stack, capsys, "sweep-stack", *EKS_SWEEP, "--team", "vision", *argv)
+
+
+def test_an_eks_sweep_is_one_indexed_jobset_and_a_rerun_follows_it(teams_stack, api_server, capsys):  # noqa: F811
+    status, out, err = eks_sweep(
+        teams_stack, capsys, "--trials", "32", "--parallel", "4", "--max-dollars", "500", "--no-follow"
+    )
+    assert status == 0, err
+    assert "submitted JobSet sweep-lr-32: 4 workers, 32 trials" in out
+    [jobset] = api_server.received
+    assert jobset_errors(jobset) == []  # the pinned JobSet v0.12.0 CRD, unknown fields rejected
+    assert jobset["metadata"]["namespace"] == "team-vision" and jobset["metadata"]["name"] == "sweep-lr-32"
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "training"  # Kueue admits it whole
+    [replicated] = jobset["spec"]["replicatedJobs"]
+    job = replicated["template"]["spec"]
+    assert (replicated["replicas"], job["completionMode"], job["completions"], job["parallelism"]) == (
+        1,
+        "Indexed",  # each pod's JOB_COMPLETION_INDEX is its worker index (trainer/sweep/worker.py)
+        4,
+        4,
+    )
+    pod = job["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer"  # the team's Pod Identity: its S3 prefix only
+    [container] = pod["containers"]
+    assert container["args"] == VISION_LR_WORKER  # the same worker as on Batch, its journal on the FSx claim
+    assert container["image"].endswith(f":{IMAGE_TAG}")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"  # one worker a node
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRAINSTACK_SWEEP"] == "lr" and env["TRAINSTACK_IMAGE_TAG"] == IMAGE_TAG
+    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx"}} in pod["volumes"]
+
+    # The driver run again while the workers run: the JobSet is found in the team's namespace and followed.
+    held = api_server.namespaces["team-vision"]["sweep-lr-32"]
+    held["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 4, "ready": 4, "succeeded": 0}]}
+    seen = len(api_server.callers)
+
+    def end_once_followed() -> None:  # after the follower's first read of it
+        deadline = time.monotonic() + 60
+        while len(api_server.callers) < seen + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held["status"] = {
+            "conditions": [
+                {"type": "Completed", "status": "True", "lastTransitionTime": "2026-12-05T12:00:00Z"}
+            ],
+            "replicatedJobsStatus": [{"name": "node", "active": 0, "succeeded": 1}],
+        }
+
+    ender = threading.Thread(target=end_once_followed)
+    ender.start()
+    status, out, err = eks_sweep(teams_stack, capsys, "--trials", "32", "--parallel", "4", "--poll", "0.1")
+    ender.join()
+    assert status == 0, err
+    assert len(api_server.received) == 1
+    assert "following sweep-lr-32 (sweep-lr-32, RUNNING), submitted before" in out
+    lines = out.rstrip().splitlines()
+    assert "sweep-lr-32: RUNNING: 4 active" in lines and lines[-1] == "sweep-lr-32: SUCCEEDED: 1 succeeded"
+    # Ended well: reported, nothing submitted.
+    status, out, _ = eks_sweep(teams_stack, capsys, "--trials", "32", "--parallel", "4", "--no-follow")
+    assert status == 0 and "sweep-lr-32 (sweep-lr-32) already ended: SUCCEEDED" in out
+    assert len(api_server.received) == 1 and api_server.deletions == []
+
+
+def test_a_failed_eks_sweep_is_deleted_and_submitted_again(teams_stack, api_server, capsys):  # noqa: F811
+    assert eks_sweep(teams_stack, capsys, "--trials", "8", "--parallel", "2", "--no-follow")[0] == 0
+    api_server.namespaces["team-vision"]["sweep-lr-8"]["status"] = {
+        "conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "2026-12-05T12:00:00Z"}]
+    }
+    status, out, err = eks_sweep(teams_stack, capsys, "--trials", "8", "--parallel", "2", "--no-follow")
+    assert status == 0, err
+    assert "submitted JobSet sweep-lr-8 again (the last one failed; the study resumes)" in out
+    assert [(d["name"], d["namespace"]) for d in api_server.deletions] == [("sweep-lr-8", "team-vision")]
+    assert len(api_server.received) == 2 and list(api_server.namespaces["team-vision"]) == ["sweep-lr-8"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--name", "LR"), "NAME='LR': the sweep's JobSet is named 'sweep-LR-12', which EKS refuses"),
+        (("--team", "audio"), "TEAM=audio: not a team of stack 'test'"),
+        (("--parallel", "13"), "PARALLEL=13: give 1 to 12"),
+    ],
+)
+def test_bad_eks_sweeps_call_no_cluster(teams_stack, api_server, capsys, argv, message):  # noqa: F811
+    status, _, err = eks_sweep(teams_stack, capsys, *argv)
+    assert status == 2 and message in err, err
+    assert api_server.received == [] and api_server.callers == []

@@ -171,3 +171,28 @@ def test_launch_returns_the_preflights_retry_code_that_torchrun_drops(tmp_path):
     )
     assert result.returncode == NODE_FAULT, result.stderr[-2000:]
     assert f"launch: preflight failed (exit {NODE_FAULT}); not starting train" in result.stderr
+
+
+def test_direct_runs_the_verb_as_the_nodes_one_process_without_rendezvous_or_preflight():
+    """A sweep's worker starts trainers of its own: not a torchrun rank, and no Batch or JobSet variable needed."""
+    argv = (
+        "--direct",
+        "sweep-worker",
+        "--sweep",
+        "s.yaml",
+        "--name",
+        "n",
+        "--dir",
+        "/fsx/x",
+        "--trials",
+        "4",
+    )
+    result = run_entrypoint("--dry-run", *argv, env=batch_env(1, 4, address=None))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.splitlines()[-1]
+    assert last.endswith("-m trainer sweep-worker --sweep s.yaml --name n --dir /fsx/x --trials 4")
+    assert "torch.distributed.run" not in result.stdout and "preflight" not in result.stdout
+    # For real: the verb itself runs, as one process (its own refusal of a missing sweep file comes back).
+    result = run_entrypoint(*argv[:-4], "--dir", "/nonexistent", "--trials", "1", env={})
+    assert result.returncode == 2 and "s.yaml" in result.stderr
+    assert "torch.distributed.run" not in result.stderr

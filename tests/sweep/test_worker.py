@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from trainer.sweep.study import WORKER, storage
-from trainer.sweep.worker import spent, work
+from trainer.sweep.worker import spent, work, worker_index
 
 from .conftest import objective_command, quiet, write_sweep
 
@@ -94,3 +94,11 @@ def test_a_worker_takes_back_only_its_own_interrupted_trial(tmp_path):
     assert trials[3].params == trials[1].params and trials[3].user_attrs[WORKER] == 1
     # 4 trials: one finished before, worker 0's still running, and two new; the interrupted one does not count.
     assert sum(t.state != TrialState.FAIL for t in trials) == 4
+
+
+def test_a_workers_index_is_its_array_childs_on_batch_and_its_pods_on_eks():
+    # Batch sets AWS_BATCH_JOB_ARRAY_INDEX in an array job's children (Batch user guide, "Array jobs"); an Indexed
+    # Job's pods get JOB_COMPLETION_INDEX (Kubernetes docs, "Jobs", completion mode Indexed).
+    assert worker_index({"AWS_BATCH_JOB_ARRAY_INDEX": "3"}) == 3
+    assert worker_index({"JOB_COMPLETION_INDEX": "2"}) == 2
+    assert worker_index({}) == 0

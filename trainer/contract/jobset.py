@@ -11,9 +11,12 @@ REPLICATED_JOB = "node"
 # ReplicatedJobNameKey); JobSet's own in-place-restart example reads JOBSET_NAME from the first by a fieldRef.
 JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_KEY = "jobset.sigs.k8s.io/replicatedjob-name"
-# Read by the launcher (trainer/launch/jobset.py); JOB_COMPLETION_INDEX is the Indexed Job's own (Kubernetes docs,
-# "Jobs", completion mode Indexed).
+# Read by the launcher (trainer/launch/jobset.py).
 REPLICATED_JOB_ENV = "JOBSET_REPLICATED_JOB"
+# The pod's index in its Indexed Job, which Kubernetes sets in every such pod (Kubernetes docs, "Jobs", completion
+# mode Indexed: "the environment variable JOB_COMPLETION_INDEX"): a node's rank (trainer/launch/jobset.py), a sweep
+# worker's index (trainer/sweep/worker.py).
+COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def leader_host(jobset: str, replicated_job: str = REPLICATED_JOB) -> str:

@@ -1,18 +1,22 @@
-"""`python -m trainer sweep-stack` (`make sweep STACK=<env> TRIALS=32 PARALLEL=4`): a sweep on a Batch stack.
+"""`python -m trainer sweep-stack` (`make sweep STACK=<env> TRIALS=32 PARALLEL=4`): a sweep on a stack.
 
-Its trials run as one array job of PARALLEL children on the stack's single-node GPU queue (the Spot queue,
-infra/cluster.py `_spot`: the main queue's definition is multi-node, one job across nodes, while each trial here
-is one node's trainer). Every child runs `python -m trainer sweep-worker` (trainer/sweep/worker.py): it asks the
+Its trials run as PARALLEL workers, one node each, of the stack's queue:
+- Batch: one array job of PARALLEL children on the single-node GPU queue (the Spot queue, infra/cluster.py `_spot`:
+  the main queue's definition is multi-node, one job across nodes, while each trial here is one node's trainer);
+- EKS: one JobSet of one Indexed Job of PARALLEL pods, one a node (trainer/jobs/jobset.py, as a run's, admitted by
+  Kueue as a whole; its worker index the pod's JOB_COMPLETION_INDEX).
+Every worker runs `python -m trainer sweep-worker` (trainer/sweep/worker.py) as its node's one process (`launch
+--direct`: not a torchrun rank, since each of its trials is a `trainer train` of the node's GPUs): it asks the
 shared study for a trial, trains it, reports it, and repeats until the sweep's TRIALS are in the study or its one
 dollar cap is reached. The study lives on FSx for Lustre, which every node mounts:
 /fsx/checkpoints/sweeps/<name>/ (a team's: /fsx/checkpoints/teams/<team>/sweeps/<name>/), an Optuna journal file
 (trainer/sweep/study.py says why its lock holds on Lustre as mounted here), with each trial's run directory beside
 it, exported to the checkpoints bucket like any run's.
 
-The driver only submits and follows: the array job is named `sweep-<name>-<trials>`, so running the command again
-finds it by name (trainer/jobs/job.py run_jobs) and follows it instead of submitting another; an ended one that
-succeeded is reported, one that failed is submitted again (the study resumes where its workers left it).
-EKS stacks: not built (an indexed Job of PARALLEL completions would carry the same worker); refused with that.
+The driver only submits and follows: the job (or JobSet) is named `sweep-<name>-<trials>`, so running the command
+again finds it by name (trainer/jobs/job.py run_jobs) and follows it instead of submitting another; an ended one
+that succeeded is reported, one that failed is submitted again (the study resumes where its workers left it; on EKS
+the failed JobSet is deleted first, since its name stays taken).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +36,18 @@ from trainer.config import ConfigError
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
 from trainer.contract.teams import RUN_TAG, STACK_TAG, run_path
 from trainer.jobs.data import MAX_ARRAY_SIZE  # PARALLEL=1: a plain job, not an array
-from trainer.jobs.job import LIVE, TERMINAL, run_jobs
-from trainer.jobs.submit import ROOT, SubmitError, image_tag, job_definition_for
+from trainer.jobs.job import LIVE, TERMINAL, run_jobs, stop_and_wait
+from trainer.jobs.jobset import jobset_manifest, jobset_name_problems
+from trainer.jobs.request import job_settings
+from trainer.jobs.submit import (
+    REPLACE_POLL_S,
+    REPLACE_SLACK_S,
+    ROOT,
+    SubmitError,
+    image_tag,
+    job_definition_for,
+    submit_jobset,
+)
 from trainer.jobs.teams import team_problems, team_submit_arguments
 from trainer.sweep.space import load_sweep
 
@@ -64,7 +79,18 @@ class StackSweep:
         return f"{CHECKPOINTS_DIR}/{run_path('sweeps', self.team)}/{self.name}"
 
     def worker_command(self) -> list[str]:
-        command = ["sweep-worker", "--sweep", str(self.sweep), "--name", self.name, "--dir", self.directory]
+        """The container's arguments (the entrypoint runs `trainer launch <them>`): the worker as the node's one
+        process, not a torchrun rank (trainer/launch/node.py --direct)."""
+        command = [
+            "--direct",
+            "sweep-worker",
+            "--sweep",
+            str(self.sweep),
+            "--name",
+            self.name,
+            "--dir",
+            self.directory,
+        ]
         command += ["--trials", str(self.trials)]
         if self.max_dollars is not None:
             command += ["--max-dollars", f"{self.max_dollars:g}"]
@@ -106,9 +132,12 @@ def plan_sweep(
             f"PARALLEL={parallel}: give 1 to {min(MAX_ARRAY_SIZE, trials)} (at most TRIALS={trials})"
         )
     if outputs.orchestrator == "eks":
-        problems.append(
-            f"stack {outputs.stack!r} runs on EKS: sweeps on a stack are built for Batch only (docs/automl.md)"
-        )
+        # The JobSet's name: `sweep-<name>-<trials>`, a DNS-1035 label with room for its pods' names.
+        job_name = f"sweep-{name}-{trials}"
+        problems += [
+            f"NAME={name!r}: the sweep's JobSet is named {job_name!r}, which EKS refuses ({problem})"
+            for problem in jobset_name_problems(job_name, parallel)
+        ]
     elif QUEUE not in outputs.values or DEFINITION not in outputs.values:
         problems.append(
             f"stack {outputs.stack!r} has no single-node GPU queue ({QUEUE}, {DEFINITION}): a sweep's workers are "
@@ -142,40 +171,100 @@ def sweep_request(plan: StackSweep, outputs: StackOutputs, job_definition: str) 
     return request
 
 
+def sweep_jobset(plan: StackSweep, outputs: StackOutputs) -> dict[str, Any]:
+    """The JobSet of an EKS stack's sweep: PARALLEL pods of one Indexed Job, each a node's worker, as the API
+    server receives it (the stack's JobSet for a run of PARALLEL nodes, trainer/jobs/jobset.py, with the workers'
+    command: its namespace, Kueue queue, team label and service account, FSx claim, GPUs and EFA, grace and
+    timeout). A pod that fails with the retry code or loses its node restarts the JobSet, as a run's does: each
+    restarted worker re-queues the trial it was running (trainer/sweep/study.py open_study)."""
+    return jobset_manifest(
+        plan.job_name,
+        plan.parallel,
+        f"{outputs['ecr_repository_url']}:{plan.tag}",
+        plan.worker_command(),
+        {SWEEP_ENV: plan.name, IMAGE_TAG_ENV: plan.tag},
+        outputs,
+        job_settings(outputs.stack),
+        plan.team,
+    )
+
+
 def start(plan: StackSweep, outputs: StackOutputs) -> tuple[str, str]:
-    """The sweep's array job, found by its name or submitted: (job id, what happened)."""
-    found = run_jobs(outputs, plan.job_name, queue=QUEUE)
+    """The sweep's array job (or JobSet), found by its name or submitted: (job id or JobSet name, what happened)."""
+    found = run_jobs(outputs, plan.job_name, plan.team, queue=QUEUE)
     for job_id, status in found:
         if status in LIVE:
             return job_id, f"following {plan.job_name} ({job_id}, {status}), submitted before"
     for job_id, status in found:
         if status == "SUCCEEDED":
             return job_id, f"{plan.job_name} ({job_id}) already ended: SUCCEEDED"
+    again = " again (the last one failed; the study resumes)" if found else ""
+    if outputs.orchestrator == "eks":
+        # An ended JobSet keeps its name: the failed one goes first (its pods have ended; nothing to stop).
+        grace = job_settings(outputs.stack).stop_grace_seconds + REPLACE_SLACK_S
+        reason = f"sweep {plan.name}: submitted again"
+        if left := stop_and_wait(outputs, found, reason, grace, REPLACE_POLL_S, plan.team):
+            raise SubmitError(
+                [
+                    f"JobSet {name} is still there {grace:g} s after its deletion; run again"
+                    for name, _ in left
+                ]
+            )
+        name = submit_jobset(sweep_jobset(plan, outputs), outputs, plan.team)
+        return name, f"submitted JobSet {name}{again}: {plan.parallel} workers, {plan.trials} trials"
     definition = job_definition_for(f"{outputs['ecr_repository_url']}:{plan.tag}", outputs, DEFINITION)
     job_id = client("batch", outputs.region).submit_job(**sweep_request(plan, outputs, definition))["jobId"]
-    again = " again (the last one failed; the study resumes)" if found else ""
     return (
         job_id,
         f"submitted {plan.job_name} ({job_id}){again}: {plan.parallel} workers, {plan.trials} trials",
     )
 
 
-def follow(outputs: StackOutputs, job_id: str, poll_s: float = 30.0) -> str:
-    """Print the array job's status and its children's counts as they change, until it ends; its last status."""
-    batch = client("batch", outputs.region)
+def follow(outputs: StackOutputs, job_id: str, poll_s: float = 30.0, team: str | None = None) -> str:
+    """Print the job's status and its workers' counts as they change, until it ends; its last status."""
+    read = _jobset_reader(outputs, team) if outputs.orchestrator == "eks" else _array_job_reader(outputs)
     shown = None
     while True:
+        name, status, counts = read(job_id)
+        line = status + (": " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) if counts else "")
+        if line != shown:
+            print(f"{name}: {line}", flush=True)
+            shown = line
+        if status in TERMINAL:
+            return status
+        time.sleep(poll_s)
+
+
+Reading = tuple[str, str, dict[str, int]]  # name, status in Batch's words, workers by state
+
+
+def _array_job_reader(outputs: StackOutputs) -> Callable[[str], Reading]:
+    batch = client("batch", outputs.region)
+
+    def read(job_id: str) -> Reading:
         job = batch.describe_jobs(jobs=[job_id])["jobs"][0]
         counts = job.get("arrayProperties", {}).get("statusSummary", {})
-        line = f"{job['status']}" + (
-            ": " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items() if n) if counts else ""
-        )
-        if line != shown:
-            print(f"{job['jobName']}: {line}", flush=True)
-            shown = line
-        if job["status"] in TERMINAL:
-            return str(job["status"])
-        time.sleep(poll_s)
+        return str(job["jobName"]), str(job["status"]), {s.lower(): int(n) for s, n in counts.items()}
+
+    return read
+
+
+def _jobset_reader(outputs: StackOutputs, team: str | None) -> Callable[[str], Reading]:
+    from trainer.jobs.eks import connect, jobset_status  # the kubernetes client only for EKS stacks
+
+    cluster = connect(outputs, team=team)
+
+    def read(name: str) -> Reading:
+        js = cluster.jobset(name)
+        # The replicated job's Jobs by state (jobset v0.12.0 ReplicatedJobStatus: ready, succeeded, failed,
+        # active, suspended); the sweep's one Job holds every worker, so the pods' counts are the Job's own.
+        counts = {
+            key: int(sum(rjob.get(key, 0) for rjob in js.get("status", {}).get("replicatedJobsStatus", [])))
+            for key in ("active", "succeeded", "failed")
+        }
+        return name, jobset_status(js), counts
+
+    return read
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
     if args.no_follow:
         return 0
     try:
-        status = follow(outputs, job_id, args.poll)
+        status = follow(outputs, job_id, args.poll, plan.team)
     except KeyboardInterrupt:
         print(f"\nstopped following; the workers run on: the same command follows {plan.job_name} again")
         return 130

@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV
-from trainer.contract.jobset import REPLICATED_JOB_ENV, leader_host
+from trainer.contract.jobset import COMPLETION_INDEX_ENV, REPLICATED_JOB_ENV, leader_host
 from trainer.distributed.torchrun import LaunchError, Rendezvous
 
-COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 # Kueue admits every pod together, but the DNS record can lag the pod by tens of seconds on a busy cluster.
 DNS_ATTEMPTS = 30
 DNS_DELAY_S = 2.0
@@ -67,11 +66,11 @@ def rendezvous_from_env(
     lookup: Callable[[str], object] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Rendezvous:
-    node_rank = _int_variable(env, COMPLETION_INDEX, "an Indexed Job")
+    node_rank = _int_variable(env, COMPLETION_INDEX_ENV, "an Indexed Job")
     nnodes = _int_variable(env, NUM_NODES_ENV, "trainer/jobs/jobset.py")
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise LaunchError(
-            f"inconsistent JobSet variables: {COMPLETION_INDEX}={node_rank}, {NUM_NODES_ENV}={nnodes} "
+            f"inconsistent JobSet variables: {COMPLETION_INDEX_ENV}={node_rank}, {NUM_NODES_ENV}={nnodes} "
             f"(the index must lie in 0..{nnodes - 1})"
         )
     if nnodes == 1:

@@ -4,6 +4,11 @@ Takes the node's place in the job from its backend's variables (AWS Batch: train
 EKS: trainer/launch/jobset.py), runs the
 preflight (trainer/preflight/) on every rank unless skipped, then runs torchrun with one process per device under
 the supervisor (trainer/distributed/torchrun.py).
+
+`--direct` runs the verb as this node's one process instead, with no rendezvous, preflight or torchrun: for a verb
+that starts trainers of its own (a sweep's worker, trainer/sweep/worker.py, whose trials are each a `trainer train`
+with the node's GPUs), which must not run as a torchrun rank (its trials would then see LOCAL_RANK and train as one
+rank of that world, trainer/distributed/local.py under_torchrun).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TRAINSTACK_SKIP_PREFLIGHT") == "1",
         help="do not run `trainer preflight` first (also TRAINSTACK_SKIP_PREFLIGHT=1)",
     )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="run the verb as this node's only process, not under torchrun (a verb that starts its own trainers)",
+    )
     add_supervision_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
     parser.add_argument("verb", nargs=argparse.REMAINDER, help="the trainer verb and its arguments")
@@ -55,6 +65,13 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.direct:
+        direct = [sys.executable, "-m", "trainer", *args.verb]
+        if args.dry_run:
+            print(shlex.join(direct))
+            return 0
+        sys.stdout.flush()
+        os.execv(direct[0], direct)  # this process becomes the verb: the container's signals reach it
     try:
         backend = jobset if jobset.in_jobset(os.environ) else batch
         rdzv = backend.rendezvous_from_env(os.environ)

@@ -122,9 +122,10 @@ def run_sweep(
     command: Command = train_command,
     timeout_s: float | None = None,
     on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
+    stop_when: Callable[[optuna.Study], bool] | None = None,
 ) -> optuna.Study:
-    """Run trials until the study holds `trials` finished ones; each is a trainer run under
-    <directory>/trials/<number>."""
+    """Run trials until the study holds `trials` finished ones, or `stop_when(study)` says so after a trial; each
+    trial is a trainer run under <directory>/trials/<number>."""
     study = open_study(sweep, name, directory)
     done = finished(study)
     if done >= trials:
@@ -144,7 +145,11 @@ def run_sweep(
             else f"trial {trial.number} {trial.state.name.lower()}"
         )
 
-    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else [])]
+    def stop(study: optuna.Study, _: optuna.trial.FrozenTrial) -> None:
+        if stop_when is not None and stop_when(study):
+            study.stop()
+
+    callbacks = [progress, *([lambda _, trial: on_trial(trial)] if on_trial else []), stop]
     study.optimize(objective, n_trials=trials - done, catch=(TrialFailed,), callbacks=callbacks)
     return study
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
@@ -28,10 +29,16 @@ from trainer.arguments import positive_float, positive_int
 from trainer.config import ConfigError
 from trainer.config.schema import BudgetConfig
 from trainer.contract.container import ARRAY_INDEX_ENV
+from trainer.contract.jobset import COMPLETION_INDEX_ENV
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
 from trainer.sweep.space import load_sweep
 from trainer.sweep.study import Command, finished, open_study, trial_objective
 from trainer.sweep.trial import TrialFailed, train_command
+
+
+def worker_index(env: Mapping[str, str]) -> int:
+    """This worker's index: its child's in a Batch array job, its pod's in an EKS Indexed Job, else 0."""
+    return int(env.get(ARRAY_INDEX_ENV) or env.get(COMPLETION_INDEX_ENV) or 0)
 
 
 def spent(directory: Path) -> float:
@@ -97,7 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-dollars", type=positive_float, help="the sweep's one dollar cap across its trials"
     )
     parser.add_argument(
-        "--worker", type=int, help=f"this worker's index (default: ${ARRAY_INDEX_ENV}, else 0)"
+        "--worker",
+        type=int,
+        help=f"this worker's index (default: ${ARRAY_INDEX_ENV} on Batch, ${COMPLETION_INDEX_ENV} on EKS, else 0)",
     )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--trial-timeout", type=positive_int, help="seconds a trial may run")
@@ -105,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True, width=160)
-    worker = args.worker if args.worker is not None else int(os.environ.get(ARRAY_INDEX_ENV, "0"))
+    worker = args.worker if args.worker is not None else worker_index(os.environ)
     try:
         work(
             args.sweep,
