@@ -53,9 +53,13 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "sweep-stack": (
         "trainer.jobs.sweep",
-        "a sweep on a stack: its workers as one array job of the queue; follows it, found again by name",
+        "a sweep on a stack: its workers as one array job (or JobSet) of the queue; follows it, found again by name",
     ),
     "plan": ("trainer.plan.command", "rank parallel layouts by memory, step time and cost on N nodes"),
+    "measure-stack": (
+        "trainer.jobs.measure",
+        "the planner's N best layouts for a stack, each a few steps as a job there; writes the measured-fastest",
+    ),
     "bench": (
         "trainer.bench.command",
         "measure data prep, training, checkpoints and memory against baselines",

@@ -80,7 +80,7 @@ def test_the_measured_fastest_is_chosen_and_every_error_recorded(tmp_path):
     assert "fastest" in text and "boom" in text and "0.1800" in text
     out = tmp_path / "measured.yaml"
     record = measure.record_path(out)
-    measure.write_record(record, LOCAL, 4, 6, measurements)
+    measure.write_record(record, LOCAL, 6, measurements, *measure.local_record_context(4))
     written = json.loads(record.read_text())
     assert record.name == "measured.yaml.measured.json" and written["chosen"] == 2
     first, second, third = written["layouts"]

@@ -12,7 +12,9 @@ smoke    a two-node preflight job that proves a new stack
 push     the image to the stack's ECR repository
 upload   a prepared dataset to the stack's datasets bucket
 data     `make data STACK=<env>`: prepare shards as a Batch array job on the CPU queue, merge, publish a version
-sweep    `make sweep STACK=<env> PARALLEL=N`: a sweep's workers as one Batch array job sharing the study on FSx
+sweep    `make sweep STACK=<env> PARALLEL=N`: a sweep's workers as one Batch array job (or JobSet) sharing the study
+         on FSx
+measure  `trainer measure-stack`: the planner's best layouts, each a few steps as a job of the stack; the fastest
 audit      `make audit`: who submitted, cancelled and changed what, newest first
 k8s_audit  an EKS stack's control plane audit log for `make audit`: writes in the cluster, who made them
 residency  the run's buckets in the stack's allowed regions, checked before a submit

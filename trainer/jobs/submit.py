@@ -80,12 +80,9 @@ def plan(
             "and rebuild the image (make image && make push)"
         )
     nodes = outputs.node_count if nodes is None else nodes
-    nodes_valid = 1 <= nodes <= outputs.node_count
-    if not nodes_valid:
-        problems.append(
-            f"NODES={nodes}: stack {outputs.stack!r} allows 1 to {outputs.node_count} nodes of "
-            f"{outputs['instance_type']} (its compute environment's maxvCpus); raise trainstack:nodeCount to go further"
-        )
+    refused_nodes = node_problems(outputs, nodes)
+    nodes_valid = not refused_nodes
+    problems += refused_nodes
     planned_layout = None
     try:
         if nodes_valid:
@@ -130,6 +127,16 @@ def plan(
         team=team,
     )
     return submission, cfg
+
+
+def node_problems(outputs: StackOutputs, nodes: int) -> list[str]:
+    """NODES= within the stack's node count."""
+    if 1 <= nodes <= outputs.node_count:
+        return []
+    return [
+        f"NODES={nodes}: stack {outputs.stack!r} allows 1 to {outputs.node_count} nodes of "
+        f"{outputs['instance_type']} (its compute environment's maxvCpus); raise trainstack:nodeCount to go further"
+    ]
 
 
 def data_paths(cfg: TrainConfig) -> list[tuple[str, str]]:

@@ -241,8 +241,8 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     try:
         if args.stack or args.instance:
             raise PlanError(
-                "--measure trains on this machine's CPU processes; drop --instance/--stack (measuring on a "
-                "stack's nodes is not built: docs/plan.md)"
+                "--measure trains on this machine's CPU processes; drop --instance/--stack (on a stack's nodes: "
+                "python -m trainer measure-stack --stack ENV --config ... --measure N --out FILE)"
             )
         if args.out is None:
             raise PlanError("--measure writes the measured-fastest layout's config: give --out FILE")
@@ -273,7 +273,9 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     chosen = measure.fastest(measurements)
     measure.print_measurements(console, measurements, chosen)
     record = measure.record_path(args.out)
-    measure.write_record(record, args.config, world, args.measure_steps, measurements)
+    measure.write_record(
+        record, args.config, args.measure_steps, measurements, *measure.local_record_context(world)
+    )
     console.print(f"prediction errors: {record}")
     if chosen is None:
         console.print("[bold red]no layout's run succeeded[/]")

@@ -7,8 +7,9 @@ On CPU the catalog knows no instance type, so the planner ranks the local world'
 model on `local_machine`: one "GPU" per process, the host's cores shared among them, at the nominal CPU figures
 below (not measured: the recorded errors say how far off they are). The layout keys it may change are TP, PP and the
 micro-batch size (DP follows from the world), one layout per TP x PP split at its largest micro-batch; every
-candidate passes `layout_problems` for the CPU. Measuring on a
-stack's nodes is not built (docs/plan.md).
+candidate passes `layout_problems` for the CPU. On a stack's nodes the same measurement runs as one job per layout
+(trainer/jobs/measure.py, `python -m trainer measure-stack`), with the pieces here: the overrides of a measured run,
+the step time from its metrics, the choice, the table and the record.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,21 @@ def local_candidates(
     return sorted(best.values(), key=lambda c: c.step.total_s)
 
 
+def measured_run_overrides(candidate: Candidate, keys: Sequence[str], steps: int) -> list[str]:
+    """The `--set` values of a measured run of the candidate's layout (its `keys`): its first `steps` steps with the
+    LR schedule kept at the config's decay length, no save before the end, a log line (with its step time) each
+    step."""
+    s = candidate.cfg.schedule
+    return [
+        *candidate.overrides(keys),
+        f"schedule.train_iters={steps}",
+        f"schedule.lr_decay_iters={s.lr_decay_iters or s.train_iters}",
+        f"checkpoint.save_interval={NO_SAVE_INTERVAL}",
+        "checkpoint.async_save=false",
+        "logging.log_interval=1",
+    ]
+
+
 def train_command(
     config: str | Path,
     overrides: Sequence[str],
@@ -131,18 +147,12 @@ def train_command(
     steps: int,
     run_dir: Path,
 ) -> list[str]:
-    """A real `train` of the config with the candidate's layout: its first `steps` steps (the LR schedule kept at
-    the config's decay length), no save before the end, on a run directory of its own."""
-    s = candidate.cfg.schedule
+    """A real `train` of the config with the candidate's layout on `world` local processes (DP what the world
+    leaves), on a run directory of its own."""
     sets = [
         *overrides,
-        *candidate.overrides(MEASURE_KEYS),
+        *measured_run_overrides(candidate, MEASURE_KEYS, steps),
         "parallel.data_parallel_size=null",
-        f"schedule.train_iters={steps}",
-        f"schedule.lr_decay_iters={s.lr_decay_iters or s.train_iters}",
-        f"checkpoint.save_interval={NO_SAVE_INTERVAL}",
-        "checkpoint.async_save=false",
-        "logging.log_interval=1",
         f"logging.run_dir={run_dir}",
     ]
     command = [
@@ -163,9 +173,14 @@ def step_seconds(metrics: Path, warmup: int = WARMUP_STEPS) -> float | None:
     """The median step time metrics.jsonl logged after the warm-up steps; None when it logged none."""
     if not metrics.exists():
         return None
+    return median_step_seconds(metrics.read_text().splitlines(), warmup)
+
+
+def median_step_seconds(lines: Iterable[str], warmup: int = WARMUP_STEPS) -> float | None:
+    """The median step time of metrics.jsonl's lines after the warm-up steps; None when they hold none."""
     times = [
         float(record["step_time_s"])
-        for record in map(json.loads, metrics.read_text().splitlines())
+        for record in map(json.loads, (line for line in lines if line.strip()))
         if record.get("step_time_s") and int(record["step"]) > warmup
     ]
     return statistics.median(times) if times else None
@@ -222,22 +237,34 @@ def print_measurements(
 
 
 def write_record(
-    path: Path, config: str | Path, world: int, steps: int, measurements: Sequence[Measurement]
+    path: Path,
+    config: str | Path,
+    steps: int,
+    measurements: Sequence[Measurement],
+    machine: str,
+    model: dict,
 ) -> None:
-    """Each layout's predicted and measured step time and the error, to a temporary name renamed into place."""
+    """Each layout's predicted and measured step time and the error, to a temporary name renamed into place, with
+    where it was measured (`machine`) and what the planner predicted with (`model`)."""
     chosen = fastest(measurements)
     record = {
         "config": str(config),
-        "machine": f"{world} CPU processes on {os.cpu_count()} cores",
+        "machine": machine,
         "steps": steps,
         "warmup_steps": WARMUP_STEPS,
-        "model": {"cpu_tflops_per_core": CPU_TFLOPS_PER_CORE, "loopback_gbytes_per_s": LOOPBACK_GBYTES_PER_S},
+        "model": model,
         "chosen": None if chosen is None else chosen.rank,
         "layouts": [m.record() for m in measurements],
     }
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     temporary.write_text(json.dumps(record, indent=2) + "\n")
     temporary.replace(path)
+
+
+def local_record_context(world: int) -> tuple[str, dict]:
+    """The record's machine and model for this host's CPU processes: the nominal CPU figures."""
+    model = {"cpu_tflops_per_core": CPU_TFLOPS_PER_CORE, "loopback_gbytes_per_s": LOOPBACK_GBYTES_PER_S}
+    return f"{world} CPU processes on {os.cpu_count()} cores", model
 
 
 def record_path(out: Path) -> Path:
