@@ -205,3 +205,39 @@ def test_on_eks_each_layout_is_a_jobset_the_pinned_schema_accepts(eks_stack, api
     )
     record = json.loads((tmp_path / "m.yaml.measured.json").read_text())
     assert record["chosen"] == 2
+
+
+def test_run_again_while_a_layouts_job_runs_it_is_followed_not_submitted_again(stack, capsys, tmp_path):
+    """The driver was stopped while layout 1's job ran: run again, that job is found by its name and waited for."""
+    batch = stack.client("batch")
+    first = batch.submit_job(
+        jobName="measure-llama3-8b-1", jobQueue="gpu-queue", jobDefinition=stack.outputs["job_definition"]
+    )["jobId"]
+    job = _job(first)
+    deadline = time.monotonic() + 30
+    while job.status != "SUCCEEDED":  # moto ends a job at once: held RUNNING here, then ended while followed
+        assert time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    job.status, job.job_stopped = "RUNNING", False
+
+    def end_once_followed() -> None:
+        deadline = time.monotonic() + 60
+        while len(stack.requests("SubmitJob")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job.status = "SUCCEEDED"
+
+    ender = threading.Thread(target=end_once_followed)
+    ender.start()
+    runs = {rank: f"measure-llama3-8b-{rank}" for rank in (1, 2, 3)}
+
+    def submitted(run: str) -> bool:
+        return any(r["jobName"] == run for r in stack.requests("SubmitJob"))
+
+    exporter = export_when_submitted(stack, runs, submitted)
+    status, printed, err = measure_stack(stack, capsys, tmp_path / "m.yaml", "--export-timeout", "30")
+    ender.join()
+    exporter.join()
+    assert status == 0, err
+    assert f"layout 1: following measure-llama3-8b-1 ({first}, RUNNING), submitted before" in printed
+    assert [r["jobName"] for r in stack.requests("SubmitJob")] == list(runs.values())  # the first one's own
+    assert json.loads((tmp_path / "m.yaml.measured.json").read_text())["chosen"] == 2
