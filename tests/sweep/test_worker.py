@@ -5,7 +5,10 @@ objective (tests/sweep/objective.py) in the trainer's place."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import optuna
@@ -13,13 +16,27 @@ import pytest
 from optuna.trial import TrialState
 
 from trainer.sweep.study import WORKER, storage
-from trainer.sweep.worker import spent, work, worker_index
+from trainer.sweep.worker import spent, stop_on_sigterm, work, worker_index
 
 from .conftest import objective_command, quiet, write_sweep
 
 
 def _worker(sweep_path: Path, directory: Path, trials: int, index: int) -> None:
     work(sweep_path, "shared", directory, trials, quiet(), worker=index, command=objective_command())
+
+
+def _stoppable_worker(sweep_path: Path, directory: Path) -> None:
+    stop_on_sigterm()
+    # Trials of 100,000 steps (a validation loss every 10, 0.05 s apart): still running when SIGTERM comes.
+    work(
+        sweep_path,
+        "stopped",
+        directory,
+        4,
+        quiet(),
+        overrides=("schedule.train_iters=100000", "schedule.lr_decay_iters=100000"),
+        command=objective_command(),
+    )
 
 
 def _trials(directory: Path, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -102,3 +119,27 @@ def test_a_workers_index_is_its_array_childs_on_batch_and_its_pods_on_eks():
     assert worker_index({"AWS_BATCH_JOB_ARRAY_INDEX": "3"}) == 3
     assert worker_index({"JOB_COMPLETION_INDEX": "2"}) == 2
     assert worker_index({}) == 0
+
+
+def test_sigterm_stops_the_worker_and_its_trial_and_leaves_the_trial_to_take_back(tmp_path):
+    """A stopped container's worker (Batch, or a pod deleted): exits 143 at once, its trial's trainer killed with it,
+    the trial left running in the study for the worker of its index to take back."""
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    process = multiprocessing.get_context("spawn").Process(
+        target=_stoppable_worker, args=(sweep_path, directory)
+    )
+    process.start()
+    metrics = directory / "trials" / "0000" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while not (metrics.exists() and metrics.stat().st_size > 0):
+        assert time.monotonic() < deadline and process.is_alive()
+        time.sleep(0.1)
+    os.kill(process.pid, signal.SIGTERM)
+    process.join(timeout=30)
+    assert process.exitcode == 128 + signal.SIGTERM
+    size = metrics.stat().st_size
+    time.sleep(0.5)  # the trial's trainer would write a line every 0.05 s
+    assert metrics.stat().st_size == size
+    [trial] = _trials(directory, "stopped")
+    assert trial.state == TrialState.RUNNING and trial.user_attrs[WORKER] == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +94,18 @@ def work(
     return reason
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (Batch stopping the container, a pod's deletion or a node going away) ends the worker at once: the
+    trial it runs is killed (trainer/sweep/trial.py run_trial) and left running in the study, so the worker of
+    the same index takes it back when it starts again (study.py open_study). The worker is often the container's
+    PID 1, for which a signal without a handler does nothing (signal(7), "the init process" in kill(2))."""
+
+    def stop(signum: int, _: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", required=True, type=Path, help="the sweep YAML (recipe, space, pruner)")
     parser.add_argument("--name", required=True, help="the shared study's name")
@@ -115,6 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True, width=160)
     worker = args.worker if args.worker is not None else worker_index(os.environ)
+    stop_on_sigterm()
     try:
         work(
             args.sweep,
