@@ -241,6 +241,7 @@ def test_a_failed_eks_sweep_is_deleted_and_submitted_again(teams_stack, api_serv
         (("--name", "LR"), "NAME='LR': the sweep's JobSet is named 'sweep-LR-12', which EKS refuses"),
         (("--team", "audio"), "TEAM=audio: not a team of stack 'test'"),
         (("--parallel", "13"), "PARALLEL=13: give 1 to 12"),
+        (("--image", "fedcba987654"), "IMAGE=fedcba987654: no such tag"),
     ],
 )
 def test_bad_eks_sweeps_call_no_cluster(teams_stack, api_server, capsys, argv, message):  # noqa: F811

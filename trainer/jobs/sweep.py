@@ -37,13 +37,14 @@ from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
 from trainer.contract.teams import RUN_TAG, STACK_TAG, run_path
 from trainer.jobs.data import MAX_ARRAY_SIZE  # PARALLEL=1: a plain job, not an array
 from trainer.jobs.job import LIVE, TERMINAL, run_jobs, stop_and_wait
-from trainer.jobs.jobset import jobset_manifest, jobset_name_problems
+from trainer.jobs.jobset import RenderError, jobset_manifest, jobset_name_problems
 from trainer.jobs.request import job_settings
 from trainer.jobs.submit import (
     REPLACE_POLL_S,
     REPLACE_SLACK_S,
     ROOT,
     SubmitError,
+    image_problems,
     image_tag,
     job_definition_for,
     submit_jobset,
@@ -203,7 +204,7 @@ def start(plan: StackSweep, outputs: StackOutputs) -> tuple[str, str]:
         # An ended JobSet keeps its name: the failed one goes first (its pods have ended; nothing to stop).
         grace = job_settings(outputs.stack).stop_grace_seconds + REPLACE_SLACK_S
         reason = f"sweep {plan.name}: submitted again"
-        if left := stop_and_wait(outputs, found, reason, grace, REPLACE_POLL_S, plan.team):
+        if found and (left := stop_and_wait(outputs, found, reason, grace, REPLACE_POLL_S, plan.team)):
             raise SubmitError(
                 [
                     f"JobSet {name} is still there {grace:g} s after its deletion; run again"
@@ -300,10 +301,15 @@ def main(args: argparse.Namespace) -> int:
             tuple(args.overrides),
             outputs,
         )
+        if problems := image_problems(outputs, plan.tag):
+            raise SubmitError(problems)
         job_id, what = start(plan, outputs)
-    except (StackError, SubmitError) as error:
+    except (StackError, SubmitError, RenderError) as error:
         print(f"sweep: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the API server refused or could not be reached (trainer/jobs/eks.py)
+        print(f"sweep: {error}", file=sys.stderr)
+        return 1
     print(what)
     print(
         f"  study:    {plan.directory} (FSx; the checkpoints bucket's {run_path('sweeps', plan.team)}/{plan.name}/)"
