@@ -211,7 +211,7 @@ def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(
         tmp_path,
         "orphans",
         tiny_config,
-        "schedule.train_iters=40",
+        "schedule.train_iters=100000",  # still training when looked at, however fast this machine is
         "checkpoint.save_interval=2",
         fault="kill step=5 rank=0 restart=0",
         options=("--max-restarts", "1"),
@@ -221,9 +221,31 @@ def test_a_killed_ranks_writer_and_its_helpers_do_not_outlive_it_under_restarts(
     while not any(r["step"] >= 8 for r in run.records()) and time.monotonic() < deadline:
         time.sleep(0.2)  # steps past the kill: the restarted attempt is training
     time.sleep(3 * ORPHAN_CHECK_SECONDS)
-    children = [" ".join(child.cmdline()[:4]) for child in supervisor.children()]
+    children, zombies = _live_and_dead_children(supervisor)
+    # A helper that ends on its own is re-parented to the supervisor (the subreaper) and is a zombie until its next
+    # check reaps it: dead, holding no memory, and gone two checks later.
+    time.sleep(2 * ORPHAN_CHECK_SECONDS)
+    _, still_dead = _live_and_dead_children(supervisor)
+    assert run.process.poll() is None, "the run ended before its children were looked at"
+    run.process.send_signal(signal.SIGTERM)  # a save at the next step, then exit 0
     _completed(run)
     assert len(children) == 1 and "trainer.distributed.torchrun" in children[0], children
+    assert not zombies & still_dead, f"zombies not reaped by the supervisor: {sorted(zombies & still_dead)}"
+
+
+def _live_and_dead_children(supervisor) -> tuple[list[str], set[int]]:
+    """The supervisor's live children (their command lines) and its zombie children (their pids)."""
+    import psutil
+
+    live, dead = [], set()
+    for child in supervisor.children():
+        try:
+            live.append(" ".join(child.cmdline()[:4]))
+        except psutil.ZombieProcess:
+            dead.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass  # reaped between the listing and the look
+    return live, dead
 
 
 @pytest.mark.slow
