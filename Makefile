@@ -88,11 +88,12 @@ ifneq ($(STACK),)
 	# on a stack (trainer/jobs/finetune.py): the fine-tune (llama3-8b-sft.yaml; DATASET=<name>: the chat dataset in the
 	# datasets bucket), then one one-node job of stages 3-5 on its checkpoints; each call resumes where the last
 	# stopped, WAIT=1 follows the jobs to the end, RETRY=1 submits a failed one again (docs/finetune.md); DEPLOY=1
-	# then deploys the new version to the stack's endpoint when it beats the live one by the suite's deploy gate
+	# then deploys the new version to the stack's endpoint when it beats the live one by the suite's deploy gate;
+	# TEAM=<name> on a stack shared by teams: its share, data, suite data and prefix (docs/finetune.md#teams)
 	$(PY) -m trainer finetune $(STACK_ARGS) $(if $(CONFIG),--config "$(CONFIG)") $(if $(SUITE),--suite "$(SUITE)") \
 	  $(if $(DATASET),--dataset "$(DATASET)") $(if $(NODES),--nodes "$(NODES)") $(if $(IMAGE),--image "$(IMAGE)") \
 	  $(if $(RUN),--run "$(RUN)") --tag $(FINETUNE_TAG) $(if $(WAIT),--wait) $(if $(RETRY),--retry) \
-	  $(if $(DEPLOY),--deploy) $(ARGS)
+	  $(if $(DEPLOY),--deploy) $(if $(TEAM),--team "$(TEAM)") $(ARGS)
 else
 	@test -d runs/local/checkpoints || { echo "make finetune: fine-tunes make train's model; run make train first" >&2; exit 2; }
 	# stage 1: the built-in chat set through the local model's tokenizer, tokens + loss mask; held-out tasks
@@ -253,10 +254,10 @@ cancel: $(VENV)/.train-installed ## STACK=<env> JOB=id [TEAM=name]: stop a job (
 	$(PY) -m trainer job cancel $(STACK_ARGS) $(if $(JOB),--job "$(JOB)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: smoke
-smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag]: 2-node preflight job (EFA, bandwidth floor, Lustre, S3 export); JOB=id RUN=name reports on one
+smoke: $(VENV)/.train-installed ## STACK=<env> [IMAGE=tag] [TEAM=name]: 2-node preflight job (EFA, bandwidth floor, Lustre, S3 export); JOB=id RUN=name reports on one
 	$(PY) -m trainer smoke $(STACK_ARGS) $(if $(IMAGE),--image "$(IMAGE)") $(if $(RUN),--run "$(RUN)") \
 	  $(if $(JOB),--job "$(JOB)") $(if $(NOWAIT),--no-wait) $(if $(EXPORT_TIMEOUT),--export-timeout-s "$(EXPORT_TIMEOUT)") \
-	  $(if $(POLL),--poll-s "$(POLL)")
+	  $(if $(POLL),--poll-s "$(POLL)") $(if $(TEAM),--team "$(TEAM)")
 
 .PHONY: audit
 audit: $(VENV)/.train-installed ## STACK=<env> [RUN=name] [SINCE=7d|2026-12-01] [FORMAT=json]: who submitted, cancelled, changed what

@@ -175,6 +175,19 @@ ROWS = {
         eks_shared_by_teams,
         target="status",
     ),
+    # smoke and finetune submit to the GPU queue as train does: a fair-share queue refuses a job without a share.
+    "smoke-team-missing-on-shared-stack": Row(
+        ("IMAGE=0123456789ab", "NOWAIT=1"),
+        "smoke: not submitted:\n  - stack 'test' is shared by teams vision: say which with TEAM=<name>",
+        shared_by_teams,
+        target="smoke",
+    ),
+    "finetune-team-deploy": Row(
+        ("IMAGE=0123456789ab", "TEAM=vision", "DEPLOY=1"),
+        "DEPLOY=1 with TEAM=vision: the endpoint is the stack's, deployed by its platform operators",
+        shared_by_teams,
+        target="finetune",
+    ),
     "deploy-without-inference-pool": Row(
         ("MODEL=candidate",),
         "stack test has no inference pool (outputs lack serving_endpoint, serving_alarms): set "

@@ -610,6 +610,35 @@ def test_status_logs_and_cancel_find_a_teams_jobset_in_its_namespace(teams_stack
     )
 
 
+def test_a_teams_smoke_jobset_runs_and_is_read_back_in_its_namespace_under_its_prefix(
+    teams_stack, api_server, capsys
+):
+    def preflight_passes(jobset: dict) -> None:
+        name = jobset["metadata"]["name"]
+        jobset["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+        api_server.pods = [pod(f"{name}-node-0-0-x", name, 0, namespace="team-vision")]
+        api_server.logs[f"{name}-node-0-0-x"] = "\n".join(PASSED_REPORT)
+
+    api_server.on_create = preflight_passes
+    export_tokens(teams_stack, "teams/vision/smoke-eks")
+    status, out, err = trainer(
+        teams_stack, capsys, "smoke", "--image", IMAGE_TAG, "--run", "smoke-eks", "--team", "vision",
+        "--poll-s", "0.1", "--export-timeout-s", "0",
+    )  # fmt: skip
+    assert status == 0, out + err
+    (received,) = api_server.received
+    assert jobset_errors(received) == []
+    assert list(api_server.namespaces) == ["team-vision"]
+    assert received["metadata"]["labels"]["team"] == "vision"
+    args = received["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert args[-1] == "/fsx/checkpoints/teams/vision/smoke-eks/preflight"
+    assert "namespace team-vision" in out
+    assert [line for line in out.splitlines() if line.startswith("preflight")] == PASSED_REPORT
+    assert out.splitlines()[-1] == "smoke: passed (job smoke-eks SUCCEEDED)"
+
+
 @pytest.mark.parametrize(
     ("verb", "argv", "message"),
     [
@@ -620,6 +649,7 @@ def test_status_logs_and_cancel_find_a_teams_jobset_in_its_namespace(teams_stack
             "TEAM=audio: not a team of stack 'test'; its teams are vision, language",
         ),
         ("job status", [], "stack 'test' is shared by teams vision, language: say which with TEAM=<name>"),
+        ("smoke", [], "stack 'test' is shared by teams vision, language: say which with TEAM=<name>"),
         (
             "job cancel",
             ["--job", "x", "--team", "audio"],
@@ -630,6 +660,8 @@ def test_status_logs_and_cancel_find_a_teams_jobset_in_its_namespace(teams_stack
 def test_a_stack_with_teams_wants_one_of_its_teams(teams_stack, api_server, capsys, verb, argv, message):
     if verb == "submit":
         argv = ["--config", CONFIG, "--image", IMAGE_TAG, "--run", "llama-eks", *argv, *DATA]
+    if verb == "smoke":
+        argv = ["--image", IMAGE_TAG, "--no-wait", *argv]
     status, _, err = trainer(teams_stack, capsys, verb, *argv)
     assert status == 2 and message in err
     assert api_server.received == [] and api_server.callers == []

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from pathlib import Path
 
+import yaml
 from moto.batch.models import batch_backends
 
 from tests.checkpoint.test_version import config, prepared
@@ -18,25 +20,26 @@ from tests.support.training import sealed_checkpoint
 from trainer.__main__ import main as trainer_main
 from trainer.checkpoint.version import Lineage, add_evaluation, write_record
 from trainer.contract.container import IMAGE_DIGEST_ENV
+from trainer.jobs import finetune as finetune_driver
 from trainer.launch import node
 from trainer.models import pipeline
 
 from .conftest import IMAGE_TAG, REGION, TOKENIZER, Stack
 from .jobset_schema import jobset_errors
-from .test_eks import ApiServer, api_server, eks_stack  # noqa: F401  (fixtures)
+from .test_eks import ApiServer, api_server, eks_stack, teams_stack  # noqa: F401  (fixtures)
 
 RUN = "sft-a"
 DATASETS, CHECKPOINTS = "trainstack-test-datasets", "trainstack-test-checkpoints"
 TOKENIZER_ARGS = ("--set", f"data.tokenizer_path={TOKENIZER}")
 
 
-def upload_inputs(stack: Stack, prefix: str = "chat/chat") -> None:
+def upload_inputs(stack: Stack, prefix: str = "chat/chat", heldout: str = "sft/heldout") -> None:
     """What `trainer upload` leaves in the datasets bucket for a chat dataset, and the default suite's files."""
     s3 = stack.client("s3")
     for suffix in (".bin", ".idx", "-mask.bin", "-mask.idx", ".tokenizer.json", ".chat.json"):
         s3.put_object(Bucket=DATASETS, Key=f"{prefix}{suffix}", Body=b"x")
-    for key in ("sft/heldout.bin", "sft/heldout.idx", "sft/heldout.tasks.jsonl"):
-        s3.put_object(Bucket=DATASETS, Key=key, Body=b"x")
+    for suffix in (".bin", ".idx", ".tasks.jsonl"):
+        s3.put_object(Bucket=DATASETS, Key=heldout + suffix, Body=b"x")
 
 
 def finetune(stack: Stack, capsys, *argv: str) -> tuple[int, str, str]:
@@ -60,10 +63,11 @@ def batch_job(job_id: str):
     return batch_backends["123456789012"][REGION]._jobs[job_id]
 
 
-def publish_stage_outputs(stack: Stack, tmp_path: Path, *, tag: str = "candidate") -> str:
+def publish_stage_outputs(stack: Stack, tmp_path: Path, *, tag: str = "candidate", under: str = "") -> str:
     """What the stages job leaves under /fsx/checkpoints, made by the stages' own code (a recorded checkpoint, its
     evaluation, the tag event under the root, an export and its marker), copied key for key into the checkpoints
-    bucket as FSx's auto-export of /fsx/checkpoints does (infra/lustre.py); the version."""
+    bucket as FSx's auto-export of /fsx/checkpoints does (infra/lustre.py), below `under` (a team's teams/<team>/);
+    the version."""
     prefix = prepared(tmp_path / "data", "some text to train on. " * 50)
     lineage = Lineage(config(prefix, prefix + ".tokenizer.json"), environ={})
     root = tmp_path / "fsx-checkpoints"
@@ -78,7 +82,9 @@ def publish_stage_outputs(stack: Stack, tmp_path: Path, *, tag: str = "candidate
     pipeline.write_marker(root / RUN / "export", version)
     s3 = stack.client("s3")
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        s3.put_object(Bucket=CHECKPOINTS, Key=path.relative_to(root).as_posix(), Body=path.read_bytes())
+        s3.put_object(
+            Bucket=CHECKPOINTS, Key=under + path.relative_to(root).as_posix(), Body=path.read_bytes()
+        )
     return version
 
 
@@ -356,3 +362,118 @@ def test_outputs_older_than_the_training_job_are_not_its_own(stack, capsys, tmp_
     status, out, _ = finetune(stack, capsys)
     assert status == 0 and out.splitlines()[1].startswith("stages: submitted (job ")
     assert len(submitted(stack)) == 2
+
+
+# A stack shared by teams (infra/teams.py, docs/security.md#teams): a team fine-tunes as it trains, under its share,
+# on its own data, with its run, versions and tags under teams/<team>/.
+TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
+VISION = "teams/vision/"
+
+
+def team_suite(tmp_path: Path, monkeypatch, team: str = "vision") -> Path:
+    """The default suite over the team's own held-out data (its role may check only its own prefix), as a file of
+    an image's trainer/ tree (the driver checks that the image carries it)."""
+    root = tmp_path / "image"
+    path = root / "trainer" / "configs" / "suites" / "llama3-8b-sft.yaml"  # its record: the default name
+    path.parent.mkdir(parents=True)
+    suite = yaml.safe_load(Path("trainer/configs/suites/llama3-8b-sft.yaml").read_text())
+    suite["perplexity"][0]["data"] = f"/fsx/datasets/teams/{team}/sft/heldout"
+    suite["generation"][0]["file"] = f"/fsx/datasets/teams/{team}/sft/heldout.tasks.jsonl"
+    path.write_text(yaml.safe_dump(suite))
+    monkeypatch.setattr(finetune_driver, "ROOT", root)
+    return path
+
+
+def team_finetune(stack: Stack, capsys, suite: Path, *argv: str) -> tuple[int, str, str]:
+    tokenizer = f"data.tokenizer_path=/fsx/datasets/{VISION}chat/chat.tokenizer.json"  # the dataset's own
+    return finetune(stack, capsys, "--team", "vision", "--suite", str(suite), "--set", tokenizer, *argv)
+
+
+def test_a_team_fine_tunes_under_its_share_on_its_data_with_its_versions_and_tags_under_its_prefix(
+    stack, capsys, tmp_path, monkeypatch
+):
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, **TEAMS}))
+    suite = team_suite(tmp_path, monkeypatch)
+    upload_inputs(stack, f"{VISION}chat/chat", f"{VISION}sft/heldout")
+    status, out, err = team_finetune(stack, capsys, suite)
+    assert status == 0, err
+    (train,) = submitted(stack)
+    assert train["shareIdentifier"] == "vision" and train["tags"]["team"] == "vision"
+    assert "data.prefixes=[/fsx/datasets/teams/vision/chat/chat]" in command_of(train)
+    assert f"logging.run_dir=/fsx/checkpoints/teams/vision/{RUN}" in command_of(train)
+    assert "follow it: make logs STACK=test TEAM=vision JOB=" in out
+    # Another team's newer job of the run's name, failed, on the one queue: not this team's.
+    speech = stack.client("batch").submit_job(
+        jobName=RUN, jobQueue="gpu-queue", jobDefinition=train["jobDefinition"], shareIdentifier="speech",
+        schedulingPriorityOverride=0, tags={"team": "speech"},
+    )["jobId"]  # fmt: skip
+    batch_job(speech).status = "FAILED"
+    status, out, err = team_finetune(stack, capsys, suite)
+    assert status == 0, err
+    assert out.splitlines()[0] == f"train: succeeded (job {stack.jobs()[0]['jobId']})"
+    stages = submitted(stack)[-1]
+    assert stages["jobName"] == f"{RUN}-stages" and stages["shareIdentifier"] == "vision"
+    parser = argparse.ArgumentParser()
+    node.add_arguments(parser)
+    verb = argparse.ArgumentParser()
+    pipeline.add_arguments(verb)
+    stage_args = verb.parse_args(parser.parse_args(command_of(stages)).verb[1:])
+    assert (stage_args.run, stage_args.tags_root) == (
+        Path(f"/fsx/checkpoints/teams/vision/{RUN}"),
+        Path("/fsx/checkpoints/teams/vision"),  # its tags beside its runs, where models list --team reads
+    )
+    version = publish_stage_outputs(stack, tmp_path, under=VISION)
+    status, out, err = team_finetune(stack, capsys, suite)
+    assert status == 0, err
+    assert out.splitlines()[-1] == (
+        f"stages: done ({version}: evaluated as 'llama3-8b-sft', tagged 'candidate', exported to "
+        f"s3://{CHECKPOINTS}/teams/vision/{RUN}/export/{version}/)"
+    )
+    assert len(submitted(stack)) == 3  # vision's two, speech's one: nothing more
+
+
+def test_a_teams_fine_tune_is_refused_its_deploy_data_outside_its_prefix_and_a_missing_team(
+    stack, capsys, tmp_path, monkeypatch
+):
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, **TEAMS}))
+    upload_inputs(stack)  # the stack's own dataset and suite files, at the bucket's root
+    upload_inputs(stack, f"{VISION}chat/chat", f"{VISION}sft/heldout")
+    status, _, err = finetune(stack, capsys)
+    assert status == 2 and "stack 'test' is shared by teams vision, speech: say which with TEAM=<name>" in err
+    status, _, err = team_finetune(
+        stack, capsys, finetune_driver.DEFAULT_SUITE
+    )  # it reads /fsx/datasets/sft/
+    assert status == 2
+    assert (
+        "perplexity.0.data = '/fsx/datasets/sft/heldout': team vision's data lives under "
+        "/fsx/datasets/teams/vision/" in err
+    )
+    status, _, err = team_finetune(stack, capsys, team_suite(tmp_path, monkeypatch), "--deploy")
+    assert status == 2 and "DEPLOY=1 with TEAM=vision: the endpoint is the stack's" in err
+    assert submitted(stack) == []
+
+
+def test_on_eks_a_teams_fine_tune_runs_and_is_found_in_its_namespace(
+    teams_stack,  # noqa: F811
+    api_server,  # noqa: F811
+    capsys,
+    tmp_path,
+    monkeypatch,
+):
+    suite = team_suite(tmp_path, monkeypatch)
+    upload_inputs(teams_stack, f"{VISION}chat/chat", f"{VISION}sft/heldout")
+    status, out, err = team_finetune(teams_stack, capsys, suite)
+    assert status == 0, err
+    assert "make logs STACK=test TEAM=vision JOB=sft-a FOLLOW=1" in out
+    held = api_server.namespaces["team-vision"]
+    held[RUN]["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    status, out, err = team_finetune(teams_stack, capsys, suite)
+    assert status == 0, err
+    assert out.splitlines()[0] == f"train: succeeded (job {RUN})"
+    assert sorted(held) == [RUN, f"{RUN}-stages"] and list(api_server.namespaces) == ["team-vision"]
+    stages = held[f"{RUN}-stages"]
+    assert jobset_errors(stages) == [] and stages["metadata"]["labels"]["team"] == "vision"
+    args = stages["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert re.search(r"--tags-root /fsx/checkpoints/teams/vision(?: |$)", " ".join(args))

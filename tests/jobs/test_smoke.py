@@ -114,3 +114,54 @@ def test_refused_before_submitting(stack, tmp_path):
     small = stack.make("smoke", f"IMAGE={IMAGE_TAG}", f"OUTPUTS={one_node}", "NOWAIT=1")
     assert small.returncode == 2 and "allows 1 node(s); the smoke test needs 2" in small.stderr
     assert not stack.requests("SubmitJob")
+
+
+# A stack shared by teams (infra/teams.py): its GPU queue has a fair-share policy, where Batch refuses a job without a
+# share identifier (Batch API Reference, SubmitJob `shareIdentifier`: "If the job queue has a fair-share scheduling
+# policy, then this parameter must be specified"), so the smoke job, like `make train`'s, is a team's.
+TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 16, "speech": 8}}
+
+
+def shared_by_teams(stack: Stack) -> None:
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, **TEAMS}))
+
+
+def test_on_a_stack_shared_by_teams_the_smoke_job_is_a_teams_under_its_share_and_prefix(stack):
+    shared_by_teams(stack)
+    result = smoke(stack, f"IMAGE={IMAGE_TAG}", "RUN=smoke-v", "TEAM=vision", "NOWAIT=1")
+    assert result.returncode == 0, result.stderr
+    (request,) = stack.requests("SubmitJob")
+    assert request["shareIdentifier"] == "vision" and request["schedulingPriorityOverride"] == 0
+    assert request["tags"] == {"trainstack:run": "smoke-v", "trainstack:stack": "test", "team": "vision"}
+    (node_range,) = request["nodeOverrides"]["nodePropertyOverrides"]
+    assert (
+        node_range["containerOverrides"]["command"][-1] == "/fsx/checkpoints/teams/vision/smoke-v/preflight"
+    )
+    job_id = stack.jobs()[0]["jobId"]
+    assert f"report later: make smoke STACK=test TEAM=vision JOB={job_id} RUN=smoke-v" in result.stdout
+    log_report(stack, job_id, PASSED_REPORT)
+    export_tokens(stack, "teams/vision/smoke-v")
+    result = smoke(stack, f"JOB={job_id}", "RUN=smoke-v", "TEAM=vision")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "every node's token is in s3://trainstack-test-checkpoints/teams/vision/smoke-v/preflight/"
+        in result.stdout
+    )
+    assert result.stdout.splitlines()[-1] == f"smoke: passed (job {job_id} SUCCEEDED)"
+
+
+def test_on_a_stack_shared_by_teams_a_missing_unknown_or_over_quota_team_is_refused(stack):
+    shared_by_teams(stack)
+    for variables, message in (
+        ((), "stack 'test' is shared by teams vision, speech: say which with TEAM=<name>"),
+        (("TEAM=nlp",), "TEAM=nlp: not a team of stack 'test'; its teams are vision, speech"),
+        (("TEAM=speech",), "NODES=2: 16 GPUs is over team 'speech''s quota of 8"),
+    ):
+        result = smoke(stack, f"IMAGE={IMAGE_TAG}", "NOWAIT=1", *variables)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    report = smoke(stack, "JOB=some-id", "RUN=smoke-v")
+    assert report.returncode == 2 and "say which with TEAM=<name>" in report.stderr
+    assert not stack.requests("SubmitJob")
+    stack.outputs_file.write_text(json.dumps(stack.outputs))
+    result = smoke(stack, f"IMAGE={IMAGE_TAG}", "NOWAIT=1", "TEAM=vision")
+    assert result.returncode == 2 and "TEAM=vision: stack 'test' has no teams" in result.stderr

@@ -6,7 +6,8 @@ job definition by their planned names and ARNs; the queue and definition by Pulu
 role (tagged team=vision), assumed through moto's STS. As that role, in this process: `make data STACK=prod
 TEAM=vision LOCAL=1`'s upload, `make train STACK=prod TEAM=vision` (a new image: a new definition revision),
 `make status` (the list, then the job with its health report), `make logs`, `models list --stack prod --team
-vision` and `make cancel`. botocore's
+vision`, `make cancel`, `make smoke TEAM=vision NOWAIT=1` and `make finetune TEAM=vision` twice (the training job,
+then, once it succeeded, the stages job). botocore's
 `before-call` event records every call with its parameters; each becomes the IAM requests it authorises (action,
 resource ARN, condition keys: AUTHORISATIONS, each from the service's reference) and each request is decided
 against the planned team policy by tests/iam_evaluation.py, with the role's tag as `aws:PrincipalTag/team`.
@@ -34,6 +35,7 @@ import boto3
 import botocore.handlers
 import pytest
 import requests
+import yaml
 from botocore.exceptions import ClientError
 from moto.batch.models import batch_backends
 from moto.core.authorization import enable_iam_authentication
@@ -42,6 +44,7 @@ from infra.mocks import ACCOUNT_ID
 from tests.iam_evaluation import Request, decide
 from tests.infra.conftest import Planned, _variant
 from trainer.__main__ import main as trainer_main
+from trainer.jobs import finetune as finetune_driver
 
 from .conftest import IMAGE_TAG
 from .test_upload import write_dataset
@@ -372,6 +375,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     admin = boto3.client("batch", region_name=REGION)
     prefix = tmp / "corpus"
     write_dataset(prefix, documents=10, tokens_per_document=50)
+    _chat_data_uploaded(outputs["datasets_bucket"])
     recorder = Recorder()
     team_session = _assume_team_role(plan)
     handlers = [
@@ -405,6 +409,24 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         moto_job = batch_backends[ACCOUNT_ID][REGION]._jobs[job_id]
         moto_job.status, moto_job.job_stopped = "RUNNING", False  # moto ends jobs at once
         out["cancel"] = _run(["job", "cancel", *stack, "--job", job_id])
+        out["smoke"] = _run(
+            ["smoke", *stack, "--image", IMAGE_TAG, "--team", "vision", "--run", "smoke-v", "--no-wait"]
+        )
+        finetune = [
+            "finetune",
+            *stack,
+            "--team",
+            "vision",
+            "--image",
+            IMAGE_TAG,
+            "--nodes",
+            "2",
+            "--run",
+            "sft-v",
+        ]
+        finetune += ["--dataset", "chat", "--suite", str(_team_suite(tmp, mp))]
+        out["finetune"] = _run(finetune)
+        out["finetune-stages"] = _run(finetune)  # moto's Batch ended the training job SUCCEEDED
     world = World(
         REGION,
         ACCOUNT_ID,
@@ -413,6 +435,29 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     yield Workflow(plan, recorder.calls, world, outputs, out, team_session)
     mp.undo()
+
+
+def _chat_data_uploaded(bucket: str) -> None:
+    """A chat dataset and held-out data under vision's prefix, as `trainer upload --team vision` (above) leaves
+    them."""
+    s3 = boto3.client("s3", region_name=REGION)
+    for suffix in (".bin", ".idx", "-mask.bin", "-mask.idx", ".tokenizer.json", ".chat.json"):
+        s3.put_object(Bucket=bucket, Key=f"teams/vision/chat/chat{suffix}", Body=b"x")
+    for suffix in (".bin", ".idx", ".tasks.jsonl"):
+        s3.put_object(Bucket=bucket, Key=f"teams/vision/sft/heldout{suffix}", Body=b"x")
+
+
+def _team_suite(tmp: Any, mp: pytest.MonkeyPatch) -> Any:
+    """The default fine-tune suite over vision's own held-out data, in an image's trainer/ tree."""
+    root = tmp / "image"
+    path = root / "trainer" / "configs" / "suites" / "vision-sft.yaml"
+    path.parent.mkdir(parents=True)
+    suite = yaml.safe_load(finetune_driver.DEFAULT_SUITE.read_text())
+    suite["perplexity"][0]["data"] = "/fsx/datasets/teams/vision/sft/heldout"
+    suite["generation"][0]["file"] = "/fsx/datasets/teams/vision/sft/heldout.tasks.jsonl"
+    path.write_text(yaml.safe_dump(suite))
+    mp.setattr(finetune_driver, "ROOT", root)
+    return path
 
 
 def _run(argv: list[str]) -> str:
@@ -450,6 +495,9 @@ def test_the_team_workflow_runs_under_the_team_role_and_every_call_is_allowed(wo
     assert "step 1 loss 9.5" in workflow.out["logs"]
     assert "no model versions in s3://trainstack-prod-checkpoints/teams/vision" in workflow.out["models"]
     assert "termination requested (was RUNNING)" in workflow.out["cancel"]
+    assert "report later: make smoke STACK=prod TEAM=vision JOB=" in workflow.out["smoke"]
+    assert workflow.out["finetune"].startswith("train: submitted (job ")
+    assert "stages: submitted (job " in workflow.out["finetune-stages"]
     made = {str(c) for c in workflow.calls}
     # The calls issue 36 named, each made by the workflow (the residency check, the image, the data, a new
     # revision for the new image, the submission, the log, the cancel).

@@ -1,8 +1,8 @@
 """`python -m trainer finetune --stack <env>` (`make finetune STACK=<env>`): a fine-tune's stages on the cluster,
 resuming where the last call stopped.
 
-    finetune --stack ENV [--dataset NAME] [--config FILE] [--suite FILE] [--run NAME] [--nodes N] [--image TAG]
-             [--tag candidate] [--record NAME] [--wait] [--retry]
+    finetune --stack ENV [--team NAME] [--dataset NAME] [--config FILE] [--suite FILE] [--run NAME] [--nodes N]
+             [--image TAG] [--tag candidate] [--record NAME] [--wait] [--retry]
 
 1 dataset  with --dataset, the prepared chat dataset in the datasets bucket: its latest published version
            (`NAME/latest.json`, written by `make data STACK=`), else NAME/NAME (`trainer upload`); the run trains on
@@ -21,6 +21,13 @@ resuming where the last call stopped.
 4 deploy   with --deploy (`make finetune STACK=<env> DEPLOY=1`) and a suite with a `deploy:` gate: the new version
            goes to the stack's endpoint (`make deploy`, trainer/deploy/) when its evaluation beats the live
            version's by the gate's margin (trainer/deploy/gate.py); else one line says why it was held back
+
+On a stack shared by teams (docs/security.md#teams) --team is required, as for `make train`: both jobs carry the
+team's share and tag (Batch) or go to its namespace (EKS), the dataset is the team's (teams/<team>/NAME, uploaded
+with `trainer upload --team`), and the run, its model versions and its tags live under teams/<team>/ of the
+checkpoints bucket, where `models list --stack --team` reads them; a job of the run's name is the team's only if
+its `team` tag says so. --deploy is the platform operators' (the endpoint is the stack's, not a team's) and is refused
+with --team.
 
 One line per stage (`train: succeeded (job ...)`, `stages: submitted (job ...)`). Every check that needs no
 cluster runs before anything is looked up or submitted: the stack, the config and layout, the run name, the suite,
@@ -52,6 +59,7 @@ from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.checkpoint.version import RecordError
 from trainer.config import TrainConfig
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
+from trainer.contract.teams import job_team, run_path, team_prefix
 from trainer.evaluation.suite import Suite
 from trainer.jobs.job import STATUSES, TERMINAL
 from trainer.jobs.jobset import RenderError
@@ -69,6 +77,7 @@ from trainer.jobs.submit import (
     plan,
     submit,
 )
+from trainer.jobs.teams import team_name_problems
 from trainer.models.pipeline import DEFAULT_TAG, DTYPES, EXPORT, EXPORT_MARKER_SUFFIX, check_names
 from trainer.models.registry import Registry, S3Store
 
@@ -118,6 +127,17 @@ class Pipeline:
     stages: Submission
     record: str
     tag: str
+    team: str | None = None
+
+    @property
+    def root(self) -> str:
+        """The part of the checkpoints bucket the run's versions and tags live under: a team's teams/<team>/."""
+        return team_prefix(self.team) if self.team else ""
+
+    @property
+    def path(self) -> str:
+        """The run below the bucket's root (a team's under teams/<team>/)."""
+        return run_path(self.run, self.team)
 
 
 def _missing(s3: Any, bucket: str, key: str) -> bool:
@@ -130,17 +150,19 @@ def _missing(s3: Any, bucket: str, key: str) -> bool:
     return False
 
 
-def dataset_prefix(outputs: StackOutputs, name: str) -> str:
-    """The chat dataset's prefix under /fsx/datasets: its latest published version, else NAME/NAME; every file
-    `prepare --format chat` writes must be in the bucket."""
+def dataset_prefix(outputs: StackOutputs, name: str, team: str | None = None) -> str:
+    """The chat dataset's prefix under /fsx/datasets: its latest published version, else NAME/NAME (a team's under
+    teams/<team>/, where `trainer upload --team` puts it); every file `prepare --format chat` writes must be in the
+    bucket."""
     if not DATASET_NAME.match(name):
         raise SubmitError(
             [f"DATASET={name!r}: a folder name in the datasets bucket: letters, digits, '.', '-' and '_'"]
         )
     s3, bucket = aws("s3", outputs.region), outputs["datasets_bucket"]
-    key = f"{name}/{name}"
-    if not _missing(s3, bucket, f"{name}/{LATEST}"):
-        latest = json.loads(s3.get_object(Bucket=bucket, Key=f"{name}/{LATEST}")["Body"].read())
+    folder = (team_prefix(team) if team else "") + name
+    key = f"{folder}/{name}"
+    if not _missing(s3, bucket, f"{folder}/{LATEST}"):
+        latest = json.loads(s3.get_object(Bucket=bucket, Key=f"{folder}/{LATEST}")["Body"].read())
         key = str(latest["prefix"]).removeprefix(FSX_DATASETS)
     absent = [f"s3://{bucket}/{key}{s}" for s in CHAT_SUFFIXES if _missing(s3, bucket, key + s)]
     if absent:
@@ -148,15 +170,17 @@ def dataset_prefix(outputs: StackOutputs, name: str) -> str:
             [
                 f"DATASET={name}: {', '.join(absent)} not found: prepare the chat data here with `python -m trainer "
                 f"prepare --format chat ... --output data/{name}/{name}` and upload it with `python -m trainer upload "
-                f"--stack {outputs.stack} --prefix data/{name}/{name} --name {name}` (docs/finetune.md; make data "
+                f"--stack {outputs.stack} --prefix data/{name}/{name} --name {name}{' --team ' + team if team else ''}` "
+                f"(docs/finetune.md; make data "
                 f"STACK={outputs.stack} publishes text corpora only)"
             ]
         )
     return FSX_DATASETS + key
 
 
-def suite_problems(suite_path: Path, outputs: StackOutputs) -> list[str]:
-    """The suite is in the image (under trainer/), parses, and every file it names is in the datasets bucket."""
+def suite_problems(suite_path: Path, outputs: StackOutputs, team: str | None = None) -> list[str]:
+    """The suite is in the image (under trainer/), parses, and every file it names is in the datasets bucket (a
+    team's under its own prefix, the only one its role may check, as for its training data)."""
     path = suite_path.resolve()
     if not path.is_relative_to(ROOT / "trainer"):
         return [
@@ -173,17 +197,22 @@ def suite_problems(suite_path: Path, outputs: StackOutputs) -> list[str]:
     ]
     wanted += [(f"generation.{i}.file", t.file, ("",)) for i, t in enumerate(suite.generation)]
     s3, bucket, problems = aws("s3", outputs.region), outputs["datasets_bucket"], []
+    own = FSX_DATASETS + (team_prefix(team) if team else "")
+    upload_team = f" TEAM={team}" if team else ""
     for key, value, suffixes in wanted:
-        if not value.startswith(FSX_DATASETS):
-            problems.append(
-                f"SUITE={suite_path}: {key} = {value!r}: the job reads {FSX_DATASETS} (the datasets bucket)"
+        if not value.startswith(own):
+            where = (
+                f"team {team}'s data lives under {own}"
+                if team
+                else f"the job reads {own} (the datasets bucket)"
             )
+            problems.append(f"SUITE={suite_path}: {key} = {value!r}: {where}")
             continue
         for suffix in suffixes:
             if _missing(s3, bucket, value.removeprefix(FSX_DATASETS) + suffix):
                 problems.append(
                     f"SUITE={suite_path}: {key} = {value!r}: s3://{bucket}/{value.removeprefix(FSX_DATASETS)}{suffix} "
-                    f"not found; upload the held-out data (make data STACK={outputs.stack} ... LOCAL=1)"
+                    f"not found; upload the held-out data (make data STACK={outputs.stack}{upload_team} ... LOCAL=1)"
                 )
     return problems
 
@@ -195,12 +224,23 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
         check_names(record, args.tag)
     except RecordError as error:
         raise SubmitError([str(error)]) from None
+    if args.deploy and args.team:
+        raise SubmitError(
+            [
+                f"DEPLOY=1 with TEAM={args.team}: the endpoint is the stack's, deployed by its platform operators "
+                f"(make deploy STACK={outputs.stack} VERSION=...); leave DEPLOY out and hand them the version"
+            ]
+        )
+    if problems := team_name_problems(outputs, args.team):
+        raise SubmitError(problems)
     overrides = []
     if args.dataset:  # its tokens and the tokenizer they were made with; the user's --set still wins
-        prefix = dataset_prefix(outputs, args.dataset)
+        prefix = dataset_prefix(outputs, args.dataset, args.team)
         overrides += [f"data.prefixes=[{prefix}]", f"data.tokenizer_path={prefix}.tokenizer.json"]
     overrides += args.overrides
-    train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run)
+    train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run, args.team)
+    # A team's tag events beside its runs (teams/<team>/model-tags/), where `models list --stack --team` reads them.
+    tags_root = f"{CHECKPOINTS_DIR}/{team_prefix(args.team)}".rstrip("/") if args.team else CHECKPOINTS_DIR
     stage_args = ["--run", train.run_dir, "--suite", str(args.suite), "--record", record, "--tag", args.tag]
     stage_args += [
         "--tokenizer",
@@ -208,7 +248,7 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
         "--dtype",
         args.dtype,
         "--tags-root",
-        CHECKPOINTS_DIR,
+        tags_root,
     ]
     stages = Submission(
         run=train.run + STAGES_SUFFIX,
@@ -221,26 +261,28 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
         # no preflight (its all-reduce and EFA checks guard multi-node training, not one process reading /fsx).
         command=["--skip-preflight", "--nproc-per-node", "1", "finetune-stages", *stage_args],
         environment={"TRAINSTACK_RUN": train.run, IMAGE_TAG_ENV: tag},
+        team=args.team,
     )
     if (
         problems := eks_problems(train, outputs)
         + eks_problems(stages, outputs)
-        + suite_problems(args.suite, outputs)
+        + suite_problems(args.suite, outputs, args.team)
     ):
         raise SubmitError(problems)
-    return Pipeline(train.run, train, cfg, stages, record, args.tag)
+    return Pipeline(train.run, train, cfg, stages, record, args.tag, args.team)
 
 
 def _epoch(stamp: str | None) -> float | None:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
-def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
-    """The newest job named `name` in the stack's queue (Batch), or the JobSet of that name (EKS); None if none."""
+def find_job(outputs: StackOutputs, name: str, team: str | None = None) -> ClusterJob | None:
+    """The newest job named `name` of `team` (or of no team) in the stack's queue (Batch), or the JobSet of that
+    name in the team's namespace (EKS); None if none."""
     if outputs.orchestrator == "eks":
         from trainer.jobs.eks import connect, jobset_status, status_reason
 
-        for js in connect(outputs).jobsets():
+        for js in connect(outputs, team=team).jobsets():
             if js["metadata"]["name"] == name:
                 # When it ended: its Completed or Failed condition's lastTransitionTime (required in status.conditions
                 # of the pinned JobSet v0.12.0 CRD, ../shared/k8s-crds/).
@@ -262,7 +304,15 @@ def find_job(outputs: StackOutputs, name: str) -> ClusterJob | None:
         .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [name]}])
     )
     named = [job for page in pages for job in page["jobSummaryList"] if job["jobName"] == name]
-    return _batch_job(max(named, key=lambda j: j["createdAt"])) if named else None
+    # Two teams' runs may share a name on the one queue: a job is this team's by its `team` tag, which ListJobs'
+    # summaries lack and DescribeJobs' details carry (Batch API Reference, JobDetail `tags`; at most 100 jobs a call).
+    ids = [job["jobId"] for job in named]
+    batch = aws("batch", outputs.region)
+    details = [
+        job for i in range(0, len(ids), 100) for job in batch.describe_jobs(jobs=ids[i : i + 100])["jobs"]
+    ]
+    ours = [job for job in details if job_team(job.get("tags")) == team]
+    return _batch_job(max(ours, key=lambda j: j["createdAt"])) if ours else None
 
 
 def _batch_job(job: dict[str, Any]) -> ClusterJob:
@@ -277,23 +327,26 @@ def _batch_job(job: dict[str, Any]) -> ClusterJob:
     )
 
 
-def job_by_id(outputs: StackOutputs, job_id: str) -> ClusterJob | None:
-    """The job just submitted, by its id (DescribeJobs), or on EKS the JobSet of that name."""
+def job_by_id(outputs: StackOutputs, job_id: str, team: str | None = None) -> ClusterJob | None:
+    """The job just submitted, by its id (DescribeJobs), or on EKS the JobSet of that name (in `team`'s
+    namespace)."""
     if outputs.orchestrator == "eks":
-        return find_job(outputs, job_id)
+        return find_job(outputs, job_id, team)
     found = aws("batch", outputs.region).describe_jobs(jobs=[job_id])["jobs"]
     return _batch_job(found[0]) if found else None
 
 
 class RunBucket(S3Store):
-    """The checkpoints bucket as `models --stack` reads it, its versions listed under the run's prefix only."""
+    """The checkpoints bucket as `models --stack [--team]` reads it, its versions listed under the run's prefix
+    only."""
 
-    def __init__(self, outputs: StackOutputs, run: str):
+    def __init__(self, outputs: StackOutputs, run: str, root: str = ""):
         super().__init__(
             aws("s3", outputs.region),
             aws("sts", outputs.region),
             outputs["checkpoints_bucket"],
             outputs["kms_key_arn"],
+            root,
         )
         self.run = run
 
@@ -304,10 +357,10 @@ class RunBucket(S3Store):
 def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tuple[str | None, list[str]]:
     """The run's newest model version in the bucket and what of the stages' outputs it lacks there; a version
     older than the training job is not its (its checkpoints have not reached the bucket yet)."""
-    store = RunBucket(outputs, p.run)
+    store = RunBucket(outputs, p.run, p.root)
     registry = Registry(store)
     if not registry.versions:
-        return None, [f"any model version under s3://{store.bucket}/{p.run}/"]
+        return None, [f"any model version under s3://{store.bucket}/{p.path}/"]
     newest = registry.versions[-1]
     version, missing = newest.record.version, []
     # A record's time is whole seconds (checkpoint/version.py): compare the job's at that precision, or a record
@@ -318,12 +371,12 @@ def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tup
         missing.append(f"evaluation {p.record!r}")
     if registry.tags().get(p.tag) != version:
         missing.append(f"tag {p.tag!r}")
-    marker = f"{p.run}/{EXPORT}/{version}{EXPORT_MARKER_SUFFIX}"
+    marker = f"{p.path}/{EXPORT}/{version}{EXPORT_MARKER_SUFFIX}"
     if _missing(store.s3, store.bucket, marker):
         missing.append(f"export marker s3://{store.bucket}/{marker}")
     else:
         files = json.loads(store.s3.get_object(Bucket=store.bucket, Key=marker)["Body"].read())["files"]
-        prefix = f"{p.run}/{EXPORT}/{version}/"
+        prefix = f"{p.path}/{EXPORT}/{version}/"
         pages = store.s3.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix)
         there = {
             item["Key"].removeprefix(prefix): item["Size"]
@@ -337,10 +390,14 @@ def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tup
     return version, missing
 
 
+def _team(submission: Submission) -> str:
+    return f" TEAM={submission.team}" if submission.team else ""
+
+
 def _submitted_line(label: str, job_id: str, submission: Submission, outputs: StackOutputs) -> str:
     return (
         f"{label}: submitted (job {job_id}): {submission.nodes} x {outputs['instance_type']} ({submission.image}); "
-        f"follow it: make logs STACK={outputs.stack} JOB={job_id} FOLLOW=1"
+        f"follow it: make logs STACK={outputs.stack}{_team(submission)} JOB={job_id} FOLLOW=1"
     )
 
 
@@ -354,7 +411,7 @@ def advance(
 ) -> ClusterJob | None:
     """One stage's job: submitted when there is none (or none since `after`, or --retry and it failed), waited for
     with --wait; the job once it succeeded, None while it is not done (one line says so)."""
-    job = find_job(outputs, submission.run)
+    job = find_job(outputs, submission.run, submission.team)
     stale = job is not None and job.status in TERMINAL and after is not None and job.created < after
     if job is None or stale or (job.status == "FAILED" and args.retry):
         if problems := checks():
@@ -362,7 +419,7 @@ def advance(
         if job is not None and outputs.orchestrator == "eks":  # a JobSet's name is unique in its namespace
             from trainer.jobs.eks import connect
 
-            connect(outputs).delete_jobset(submission.run)
+            connect(outputs, team=submission.team).delete_jobset(submission.run)
         job_id = submit(submission, outputs)
         print(_submitted_line(label, job_id, submission, outputs))
         if not args.wait:
@@ -374,13 +431,13 @@ def advance(
         if not args.wait:
             return None
         time.sleep(args.poll_s)
-        if (found := job_by_id(outputs, job.id)) is None:
+        if (found := job_by_id(outputs, job.id, submission.team)) is None:
             raise FinetuneError(f"{label}: job {job.id} is gone from the stack; run again to submit it anew")
         job = found
     if job.status == "FAILED":
         raise FinetuneError(
             f"{label}: failed (job {job.id}{': ' + job.reason if job.reason else ''}); its log: make logs "
-            f"STACK={outputs.stack} JOB={job.id}; once fixed, RETRY=1 submits it again (it resumes from the run's "
+            f"STACK={outputs.stack}{_team(submission)} JOB={job.id}; once fixed, RETRY=1 submits it again (it resumes from the run's "
             "checkpoints)"
         )
     print(f"{label}: succeeded (job {job.id})")
@@ -396,7 +453,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
     if version and not missing:
         print(
             f"stages: done ({version}: evaluated as {p.record!r}, tagged {p.tag!r}, exported to "
-            f"s3://{bucket}/{p.run}/{EXPORT}/{version}/)"
+            f"s3://{bucket}/{p.path}/{EXPORT}/{version}/)"
         )
         return deliver_stage(p, outputs, args, version)
 
@@ -410,7 +467,7 @@ def drive(p: Pipeline, outputs: StackOutputs, args: argparse.Namespace, tag: str
     while True:
         version, missing = stages_missing(outputs, p, train)
         if not missing:
-            print(f"stages: done ({version}: in s3://{bucket}/{p.run}/)")
+            print(f"stages: done ({version}: in s3://{bucket}/{p.path}/)")
             return deliver_stage(p, outputs, args, version)
         if not args.wait or time.monotonic() > deadline:
             break
@@ -485,6 +542,9 @@ def deliver(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", required=True, help="the stack to run on (dev, staging, prod, eks-dev)")
     parser.add_argument("--outputs", help="a JSON file of stack outputs instead of `pulumi stack output`")
+    parser.add_argument(
+        "--team", help="on a stack shared by teams: the team whose share, quota, data and prefix the jobs use"
+    )
     parser.add_argument("--dataset", help="a prepared chat dataset's name in the stack's datasets bucket")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"default {DEFAULT_CONFIG}")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
