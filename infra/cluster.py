@@ -272,7 +272,8 @@ class ClusterArgs:
     lustre: Lustre
     identity: Identity
     registry: Registry
-    # With teams (infra/teams.py): the GPU queue's fair-share policy; None keeps the first-in-first-out queue.
+    # With teams (infra/teams.py): the fair-share policy of the GPU and Spot queues (a team's jobs and sweeps carry
+    # its share to either); None keeps first-in-first-out queues.
     scheduling_policy: aws.batch.SchedulingPolicy | None = None
 
 
@@ -460,7 +461,13 @@ class Cluster(pulumi.ComponentResource):
                 f"{cfg.name_prefix}-spot", strategy="cluster", opts=child
             ).name,
         )
-        queue = self.job_queues["spot"] = self._queue(f"{cfg.name_prefix}-spot", environment)
+        # With teams the Spot queue takes the same fair-share policy as the GPU queue: a team's sweep workers
+        # (trainer/jobs/sweep.py) carry its share identifier, which SubmitJob refuses on a queue without one and
+        # requires on a queue with one (Batch API Reference, SubmitJob `shareIdentifier`); shares are counted per
+        # queue, not across queues (Batch User Guide, "Use share identifiers to identify workloads").
+        queue = self.job_queues["spot"] = self._queue(
+            f"{cfg.name_prefix}-spot", environment, args.scheduling_policy
+        )
         definition = aws.batch.JobDefinition(
             f"{cfg.name_prefix}-spot",
             type="container",

@@ -3,17 +3,19 @@
 Attribute-based (IAM User Guide, "Define permissions based on attributes with ABAC authorization"): each team role
 carries the tag `team=<name>`, which is the `aws:PrincipalTag/team` of every session of that role, and all team roles
 share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new config entry, never new policy text.
-It allows exactly the calls `make train|status|logs|cancel STACK= TEAM=` and `make data STACK= TEAM= LOCAL=1` make
+It allows exactly the calls `make train|smoke|finetune|sweep|status|logs|cancel STACK= TEAM=` and `make data STACK=
+TEAM= LOCAL=1` make
 (tests/jobs/test_team_workflow.py runs them as the role and checks every call against this policy):
 
 - S3: list, read and write (not delete: the platform operators prune) only under `teams/<team>/` of the datasets
   and checkpoints buckets (its runs, data and model versions: trainer/contract/teams.py), and the two buckets'
   location (the residency check);
 - ECR: describe the stack's repository's images (the image check, and the digest the job records);
-- Batch: submit only to the stack's GPU queue with the job definitions of the stack, with the share identifier
+- Batch: submit only to the stack's GPU and Spot queues (training, smoke and fine-tune jobs; sweep workers) with
+  the job definitions of the stack, with the share identifier
   `<team>` (`batch:ShareIdentifier`, Batch User Guide "Resource: Use the batch:ShareIdentifier condition key") and
   the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); register a revision of the
-  training definition for a new image (passing only its two roles, tagged only with the stack's own tags);
+  training or Spot definition for a new image (passing only its two roles, tagged only with the stack's own tags);
   terminate (what `make cancel` does) only jobs tagged `team=<team>` (`aws:ResourceTag/team`); never tag a job that
   already has a `team` tag (every job the stack's verbs submit gets one at submission: trainer/jobs/teams.py), nor
   untag one.
@@ -25,7 +27,7 @@ A team's `members` (IAM principals) and/or `identityCenterGroup` may assume its 
 permission set `<stack>-<team>` in that Identity Center instance whose only permission is `sts:AssumeRole` on the
 team role, assigned to the group on this account; the team role trusts the role Identity Center provisions for it.
 
-The GPU queue gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
+The GPU queue (and the Spot queue, where sweeps run) gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
 `ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
 starve another. A queue cannot gain or lose that policy, so turning teams on or off replaces the queue
 (infra/cluster.py), and team jobs carry a scheduling priority (trainer/jobs/teams.py). Batch has no per-share
@@ -98,7 +100,7 @@ def team_trust_statements(
 
 
 def scheduling_policy(cfg: StackConfig, opts: pulumi.ResourceOptions) -> aws.batch.SchedulingPolicy | None:
-    """The GPU queue's fair-share policy, one share per team; None keeps today's first-in-first-out queue (and on
+    """The GPU and Spot queues' fair-share policy, one share per team; None keeps first-in-first-out queues (and on
     EKS, where Kueue shares the nodes: infra/eks_teams.py)."""
     if not cfg.teams or cfg.orchestrator == "eks":
         return None
@@ -125,14 +127,22 @@ def team_access_statements(
     """The one team policy: every scope is `${aws:PrincipalTag/team}`, nothing names a team."""
     batch = pulumi.Output.concat("arn:aws:batch:", cfg.region, ":", account)
     own_objects = [pulumi.Output.concat(bucket, "/", TEAMS_PREFIX, TEAM, "/*") for bucket in buckets]
-    # Pulumi names the queue and the definition <name>-<suffix>; a SubmitJob names a revision (<name>-<suffix>:<n>).
-    train_definitions = pulumi.Output.concat(batch, ":job-definition/", cfg.name_prefix, "-train-*")
+    # Pulumi names the queues and definitions <name>-<suffix>; a SubmitJob names a revision (<name>-<suffix>:<n>).
+    # The training definition (train, smoke, fine-tune) on the GPU queue; the Spot one (a sweep's workers) on the Spot
+    # queue (infra/cluster.py). A stack without trainstack:spot has neither, and the patterns match nothing.
+    definitions = [
+        pulumi.Output.concat(batch, ":job-definition/", cfg.name_prefix, kind)
+        for kind in ("-train-*", "-spot-*")
+    ]
+    queues = [
+        pulumi.Output.concat(batch, ":job-queue/", cfg.name_prefix, kind) for kind in ("-gpu-*", "-spot-*")
+    ]
     jobs = pulumi.Output.concat(batch, ":job/*")
     return [
         allow(
             "SubmitToOwnShare",
             ["batch:SubmitJob"],
-            [pulumi.Output.concat(batch, ":job-queue/", cfg.name_prefix, "-gpu-*"), train_definitions],
+            [*queues, *definitions],
             Condition={"StringEquals": {"batch:ShareIdentifier": TEAM, f"aws:RequestTag/{TEAM_TAG}": TEAM}},
         ),
         # Tags given to SubmitJob are authorised as batch:TagResource on the new job too (Service Authorization
@@ -174,12 +184,12 @@ def team_access_statements(
         # definition's job and execution roles (iam:PassRole on exactly those, IAM User Guide "Grant a user
         # permissions to pass a role to an AWS service") and its tags, which are the stack's default tags
         # (infra/__main__.py) and are authorised as batch:TagResource: only those keys with the stack's values.
-        allow("RegisterTrainingDefinitions", ["batch:RegisterJobDefinition"], [train_definitions]),
+        allow("RegisterJobDefinitions", ["batch:RegisterJobDefinition"], definitions),
         allow("PassTheDefinitionsRoles", ["iam:PassRole"], list(job_roles)),
         allow(
             "TagDefinitionsWithTheStackTags",
             ["batch:TagResource"],
-            [train_definitions],
+            definitions,
             Condition={
                 "ForAllValues:StringEquals": {"aws:TagKeys": sorted(cfg.tags)},
                 "StringEquals": {f"aws:RequestTag/{key}": value for key, value in sorted(cfg.tags.items())},

@@ -9,6 +9,7 @@ would otherwise plan UpdateJobQueue); and Batch refuses a fair-share job with no
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import botocore.session
 import pytest
@@ -89,4 +90,47 @@ def test_a_team_submission_carries_a_priority_batchs_model_accepts():
     batch = botocore.session.get_session().create_client("batch", region_name="us-east-1")
     with Stubber(batch) as stub:  # the Stubber validates the request against botocore's model
         stub.add_response("submit_job", {"jobName": "vision-a", "jobId": "1"}, request)
+        batch.submit_job(**request)
+
+
+def share_refusal(queue_has_policy: bool, request: dict) -> str | None:
+    """SubmitJob `shareIdentifier` against the queue (botocore batch model: "Don't specify this parameter if the job
+    queue doesn't have a fair-share scheduling policy. If the job queue has a fair-share scheduling policy, then
+    this parameter must be specified")."""
+    if queue_has_policy and "shareIdentifier" not in request:
+        return "shareIdentifier must be specified on a queue with a fair-share scheduling policy"
+    if not queue_has_policy and "shareIdentifier" in request:
+        return "shareIdentifier given to a queue without a fair-share scheduling policy"
+    return None
+
+
+def test_the_model_states_the_share_identifier_rule_both_ways():
+    text = batch_model().operation_model("SubmitJob").input_shape.members["shareIdentifier"].documentation
+    assert "Don't specify this parameter if the job queue doesn't have a fair-share scheduling policy" in text
+    assert (
+        "If the job queue has a fair-share scheduling policy, then this parameter must be specified" in text
+    )
+
+
+@pytest.mark.parametrize("teams", [False, True])
+def test_a_sweep_on_the_spot_queue_carries_a_share_exactly_when_the_queue_has_the_teams_policy(
+    variant, teams
+):
+    """A team's sweep workers go to the Spot queue with the team's share (trainer/jobs/sweep.py), so with teams
+    that queue has the GPU queue's fair-share policy; without teams neither has one, and no job carries a share."""
+    from trainer.jobs.sweep import StackSweep, sweep_request
+
+    changes = {"trainstack:teams": json.dumps(TEAMS)} if teams else {}
+    planned = variant("dev", **changes)
+    gpu, spot = planned.one("batch.JobQueue", "-gpu"), planned.one("batch.JobQueue", "-spot")
+    assert (POLICY in spot.inputs) is teams and spot.inputs.get(POLICY) == gpu.inputs.get(POLICY)
+    team = TEAMS[0]["name"] if teams else None
+    outputs = StackOutputs("dev", {"region": "us-east-1", "spot_job_queue": "trainstack-dev-spot-9a8b7c6"})
+    sweep = StackSweep(Path("trainer/configs/local-sweep.yaml"), "lr", 8, 2, None, team, "abc", ())
+    request = sweep_request(sweep, outputs, "arn:aws:batch:us-east-1:123456789012:job-definition/s:1")
+    assert share_refusal(POLICY in spot.inputs, request) is None
+    assert fair_share_refusal(request, {}) is None if teams else "shareIdentifier" not in request
+    batch = botocore.session.get_session().create_client("batch", region_name="us-east-1")
+    with Stubber(batch) as stub:  # the Stubber validates the request against botocore's model
+        stub.add_response("submit_job", {"jobName": sweep.job_name, "jobId": "1"}, request)
         batch.submit_job(**request)

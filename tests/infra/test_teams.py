@@ -102,7 +102,11 @@ def test_each_team_reaches_its_own_prefix_and_not_the_others(two_teams, bucket, 
 def test_a_team_submits_only_to_its_own_share_with_its_tag(two_teams):
     policy = role_policy(two_teams, "vision")
     own = {"batch:ShareIdentifier": "vision", "aws:RequestTag/team": "vision"}
-    for resource in (QUEUE, DEFINITION):
+    spot_queue = (
+        f"{BATCH}:job-queue/trainstack-prod-spot-9a8b7c6"  # a team's sweep workers (trainer/jobs/sweep.py)
+    )
+    spot_definition = f"{BATCH}:job-definition/trainstack-prod-spot-0f1e2d3:2"
+    for resource in (QUEUE, DEFINITION, spot_queue, spot_definition):
         assert decide(policy, "batch:SubmitJob", resource, **own) == ALLOWED
         assert (
             decide(policy, "batch:SubmitJob", resource, **{**own, "batch:ShareIdentifier": "speech"})
@@ -111,8 +115,11 @@ def test_a_team_submits_only_to_its_own_share_with_its_tag(two_teams):
         assert (
             decide(policy, "batch:SubmitJob", resource, **{**own, "aws:RequestTag/team": "speech"}) != ALLOWED
         )
-    spot_queue = f"{BATCH}:job-queue/trainstack-prod-spot-9a8b7c6"
-    assert decide(policy, "batch:SubmitJob", spot_queue, **own) != ALLOWED
+    # The data preparation queue and definition are the platform operators' (docs/security.md#teams).
+    data_queue = f"{BATCH}:job-queue/trainstack-prod-data-4d5e6f7"
+    data_definition = f"{BATCH}:job-definition/trainstack-prod-data-8a9b0c1:1"
+    for resource in (data_queue, data_definition):
+        assert decide(policy, "batch:SubmitJob", resource, **own) != ALLOWED
 
 
 JOB = f"{BATCH}:job/0d6e5f3a-1111-2222-3333-444455556666"

@@ -6,8 +6,9 @@ job definition by their planned names and ARNs; the queue and definition by Pulu
 role (tagged team=vision), assumed through moto's STS. As that role, in this process: `make data STACK=prod
 TEAM=vision LOCAL=1`'s upload, `make train STACK=prod TEAM=vision` (a new image: a new definition revision),
 `make status` (the list, then the job with its health report), `make logs`, `models list --stack prod --team
-vision`, `make cancel`, `make smoke TEAM=vision NOWAIT=1` and `make finetune TEAM=vision` twice (the training job,
-then, once it succeeded, the stages job). botocore's
+vision`, `make cancel`, `make smoke TEAM=vision NOWAIT=1`, `make finetune TEAM=vision` twice (the training job,
+then, once it succeeded, the stages job) and `make sweep STACK=prod TEAM=vision PARALLEL=2` (an array job on the
+Spot queue, which shares the GPU queue's fair-share policy). botocore's
 `before-call` event records every call with its parameters; each becomes the IAM requests it authorises (action,
 resource ARN, condition keys: AUTHORISATIONS, each from the service's reference) and each request is decided
 against the planned team policy by tests/iam_evaluation.py, with the role's tag as `aws:PrincipalTag/team`.
@@ -57,6 +58,7 @@ REGION = "us-west-2"  # prod's
 # The physical names Pulumi gives the queue and the job definition: <resource name>-<7 hex>.
 QUEUE = "trainstack-prod-gpu-1a2b3c4"
 DEFINITION = "trainstack-prod-train-5d6e7f8"
+SPOT_QUEUE, SPOT_DEFINITION = "trainstack-prod-spot-9a8b7c6", "trainstack-prod-spot-0f1e2d3"
 RUN = "llama-v"
 DATA = "/fsx/datasets/teams/vision/corpus/corpus"
 
@@ -285,13 +287,14 @@ def _build_stack(plan: Planned) -> dict[str, Any]:
     scheduling = batch.create_scheduling_policy(
         name="trainstack-prod-teams", fairsharePolicy={"shareDistribution": shares}
     )["arn"]
-    batch.create_job_queue(
-        jobQueueName=QUEUE,
-        state="ENABLED",
-        priority=1,
-        schedulingPolicyArn=scheduling,
-        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
-    )
+    for queue in (QUEUE, SPOT_QUEUE):  # both with the teams' policy (infra/cluster.py)
+        batch.create_job_queue(
+            jobQueueName=queue,
+            state="ENABLED",
+            priority=1,
+            schedulingPolicyArn=scheduling,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": environment}],
+        )
     planned = json.loads(plan.one("batch.JobDefinition", "-train").inputs["nodeProperties"])
     container = planned["nodeRangeProperties"][0]["container"]
     definition = batch.register_job_definition(
@@ -316,8 +319,23 @@ def _build_stack(plan: Planned) -> dict[str, Any]:
         propagateTags=True,
         tags=plan.config.tags,  # the provider's default tags (infra/__main__.py)
     )["jobDefinitionArn"]
+    spot = json.loads(plan.one("batch.JobDefinition", "-spot").inputs["containerProperties"])
+    spot_definition = batch.register_job_definition(
+        jobDefinitionName=SPOT_DEFINITION,
+        type="container",
+        containerProperties={
+            "image": f"{url}:latest",
+            "jobRoleArn": spot["jobRoleArn"],
+            "executionRoleArn": spot["executionRoleArn"],
+            "resourceRequirements": spot["resourceRequirements"],
+        },
+        propagateTags=True,
+        tags=plan.config.tags,
+    )["jobDefinitionArn"]
     client("logs").create_log_group(logGroupName=plan.config.jobs_log_group)
     return {
+        "spot_job_queue": SPOT_QUEUE,
+        "spot_job_definition": spot_definition,
         "region": REGION,
         "job_queue": QUEUE,
         "job_definition": definition,
@@ -368,7 +386,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     mp.delenv("AWS_SESSION_TOKEN", raising=False)
     mp.delenv("AWS_PROFILE", raising=False)
     requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
-    plan = _variant("prod", (("trainstack:teams", json.dumps(TEAMS)),))
+    plan = _variant("prod", (("trainstack:spot", "true"), ("trainstack:teams", json.dumps(TEAMS))))
     outputs = _build_stack(plan)
     outputs_file = tmp / "outputs.json"
     outputs_file.write_text(json.dumps(outputs))
@@ -427,6 +445,10 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         finetune += ["--dataset", "chat", "--suite", str(_team_suite(tmp, mp))]
         out["finetune"] = _run(finetune)
         out["finetune-stages"] = _run(finetune)  # moto's Batch ended the training job SUCCEEDED
+        out["sweep"] = _run(
+            ["sweep-stack", *stack, "--sweep", "trainer/configs/local-sweep.yaml", "--team", "vision", "--parallel",
+             "2", "--image", IMAGE_TAG, "--no-follow"]
+        )  # fmt: skip
     world = World(
         REGION,
         ACCOUNT_ID,
@@ -498,6 +520,11 @@ def test_the_team_workflow_runs_under_the_team_role_and_every_call_is_allowed(wo
     assert "report later: make smoke STACK=prod TEAM=vision JOB=" in workflow.out["smoke"]
     assert workflow.out["finetune"].startswith("train: submitted (job ")
     assert "stages: submitted (job " in workflow.out["finetune-stages"]
+    assert "teams/vision/sweeps/local-sweep/" in workflow.out["sweep"]
+    sweeps = [
+        c.params for c in workflow.calls if str(c) == "batch.SubmitJob" and c.params["jobQueue"] == SPOT_QUEUE
+    ]
+    assert [(s["shareIdentifier"], s["arrayProperties"]["size"]) for s in sweeps] == [("vision", 2)]
     made = {str(c) for c in workflow.calls}
     # The calls issue 36 named, each made by the workflow (the residency check, the image, the data, a new
     # revision for the new image, the submission, the log, the cancel).

@@ -115,10 +115,10 @@ def _run(
         def spent_up(study: optuna.Study) -> bool:
             return _steps(study.get_trials(deepcopy=False)) + trial_steps > budget
 
-        # A cap on trials that only trials failing before their first step could reach.
-        study = run_sweep(
-            load_sweep(path), name, directory, budget, console, command=command, stop_when=spent_up
-        )
+        # The most trials the budget buys: every one stopped at the pruner's first rung.
+        sweep = load_sweep(path)
+        cap = budget // min(sweep.spec.pruner.min_resource, trial_steps)
+        study = run_sweep(sweep, name, directory, cap, console, command=command, stop_when=spent_up)
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     best = min(complete, key=lambda t: float(t.value or 0)) if complete else None
