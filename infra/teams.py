@@ -3,17 +3,17 @@
 Attribute-based (IAM User Guide, "Define permissions based on attributes with ABAC authorization"): each team role
 carries the tag `team=<name>`, which is the `aws:PrincipalTag/team` of every session of that role, and all team roles
 share ONE policy written with `${aws:PrincipalTag/team}`, so a new team is a new config entry, never new policy text.
-It allows exactly the calls `make train|smoke|finetune|sweep|status|logs|cancel STACK= TEAM=` and `make data STACK=
-TEAM= LOCAL=1` make
-(tests/jobs/test_team_workflow.py runs them as the role and checks every call against this policy):
+It allows exactly the calls `make train|smoke|finetune|sweep|status|logs|cancel STACK= TEAM=` and
+`make data STACK= TEAM= LOCAL=1` make (tests/jobs/test_team_workflow.py runs them as the role and checks every call
+against this policy):
 
 - S3: list, read and write (not delete: the platform operators prune) only under `teams/<team>/` of the datasets
   and checkpoints buckets (its runs, data and model versions: trainer/contract/teams.py), and the two buckets'
   location (the residency check);
 - ECR: describe the stack's repository's images (the image check, and the digest the job records);
 - Batch: submit only to the stack's GPU and Spot queues (training, smoke and fine-tune jobs; sweep workers) with
-  the job definitions of the stack, with the share identifier
-  `<team>` (`batch:ShareIdentifier`, Batch User Guide "Resource: Use the batch:ShareIdentifier condition key") and
+  the job definitions of the stack, with the share identifier `<team>` (`batch:ShareIdentifier`, Batch User Guide
+  "Resource: Use the batch:ShareIdentifier condition key") and
   the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); register a revision of the
   training or Spot definition for a new image (passing only its two roles, tagged only with the stack's own tags);
   terminate (what `make cancel` does) only jobs tagged `team=<team>` (`aws:ResourceTag/team`); never tag a job that
@@ -27,10 +27,10 @@ A team's `members` (IAM principals) and/or `identityCenterGroup` may assume its 
 permission set `<stack>-<team>` in that Identity Center instance whose only permission is `sts:AssumeRole` on the
 team role, assigned to the group on this account; the team role trusts the role Identity Center provisions for it.
 
-The GPU queue (and the Spot queue, where sweeps run) gets a fair-share scheduling policy with one share per team (Batch API `FairsharePolicy`,
-`ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with many jobs queued cannot
-starve another. A queue cannot gain or lose that policy, so turning teams on or off replaces the queue
-(infra/cluster.py), and team jobs carry a scheduling priority (trainer/jobs/teams.py). Batch has no per-share
+The GPU queue (and the Spot queue, where sweeps run) gets a fair-share scheduling policy with one share per team
+(Batch API `FairsharePolicy`, `ShareAttributes.weightFactor`: a lower factor gets more of the queue), so a team with
+many jobs queued cannot starve another. A queue cannot gain or lose that policy, so turning teams on or off replaces the
+queue (infra/cluster.py), and team jobs carry a scheduling priority (trainer/jobs/teams.py). Batch has no per-share
 ceiling; the team's `gpuQuota` is checked at submission (trainer/jobs/submit.py).
 """
 
