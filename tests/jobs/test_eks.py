@@ -62,6 +62,7 @@ class ApiServer:
     received: list[dict] = field(default_factory=list)
     namespaces: dict[str, dict[str, dict]] = field(default_factory=dict)
     deletions: list[dict] = field(default_factory=list)
+    requests: list[tuple[str, str]] = field(default_factory=list)  # every authenticated (method, path)
     pods: list[dict] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
     # What the controller and the pods do once a JobSet is created (a test sets it: a run that completes).
@@ -126,6 +127,7 @@ def handler_for(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                 self.status(401, "Unauthorized")
                 return False
             server.callers.append(caller)
+            server.requests.append((self.command, self.path))
             return True
 
         def do_POST(self) -> None:

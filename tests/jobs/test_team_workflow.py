@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -181,6 +182,11 @@ AUTHORISATIONS: dict[str, Callable[[Call, World], list[Request]]] = {
     "batch.SubmitJob": _submit_job,
     "batch.TerminateJob": _stop_job("batch:TerminateJob"),
     "batch.CancelJob": _stop_job("batch:CancelJob"),
+    # Amazon EKS: DescribeCluster on the cluster resource (Service Authorization Reference, Amazon EKS), what
+    # connecting to an EKS stack's cluster and the orchestrator check call (trainer/jobs/eks.py).
+    "eks.DescribeCluster": lambda c, w: [
+        Request("eks:DescribeCluster", w.arn("eks", f"cluster/{c.params['name']}"))
+    ],
     "logs.GetLogEvents": lambda c, w: [
         Request(
             "logs:GetLogEvents",
@@ -378,41 +384,22 @@ def _assume_team_role(plan: Planned) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workflow]:
     """The whole workflow, run once for the module's tests as team vision's role."""
-    mp = pytest.MonkeyPatch()
+    mp = fresh_moto_as_admin(moto_endpoint)
     tmp = tmp_path_factory.mktemp("team-workflow")
-    mp.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    mp.delenv("AWS_SESSION_TOKEN", raising=False)
-    mp.delenv("AWS_PROFILE", raising=False)
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
     plan = _variant("prod", (("trainstack:spot", "true"), ("trainstack:teams", json.dumps(TEAMS))))
     outputs = _build_stack(plan)
-    outputs_file = tmp / "outputs.json"
-    outputs_file.write_text(json.dumps(outputs))
+    outputs_file, prefix = team_inputs(tmp, outputs)
     admin = boto3.client("batch", region_name=REGION)
-    prefix = tmp / "corpus"
-    write_dataset(prefix, documents=10, tokens_per_document=50)
-    _chat_data_uploaded(outputs["datasets_bucket"])
-    recorder = Recorder()
     team_session = _assume_team_role(plan)
-    handlers = [
-        *botocore.handlers.BUILTIN_HANDLERS,
-        ("before-parameter-build", recorder.parameters),
-        ("before-call", recorder.before_call),
-    ]
     out: dict[str, str] = {}
     stack = ["--stack", "prod", "--outputs", str(outputs_file)]
-    with pytest.MonkeyPatch.context() as as_team:
-        as_team.setattr(botocore.handlers, "BUILTIN_HANDLERS", handlers)
-        for name, value in team_session.items():
-            as_team.setenv(name, value)
-        out["upload"] = _run(
+    with as_role(team_session) as recorder:
+        out["upload"] = run_verb(
             ["upload", *stack, "--prefix", str(prefix), "--name", "corpus", "--team", "vision"]
         )
         data = ["--set", f"data.prefixes=[{DATA}]", "--set", f"data.tokenizer_path={DATA}.tokenizer.json"]
         train = ["submit", *stack, "--config", "trainer/configs/llama3-8b.yaml", "--image", IMAGE_TAG]
-        out["train"] = _run([*train, "--team", "vision", "--nodes", "2", "--run", RUN, *data])
+        out["train"] = run_verb([*train, "--team", "vision", "--nodes", "2", "--run", RUN, *data])
         (job,) = [
             j
             for s in ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
@@ -420,14 +407,14 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         ]
         job_id = job["jobId"]
         _platform_side(plan, outputs, job_id)
-        out["list"] = _run(["job", "status", *stack])
-        out["status"] = _run(["job", "status", *stack, "--job", job_id])
-        out["logs"] = _run(["job", "logs", *stack, "--job", job_id])
-        out["models"] = _run(["models", "list", *stack, "--team", "vision"])
+        out["list"] = run_verb(["job", "status", *stack])
+        out["status"] = run_verb(["job", "status", *stack, "--job", job_id])
+        out["logs"] = run_verb(["job", "logs", *stack, "--job", job_id])
+        out["models"] = run_verb(["models", "list", *stack, "--team", "vision"])
         moto_job = batch_backends[ACCOUNT_ID][REGION]._jobs[job_id]
         moto_job.status, moto_job.job_stopped = "RUNNING", False  # moto ends jobs at once
-        out["cancel"] = _run(["job", "cancel", *stack, "--job", job_id])
-        out["smoke"] = _run(
+        out["cancel"] = run_verb(["job", "cancel", *stack, "--job", job_id])
+        out["smoke"] = run_verb(
             ["smoke", *stack, "--image", IMAGE_TAG, "--team", "vision", "--run", "smoke-v", "--no-wait"]
         )
         finetune = [
@@ -443,9 +430,9 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
             "sft-v",
         ]
         finetune += ["--dataset", "chat", "--suite", str(_team_suite(tmp, mp))]
-        out["finetune"] = _run(finetune)
-        out["finetune-stages"] = _run(finetune)  # moto's Batch ended the training job SUCCEEDED
-        out["sweep"] = _run(
+        out["finetune"] = run_verb(finetune)
+        out["finetune-stages"] = run_verb(finetune)  # moto's Batch ended the training job SUCCEEDED
+        out["sweep"] = run_verb(
             ["sweep-stack", *stack, "--sweep", "trainer/configs/local-sweep.yaml", "--team", "vision", "--parallel",
              "2", "--image", IMAGE_TAG, "--no-follow"]
         )  # fmt: skip
@@ -457,6 +444,45 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     yield Workflow(plan, recorder.calls, world, outputs, out, team_session)
     mp.undo()
+
+
+def fresh_moto_as_admin(moto_endpoint: str) -> pytest.MonkeyPatch:
+    """This process's AWS calls to a freshly reset moto server, as the account's administrator (undo it after)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    mp.delenv("AWS_SESSION_TOKEN", raising=False)
+    mp.delenv("AWS_PROFILE", raising=False)
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10)
+    return mp
+
+
+@contextlib.contextmanager
+def as_role(session: dict[str, str]) -> Iterator[Recorder]:
+    """Inside: every botocore call of this process made with the role's `session` credentials, and recorded."""
+    recorder = Recorder()
+    handlers = [
+        *botocore.handlers.BUILTIN_HANDLERS,
+        ("before-parameter-build", recorder.parameters),
+        ("before-call", recorder.before_call),
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(botocore.handlers, "BUILTIN_HANDLERS", handlers)
+        for name, value in session.items():
+            mp.setenv(name, value)
+        yield recorder
+
+
+def team_inputs(tmp: Path, outputs: dict[str, Any]) -> tuple[Path, Path]:
+    """The stack's outputs file, a prepared corpus here for the team to upload (its prefix), and a chat dataset with
+    held-out data already under vision's prefix in the datasets bucket."""
+    outputs_file = tmp / "outputs.json"
+    outputs_file.write_text(json.dumps(outputs))
+    prefix = tmp / "corpus"
+    write_dataset(prefix, documents=10, tokens_per_document=50)
+    _chat_data_uploaded(outputs["datasets_bucket"])
+    return outputs_file, prefix
 
 
 def _chat_data_uploaded(bucket: str) -> None:
@@ -482,7 +508,7 @@ def _team_suite(tmp: Any, mp: pytest.MonkeyPatch) -> Any:
     return path
 
 
-def _run(argv: list[str]) -> str:
+def run_verb(argv: list[str]) -> str:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         status = trainer_main(argv)
