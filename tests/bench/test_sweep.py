@@ -10,6 +10,7 @@ from trainer.bench.sweep import GRID, GRID_TRIALS, bench_sweep
 WARM_UP = "  schedule.lr_warmup_iters: {low: 0, high: 20, step: 5}\n"
 
 
+@pytest.mark.slow
 def test_the_sweep_spends_the_grids_trial_steps_on_more_trials_and_the_rows_compare_them(tmp_path):
     # TPE over lr and warm-up, successive halving, 60 steps a trial.
     sweep = write_sweep(tmp_path, extra=WARM_UP)

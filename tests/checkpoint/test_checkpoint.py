@@ -190,6 +190,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not Path("/proc/self/maps").exists(), reason="reads a process's mapped libraries from /proc"
 )

@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.support.training import torchrun
 
 
+@pytest.mark.slow
 def test_checkpoints_load_across_layer_specs_and_only_extra_state_may_be_absent(tmp_path):
     done = subprocess.run(
         torchrun(1, "tests.support.extra_state_worker", str(tmp_path)),

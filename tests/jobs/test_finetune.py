@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from moto.batch.models import batch_backends
 
@@ -214,6 +215,7 @@ def test_a_stages_job_from_before_the_latest_training_is_submitted_again(stack, 
     assert len(submitted(stack)) == 3
 
 
+@pytest.mark.slow
 def test_wait_follows_both_jobs_then_waits_for_the_bucket(stack, capsys):
     upload_inputs(stack)
     status, out, _ = finetune(stack, capsys, "--wait", "--export-timeout-s", "0")
@@ -268,6 +270,7 @@ def test_the_training_job_reads_the_tokenizer_its_dataset_was_prepared_with(stac
     assert "data.tokenizer_path=/fsx/datasets/chat/chat.tokenizer.json" in command_of(submitted(stack)[0])
 
 
+@pytest.mark.slow
 def test_make_finetune_on_a_stack_runs_the_driver(stack):
     upload_inputs(stack)
     arguments = ("DATASET=chat", f"RUN={RUN}", f"IMAGE={IMAGE_TAG}", f"ARGS={' '.join(TOKENIZER_ARGS)}")
@@ -280,6 +283,7 @@ def test_make_finetune_on_a_stack_runs_the_driver(stack):
     assert [r["jobName"] for r in submitted(stack)] == [RUN, f"{RUN}-stages"]
 
 
+@pytest.mark.slow
 def test_on_eks_the_stages_job_is_a_one_pod_jobset_the_pinned_schema_accepts(eks_stack, api_server, capsys):  # noqa: F811
     upload_inputs(eks_stack)
     status, out, err = finetune(eks_stack, capsys)
@@ -317,6 +321,7 @@ def test_on_eks_a_failed_jobset_is_named(eks_stack, api_server, capsys):  # noqa
     assert len(api_server.received) == 1
 
 
+@pytest.mark.slow
 def test_on_eks_a_stale_stages_jobset_is_deleted_before_the_new_one(eks_stack, api_server, capsys):  # noqa: F811
     upload_inputs(eks_stack)
     finetune(eks_stack, capsys)
@@ -334,6 +339,7 @@ def test_on_eks_a_stale_stages_jobset_is_deleted_before_the_new_one(eks_stack, a
     assert [r["metadata"]["name"] for r in api_server.received] == [RUN, f"{RUN}-stages", f"{RUN}-stages"]
 
 
+@pytest.mark.slow
 def test_wait_polls_a_running_training_job_until_it_ends(stack, capsys):
     upload_inputs(stack)
     finetune(stack, capsys)
@@ -389,6 +395,7 @@ def team_finetune(stack: Stack, capsys, suite: Path, *argv: str) -> tuple[int, s
     return finetune(stack, capsys, "--team", "vision", "--suite", str(suite), "--set", tokenizer, *argv)
 
 
+@pytest.mark.slow
 def test_a_team_fine_tunes_under_its_share_on_its_data_with_its_versions_and_tags_under_its_prefix(
     stack, capsys, tmp_path, monkeypatch
 ):

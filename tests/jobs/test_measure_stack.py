@@ -88,6 +88,7 @@ def planned(nodes: int = 4):
     return plan_for(CONFIG, list(DATA), instance_type("p5.48xlarge"), nodes, Assumptions())
 
 
+@pytest.mark.slow
 def test_each_of_the_best_layouts_runs_as_a_job_and_the_measured_fastest_is_written(stack, capsys, tmp_path):
     ranked = planned()
     best = [c for c in ranked.candidates if c.fits][:3]
@@ -126,6 +127,7 @@ def test_each_of_the_best_layouts_runs_as_a_job_and_the_measured_fastest_is_writ
     assert yaml.safe_load(out.read_text())["name"]  # a whole config, not only the layout
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_recorded_and_a_stale_export_is_not_read(stack, capsys, tmp_path):
     """Layout 1's job fails; layout 2's bucket holds only an earlier run's metrics (written before its job was
     submitted), which are not taken for this one's; layout 3 is measured."""
@@ -182,6 +184,7 @@ def test_bad_measurements_are_refused_before_any_job(stack, capsys, tmp_path, ar
     assert stack.requests("SubmitJob") == [] and not (tmp_path / "m.yaml").exists()
 
 
+@pytest.mark.slow
 def test_on_eks_each_layout_is_a_jobset_the_pinned_schema_accepts(eks_stack, api_server, capsys, tmp_path):  # noqa: F811
     runs = {rank: f"measure-llama3-8b-{rank}" for rank in (1, 2, 3)}
 
@@ -207,6 +210,7 @@ def test_on_eks_each_layout_is_a_jobset_the_pinned_schema_accepts(eks_stack, api
     assert record["chosen"] == 2
 
 
+@pytest.mark.slow
 def test_run_again_while_a_layouts_job_runs_it_is_followed_not_submitted_again(stack, capsys, tmp_path):
     """The driver was stopped while layout 1's job ran: run again, that job is found by its name and waited for."""
     batch = stack.client("batch")

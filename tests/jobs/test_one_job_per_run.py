@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from moto.batch.models import batch_backends
 
 from trainer.jobs import submit
@@ -45,6 +46,7 @@ def _ends_when_terminated(job_id: str) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_make_train_refuses_while_a_job_of_the_run_is_running_and_accepts_once_it_ended(stack, capsys):
     assert submit_in_process(stack, capsys, "--run", "llama-a")[0] == 0
     job_id = _running(stack)

@@ -55,6 +55,7 @@ def sweep_stack(stack):
     return stack
 
 
+@pytest.mark.slow
 def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(sweep_stack):
     args = ("TRIALS=32", "PARALLEL=4", "MAX_DOLLARS=500", "TEAM=vision", f"IMAGE={IMAGE_TAG}", "NAME=lr")
     result = sweep_stack.make("sweep", *args, "ARGS=--no-follow")

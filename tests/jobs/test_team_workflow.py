@@ -55,6 +55,8 @@ TEAMS = [
     {"name": "vision", "gpuQuota": 16, "members": [f"arn:aws:iam::{ACCOUNT_ID}:role/vision-engineers"]},
     {"name": "speech", "gpuQuota": 32, "members": [f"arn:aws:iam::{ACCOUNT_ID}:role/speech-engineers"]},
 ]
+pytestmark = pytest.mark.slow  # a whole workflow, verb after verb (make test runs it)
+
 REGION = "us-west-2"  # prod's
 # The physical names Pulumi gives the queue and the job definition: <resource name>-<7 hex>.
 QUEUE = "trainstack-prod-gpu-1a2b3c4"

@@ -54,6 +54,8 @@ from .test_team_workflow import (
     team_inputs,
 )
 
+pytestmark = pytest.mark.slow  # a whole workflow, verb after verb (make test runs it)
+
 REGION = "us-east-1"  # eks-dev's
 TEAM = "vision"
 NAMESPACE = team_namespace(TEAM)

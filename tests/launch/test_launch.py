@@ -133,6 +133,7 @@ def test_entrypoint_with_broken_batch_variables_starts_nothing():
     assert "torch.distributed.run" not in result.stdout
 
 
+@pytest.mark.slow
 def test_launch_really_runs_torchrun_locally(tmp_path):
     """Local (no Batch variables): launch runs the preflight and then the verb under torchrun --standalone."""
     result = run_entrypoint(

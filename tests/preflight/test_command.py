@@ -187,6 +187,7 @@ def two_nodes(tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess]:
     return results
 
 
+@pytest.mark.slow
 def test_two_nodes_share_tokens_and_an_unexplained_slow_pair_is_reported(tmp_path):
     """A floor no CPU reaches: the pairwise test runs, and with two nodes says it cannot pin the pair on one."""
     main, child = two_nodes(tmp_path, "--floor-gbps", "1000000", "--shared-dir", str(tmp_path / "shared"))
