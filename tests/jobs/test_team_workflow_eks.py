@@ -173,22 +173,8 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     with as_role(team_session) as recorder:
         out["upload"] = run_verb(["upload", *stack, "--prefix", str(prefix), "--name", "corpus", *team])
         data = ["--set", f"data.prefixes=[{DATA}]", "--set", f"data.tokenizer_path={DATA}.tokenizer.json"]
-        out["train"] = run_verb(
-            [
-                "submit",
-                *stack,
-                "--config",
-                CONFIG,
-                "--image",
-                IMAGE_TAG,
-                "--nodes",
-                "2",
-                "--run",
-                RUN,
-                *team,
-                *data,
-            ]
-        )
+        train = ["submit", *stack, "--config", CONFIG, "--image", IMAGE_TAG, "--nodes", "2", "--run", RUN]
+        out["train"] = run_verb([*train, *team, *data])
         api.namespaces[NAMESPACE][RUN]["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 2}]}
         api.pods = [pod(f"{RUN}-node-0-0-abc", RUN, 0, namespace=NAMESPACE)]
         api.logs[f"{RUN}-node-0-0-abc"] = "step 1 loss 9.5\n"
