@@ -92,7 +92,9 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
         time.sleep(0.05)
     job.status, job.job_stopped = "RUNNING", False
 
-    def end_once_followed() -> None:  # the follower's first DescribeJobs has seen it RUNNING
+    # Ended once the rerun has looked it up: its ListJobs saw it RUNNING, then its DescribeJobs read the team tag
+    # (trainer/jobs/job.py batch_run_jobs); the follower then sees it end.
+    def end_once_followed() -> None:
         deadline = time.monotonic() + 60
         while not sweep_stack.recorded("describejobs") and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -62,6 +62,32 @@ def test_two_teams_runs_of_one_name_never_share_a_checkpoint_directory(stack, ca
     assert "logging.run_dir=/fsx/checkpoints/teams/speech/llama" in speech
 
 
+def test_a_running_job_of_another_team_with_the_runs_name_neither_blocks_nor_is_replaced(stack, capsys):
+    """One job per run is per team: two teams' runs of one name live in different directories, and a team role may
+    not stop another team's job (infra/teams.py StopOwnJobs), so REPLACE=1 must not try."""
+    from .test_one_job_per_run import _running
+
+    share(stack)
+    team_data(stack, "vision")
+    team_data(stack, "speech")
+    status, stderr = submit_in_process(
+        stack, capsys, "--team", "vision", "--nodes", "1", "--run", "llama", args=TEAM_ARGS
+    )
+    assert status == 0, stderr
+    _running(stack)  # vision's llama is RUNNING
+    speech = TEAM_ARGS.replace("/vision/", "/speech/")
+    for replace in ((), ("--replace",)):
+        status, stderr = submit_in_process(
+            stack, capsys, "--team", "speech", "--nodes", "1", "--run", "llama", *replace, args=speech
+        )
+        assert status == 0, stderr
+    assert stack.requests("TerminateJob") == []
+    status, stderr = submit_in_process(
+        stack, capsys, "--team", "vision", "--nodes", "1", "--run", "llama", args=TEAM_ARGS
+    )
+    assert status == 2 and "RUN=llama: job " in stderr and "of this run is RUNNING" in stderr
+
+
 def test_a_team_run_reads_only_data_under_its_own_prefix(stack, capsys):
     share(stack)
     status, stderr = submit_in_process(stack, capsys, "--team", "vision", "--nodes", "1")

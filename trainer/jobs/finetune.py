@@ -59,9 +59,9 @@ from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.checkpoint.version import RecordError
 from trainer.config import TrainConfig
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
-from trainer.contract.teams import job_team, run_path, team_prefix
+from trainer.contract.teams import run_path, team_prefix
 from trainer.evaluation.suite import Suite
-from trainer.jobs.job import STATUSES, TERMINAL
+from trainer.jobs.job import STATUSES, TERMINAL, batch_run_jobs
 from trainer.jobs.jobset import RenderError
 from trainer.jobs.request import Submission
 from trainer.jobs.residency import residency_problems
@@ -296,22 +296,7 @@ def find_job(outputs: StackOutputs, name: str, team: str | None = None) -> Clust
                     name, jobset_status(js), created, _epoch(next(iter(ended), None)), status_reason(js)
                 )
         return None
-    # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
-    # Reference, ListJobs `filters`): the exact name is kept here.
-    pages = (
-        aws("batch", outputs.region)
-        .get_paginator("list_jobs")
-        .paginate(jobQueue=outputs["job_queue"], filters=[{"name": "JOB_NAME", "values": [name]}])
-    )
-    named = [job for page in pages for job in page["jobSummaryList"] if job["jobName"] == name]
-    # Two teams' runs may share a name on the one queue: a job is this team's by its `team` tag, which ListJobs'
-    # summaries lack and DescribeJobs' details carry (Batch API Reference, JobDetail `tags`; at most 100 jobs a call).
-    ids = [job["jobId"] for job in named]
-    batch = aws("batch", outputs.region)
-    details = [
-        job for i in range(0, len(ids), 100) for job in batch.describe_jobs(jobs=ids[i : i + 100])["jobs"]
-    ]
-    ours = [job for job in details if job_team(job.get("tags")) == team]
+    ours = batch_run_jobs(outputs, name, team)
     return _batch_job(max(ours, key=lambda j: j["createdAt"])) if ours else None
 
 

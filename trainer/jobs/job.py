@@ -176,20 +176,34 @@ def run_jobs(
     outputs: StackOutputs, run: str, team: str | None = None, queue: str = "job_queue"
 ) -> list[tuple[str, str]]:
     """The jobs of `run` (submit names each after its run): (Batch job id or JobSet name, status); on Batch those
-    of the queue the stack output `queue` names, on EKS those in `team`'s namespace, where its run of that name
-    would go."""
+    of `team` (or of no team) on the queue the stack output `queue` names, on EKS those in `team`'s namespace, where
+    its run of that name would go."""
     if outputs.orchestrator == "eks":
         return [(name, status) for name, status in _jobsets(outputs, team) if name == run]
+    return [(j["jobId"], j["status"]) for j in batch_run_jobs(outputs, run, team, queue)]
+
+
+def batch_run_jobs(
+    outputs: StackOutputs, run: str, team: str | None = None, queue: str = "job_queue"
+) -> list[dict[str, Any]]:
+    """ListJobs' summaries of the Batch jobs named `run` on the queue that are `team`'s (None: no team's)."""
+    batch = client("batch", outputs.region)
     # ListJobs with a JOB_NAME filter returns jobs of every status, the name matched case-insensitively (Batch API
     # Reference, ListJobs `filters`): the exact name is kept here.
-    pages = (
-        client("batch", outputs.region)
-        .get_paginator("list_jobs")
-        .paginate(jobQueue=outputs[queue], filters=[{"name": "JOB_NAME", "values": [run]}])
+    pages = batch.get_paginator("list_jobs").paginate(
+        jobQueue=outputs[queue], filters=[{"name": "JOB_NAME", "values": [run]}]
     )
-    return [
-        (j["jobId"], j["status"]) for page in pages for j in page["jobSummaryList"] if j["jobName"] == run
-    ]
+    named = [j for page in pages for j in page["jobSummaryList"] if j["jobName"] == run]
+    # Two teams' runs may share a name on one queue (each in its own directory: trainer/contract/teams.py): a job is
+    # a team's by its `team` tag, which ListJobs' summaries lack and DescribeJobs' details carry (Batch API
+    # Reference, JobDetail `tags`; at most 100 jobs a call).
+    ids = [j["jobId"] for j in named]
+    tags = {
+        j["jobId"]: j.get("tags")
+        for i in range(0, len(ids), 100)
+        for j in batch.describe_jobs(jobs=ids[i : i + 100])["jobs"]
+    }
+    return [j for j in named if job_team(tags.get(j["jobId"])) == team]
 
 
 def stop_and_wait(
