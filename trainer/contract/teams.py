@@ -29,10 +29,15 @@ def team_prefix(team: str) -> str:
     return f"{TEAMS_PREFIX}{team}/"
 
 
+def team_root(team: str | None) -> str:
+    """The part of a bucket (and of /fsx) that is `team`'s: `teams/<team>/`, or the root ("") for no team."""
+    return team_prefix(team) if team and team != STACK_TEAM else ""
+
+
 def run_path(run: str, team: str | None) -> str:
     """Where a run lives below /fsx/checkpoints and the checkpoints bucket's root: `<run>`, or a team's
     `teams/<team>/<run>`."""
-    return f"{team_prefix(team)}{run}" if team and team != STACK_TEAM else run
+    return f"{team_root(team)}{run}"
 
 
 def job_team(tags: dict[str, str] | None) -> str | None:

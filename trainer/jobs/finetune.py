@@ -59,7 +59,7 @@ from trainer.aws.outputs import StackError, StackOutputs, load_outputs
 from trainer.checkpoint.version import RecordError
 from trainer.config import TrainConfig
 from trainer.contract.container import CHECKPOINTS_DIR, IMAGE_TAG_ENV
-from trainer.contract.teams import run_path, team_prefix
+from trainer.contract.teams import run_path, team_root
 from trainer.evaluation.suite import Suite
 from trainer.jobs.job import STATUSES, TERMINAL, batch_run_jobs
 from trainer.jobs.jobset import RenderError
@@ -130,11 +130,6 @@ class Pipeline:
     team: str | None = None
 
     @property
-    def root(self) -> str:
-        """The part of the checkpoints bucket the run's versions and tags live under: a team's teams/<team>/."""
-        return team_prefix(self.team) if self.team else ""
-
-    @property
     def path(self) -> str:
         """The run below the bucket's root (a team's under teams/<team>/)."""
         return run_path(self.run, self.team)
@@ -159,7 +154,7 @@ def dataset_prefix(outputs: StackOutputs, name: str, team: str | None = None) ->
             [f"DATASET={name!r}: a folder name in the datasets bucket: letters, digits, '.', '-' and '_'"]
         )
     s3, bucket = aws("s3", outputs.region), outputs["datasets_bucket"]
-    folder = (team_prefix(team) if team else "") + name
+    folder = team_root(team) + name
     key = f"{folder}/{name}"
     if not _missing(s3, bucket, f"{folder}/{LATEST}"):
         latest = json.loads(s3.get_object(Bucket=bucket, Key=f"{folder}/{LATEST}")["Body"].read())
@@ -197,7 +192,7 @@ def suite_problems(suite_path: Path, outputs: StackOutputs, team: str | None = N
     ]
     wanted += [(f"generation.{i}.file", t.file, ("",)) for i, t in enumerate(suite.generation)]
     s3, bucket, problems = aws("s3", outputs.region), outputs["datasets_bucket"], []
-    own = FSX_DATASETS + (team_prefix(team) if team else "")
+    own = FSX_DATASETS + team_root(team)
     upload_team = f" TEAM={team}" if team else ""
     for key, value, suffixes in wanted:
         if not value.startswith(own):
@@ -240,7 +235,7 @@ def pipeline(args: argparse.Namespace, outputs: StackOutputs, tag: str) -> Pipel
     overrides += args.overrides
     train, cfg = plan(args.config, overrides, outputs, args.nodes, tag, args.run, args.team)
     # A team's tag events beside its runs (teams/<team>/model-tags/), where `models list --stack --team` reads them.
-    tags_root = f"{CHECKPOINTS_DIR}/{team_prefix(args.team)}".rstrip("/") if args.team else CHECKPOINTS_DIR
+    tags_root = f"{CHECKPOINTS_DIR}/{team_root(args.team)}".rstrip("/")
     stage_args = ["--run", train.run_dir, "--suite", str(args.suite), "--record", record, "--tag", args.tag]
     stage_args += [
         "--tokenizer",
@@ -342,7 +337,7 @@ class RunBucket(S3Store):
 def stages_missing(outputs: StackOutputs, p: Pipeline, train: ClusterJob) -> tuple[str | None, list[str]]:
     """The run's newest model version in the bucket and what of the stages' outputs it lacks there; a version
     older than the training job is not its (its checkpoints have not reached the bucket yet)."""
-    store = RunBucket(outputs, p.run, p.root)
+    store = RunBucket(outputs, p.run, team_root(p.team))
     registry = Registry(store)
     if not registry.versions:
         return None, [f"any model version under s3://{store.bucket}/{p.path}/"]

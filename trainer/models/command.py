@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.checkpoint.version import RecordError
-from trainer.contract.teams import team_prefix
+from trainer.contract.teams import team_root
 from trainer.models.registry import Found, LocalStore, Registry, RegistryError, S3Store, Store
 
 DEFAULT_DIR = Path("runs")
@@ -65,7 +65,7 @@ def store_for(args: argparse.Namespace) -> Store:
         client("sts", outputs.region),
         outputs["checkpoints_bucket"],
         outputs["kms_key_arn"],
-        team_prefix(args.team) if args.team else "",
+        team_root(args.team),
     )
 
 
