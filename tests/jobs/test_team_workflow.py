@@ -249,26 +249,35 @@ class Workflow:
         return dict(self.plan.one("iam.Role", "-team-vision").inputs["tags"])
 
 
+def buckets_and_image(plan: Planned, region: str) -> tuple[dict[str, str], str]:
+    """The planned datasets and checkpoints buckets and repository in moto, the image IMAGE_TAG pushed: the buckets
+    by kind, and the repository's URL."""
+    s3, ecr = boto3.client("s3", region_name=region), boto3.client("ecr", region_name=region)
+    named = {
+        kind: plan.one("s3.Bucket", f"-{kind}").outputs["bucket"] for kind in ("datasets", "checkpoints")
+    }
+    # us-east-1 takes no LocationConstraint (S3 API Reference, CreateBucket).
+    where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+    for bucket in named.values():
+        s3.create_bucket(Bucket=bucket, **where)
+    repository = plan.one("ecr.Repository").outputs["name"]
+    url = ecr.create_repository(repositoryName=repository, imageTagMutability="IMMUTABLE")["repository"][
+        "repositoryUri"
+    ]
+    manifest = json.dumps(
+        {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
+    )
+    ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=IMAGE_TAG)
+    return named, url
+
+
 def _build_stack(plan: Planned) -> dict[str, Any]:
     """The planned stack in moto, as the platform operators' `make up` and `make push` leave it."""
 
     def client(service: str) -> Any:
         return boto3.client(service, region_name=REGION)
 
-    named = {
-        suffix: plan.one("s3.Bucket", f"-{suffix}").outputs["bucket"]
-        for suffix in ("datasets", "checkpoints")
-    }
-    for bucket in named.values():
-        client("s3").create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
-    repository = plan.one("ecr.Repository").outputs["name"]
-    url = client("ecr").create_repository(repositoryName=repository, imageTagMutability="IMMUTABLE")[
-        "repository"
-    ]["repositoryUri"]
-    manifest = json.dumps(
-        {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
-    )
-    client("ecr").put_image(repositoryName=repository, imageManifest=manifest, imageTag=IMAGE_TAG)
+    named, url = buckets_and_image(plan, REGION)
     ec2, iam, batch = client("ec2"), client("iam"), client("batch")
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20")["Subnet"]["SubnetId"]

@@ -21,7 +21,6 @@ member of the team's group, which is what the team role's access entry maps it t
 from __future__ import annotations
 
 import base64
-import json
 import re
 import threading
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from .test_team_workflow import (
     _assume_team_role,
     _team_suite,
     as_role,
+    buckets_and_image,
     denials,
     fresh_moto_as_admin,
     run_verb,
@@ -107,20 +107,9 @@ class Workflow:
 def _build_stack(plan: Planned, api: ApiServer) -> dict[str, Any]:
     """The planned eks-dev stack in moto, as `make up` and `make push` leave it, and its outputs."""
 
-    def client(service: str) -> Any:
-        return boto3.client(service, region_name=REGION)
-
-    buckets = {s: plan.one("s3.Bucket", f"-{s}").outputs["bucket"] for s in ("datasets", "checkpoints")}
-    for bucket in buckets.values():
-        client("s3").create_bucket(Bucket=bucket)
-    repository = plan.one("ecr.Repository").outputs["name"]
-    url = client("ecr").create_repository(repositoryName=repository)["repository"]["repositoryUri"]
-    manifest = json.dumps(
-        {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
-    )
-    client("ecr").put_image(repositoryName=repository, imageManifest=manifest, imageTag=IMAGE_TAG)
+    buckets, url = buckets_and_image(plan, REGION)
     cluster = plan.one("eks.Cluster").outputs["name"]
-    client("eks").create_cluster(
+    boto3.client("eks", region_name=REGION).create_cluster(
         name=cluster,
         roleArn=f"arn:aws:iam::{ACCOUNT_ID}:role/eks",
         resourcesVpcConfig={"subnetIds": [], "endpointPrivateAccess": True},
