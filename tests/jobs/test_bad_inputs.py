@@ -217,6 +217,26 @@ ROWS = {
         single_node_queue,
         target="sweep",
     ),
+    # The JobSet webhook takes DNS-1035 labels only (jobset v0.12.0): the sweep's name is in its JobSet's.
+    "sweep-stack-eks-name-not-a-dns-label": Row(
+        ("IMAGE=0123456789ab", "NAME=LR", "TRIALS=8", "PARALLEL=2"),
+        "NAME='LR': the sweep's JobSet is named 'sweep-LR-8', which EKS refuses",
+        on_eks(),
+        target="sweep",
+    ),
+    "sweep-stack-outside-the-image": Row(
+        ("IMAGE=0123456789ab", "SWEEP=/tmp/s.yaml", "PARALLEL=2"),
+        "SWEEP=/tmp/s.yaml: the image carries trainer/ only; put the sweep YAML beside its recipe under "
+        "trainer/configs/",
+        single_node_queue,
+        target="sweep",
+    ),
+    "sweep-stack-max-dollars-not-positive": Row(
+        ("IMAGE=0123456789ab", "MAX_DOLLARS=0", "PARALLEL=2"),
+        "MAX_DOLLARS=0: give a positive number of US dollars",
+        single_node_queue,
+        target="sweep",
+    ),
     "finetune-suite-outside-the-image": Row(
         ("IMAGE=0123456789ab", "SUITE=/tmp/suite.yaml"),
         "SUITE=/tmp/suite.yaml: the image carries trainer/ only; put the suite under trainer/configs/suites/",
