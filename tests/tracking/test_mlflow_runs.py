@@ -11,7 +11,14 @@ from mlflow import MlflowClient
 from tests.sweep.conftest import objective_command, quiet, sweep_of
 from trainer.sweep.command import trial_tracker
 from trainer.sweep.study import run_sweep
-from trainer.tracking.mlflow_runs import MODEL_VERSION_TAG, RUN_DIR_TAG, flatten, log_run
+from trainer.tracking.mlflow_runs import (
+    MODEL_VERSION_TAG,
+    RUN_DIR_TAG,
+    RUN_KEY_TAG,
+    flatten,
+    log_run,
+    run_key,
+)
 
 
 def metrics_lines(run_dir, steps):
@@ -62,6 +69,30 @@ def test_a_run_logs_its_config_metrics_and_once_more_only_the_new_steps(tmp_path
         "grad_norm" not in run.data.metrics and "lr" not in run.data.metrics
     )  # nan and null are not numbers
     assert MODEL_VERSION_TAG not in run.data.tags  # it published no checkpoint
+
+
+@pytest.mark.parametrize("name", ["it's", 'say "hi"', """it's "both\""""])
+def test_a_run_directory_with_quotes_in_its_path_is_found_again(tmp_path, store, name):
+    run_dir = tmp_path / name / "run"
+    metrics_lines(run_dir, range(0, 6))
+    run_id = log_run(run_dir, uri=store, experiment="quotes", run_name="q", params={"a": "1"})
+    metrics_lines(run_dir, range(6, 11))
+    assert log_run(run_dir, uri=store, experiment="quotes", run_name="q", params={"a": "1"}) == run_id
+    client = MlflowClient(tracking_uri=store)
+    run = client.get_run(run_id)
+    assert run.data.tags[RUN_DIR_TAG] == str(run_dir.resolve())  # still readable
+    assert len(client.get_metric_history(run_id, "loss")) == 11  # one run, each step once
+
+
+def test_a_run_logged_before_the_key_tag_is_found_by_its_path_and_gets_the_key(tmp_path, store):
+    run_dir = tmp_path / "old"
+    metrics_lines(run_dir, range(0, 3))
+    client = MlflowClient(tracking_uri=store)
+    experiment_id = client.create_experiment("legacy")
+    path, key = run_key(run_dir)
+    old = client.create_run(experiment_id, tags={RUN_DIR_TAG: path}).info.run_id  # as logged before
+    assert log_run(run_dir, uri=store, experiment="legacy", run_name="old", params={}) == old
+    assert client.get_run(old).data.tags[RUN_KEY_TAG] == key
 
 
 def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, store):

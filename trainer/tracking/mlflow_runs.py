@@ -1,13 +1,16 @@
 """One trainer run directory as one MLflow run, logged when the run ends (or a sweep's trial is decided): the
 config as parameters, every numeric metrics.jsonl value by step, and the model version of its newest published
-checkpoint as a tag. The run directory is the MLflow run's identity (its `trainstack.run_dir` tag): logging the
-same directory again, after a resume, adds only the steps not yet logged to the same MLflow run.
+checkpoint as a tag. The run directory is the MLflow run's identity: its resolved path is the `trainstack.run_dir`
+tag, for people, and the path's SHA-256 the `trainstack.run_key` tag the run is found by (any path, quotes and all,
+is a hex string there). Logging the same directory again, after a resume or from the sweep after the trainer, adds
+only the steps not yet logged to the same MLflow run.
 
 The default store is SQLite under runs/ (MLflow's SQLAlchemy store: no server); `tracking.uri` names another, such
 as a tracking server on a stack. Imports mlflow only when called."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -20,6 +23,7 @@ from trainer.config.schema import TrackingConfig
 
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
 RUN_DIR_TAG = "trainstack.run_dir"
+RUN_KEY_TAG = "trainstack.run_key"
 MODEL_VERSION_TAG = "trainstack.model_version"
 # MLflow's limits per log_batch call and per parameter value (mlflow/utils/validation.py, v3.18.0:
 # MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, MAX_PARAM_VAL_LENGTH).
@@ -62,6 +66,27 @@ def newest_model_version(run_dir: Path) -> str | None:
     return read_record(records[-1].parent).version if records else None
 
 
+def run_key(run_dir: Path) -> tuple[str, str]:
+    """The run directory's identity: its resolved path (the readable tag) and that path's SHA-256 (the searched one)."""
+    path = str(run_dir.resolve())
+    return path, hashlib.sha256(path.encode()).hexdigest()
+
+
+def _find_run(client: Any, experiment_id: str, path: str, key: str) -> list[Any]:
+    """The experiment's MLflow run of this run directory (at most one), by its key tag. A filter's string value is
+    cut out of its quotes with nothing in it unescaped (mlflow/utils/search_utils.py SearchUtils._strip_quotes,
+    mlflow-skinny 3.18.0), so a path holding both quote characters has no literal: hence the hex key. A run logged
+    before the key existed has only the path tag; it is found by that where the path has no `'` (such a path could
+    not be logged then) and gets the key."""
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'")
+    if found or "'" in path:
+        return list(found)
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{path}'")
+    if found:
+        client.set_tag(found[0].info.run_id, RUN_KEY_TAG, key)
+    return list(found)
+
+
 def log_run(
     run_dir: Path,
     *,
@@ -78,8 +103,8 @@ def log_run(
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    key = str(run_dir.resolve())
-    existing = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{key}'")
+    path, key = run_key(run_dir)
+    existing = _find_run(client, experiment_id, path, key)
     if existing:
         run_id = existing[0].info.run_id
         logged = existing[0].data.params
@@ -88,7 +113,8 @@ def log_run(
             default=-1,
         )
     else:
-        run_id = client.create_run(experiment_id, run_name=run_name, tags={RUN_DIR_TAG: key}).info.run_id
+        identity = {RUN_DIR_TAG: path, RUN_KEY_TAG: key}
+        run_id = client.create_run(experiment_id, run_name=run_name, tags=identity).info.run_id
         logged, last = {}, -1
     new_params = [Param(k, v) for k, v in params.items() if k not in logged]  # a parameter is set once
     for start in range(0, len(new_params), PARAMS_PER_BATCH):
