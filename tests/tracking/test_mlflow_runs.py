@@ -7,6 +7,7 @@ import json
 
 import pytest
 from mlflow import MlflowClient
+from rich.console import Console
 
 from tests.sweep.conftest import objective_command, quiet, sweep_of
 from trainer.sweep.command import trial_tracker
@@ -112,6 +113,26 @@ def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, s
         assert run.data.params["schedule.train_iters"] == "60"  # the whole config: recipe, shape, parameters
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
         assert steps[-1] == trial.user_attrs["steps"]
+
+
+def test_a_store_that_cannot_work_is_a_warning_per_trial_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"  # its directory is a file
+    console = Console(record=True, width=400)
+    track = trial_tracker(sweep_of(tmp_path), "unstored", uri, console)
+    study = run_sweep(
+        sweep_of(tmp_path),
+        "unstored",
+        tmp_path / "s",
+        3,
+        quiet(),
+        command=objective_command(),
+        on_trial=track,
+    )
+    assert len(study.get_trials()) == 3  # every trial ran
+    warnings = [line for line in console.export_text().splitlines() if "tracking:" in line]
+    assert [line.split(":")[1].split()[1] for line in warnings] == ["0", "1", "2"]  # one per trial
+    assert all(f"not logged to {uri}" in line and "Error" in line for line in warnings)
 
 
 @pytest.mark.slow
