@@ -188,14 +188,14 @@ def _work(
 def _track(cfg: TrainConfig, console: Console) -> None:
     """Rank 0, once the run ends: its config, metrics and model version to MLflow (trainer/tracking/). A store
     that cannot be reached is reported, not a failed run: the checkpoints and metrics.jsonl are already written."""
-    from trainer.tracking.mlflow_runs import flatten, log_run, tracking_uri
+    from trainer.tracking.mlflow_runs import experiment_for, flatten, log_run, tracking_uri
 
     uri = tracking_uri(cfg.tracking)
     try:
         run_id = log_run(
             cfg.run_dir,
             uri=uri,
-            experiment=cfg.tracking.experiment or cfg.name,
+            experiment=experiment_for(cfg.tracking, cfg.name, cfg.run_dir),  # a sweep trial's: the sweep's
             run_name=cfg.name,
             params=flatten(cfg.model_dump(mode="json")),
         )

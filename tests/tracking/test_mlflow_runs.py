@@ -16,6 +16,7 @@ from trainer.tracking.mlflow_runs import (
     MODEL_VERSION_TAG,
     RUN_DIR_TAG,
     RUN_KEY_TAG,
+    experiment_for,
     flatten,
     log_run,
     run_key,
@@ -113,6 +114,54 @@ def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, s
         assert run.data.params["schedule.train_iters"] == "60"  # the whole config: recipe, shape, parameters
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
         assert steps[-1] == trial.user_attrs["steps"]
+
+
+def test_a_trial_logged_by_the_trainer_and_by_the_sweep_is_one_run_in_the_sweeps_experiment(tmp_path):
+    from trainer.config import load_config
+    from trainer.train import _track
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = sweep_of(tmp_path)
+    track = trial_tracker(sweep, "both", store, quiet())
+
+    def trainer_then_sweep(trial):
+        """What happens to a trial with `--set tracking.mlflow=true` in a sweep with --mlflow: the trainer logs
+        itself when it ends (trainer/train.py _track, with the name and directory the sweep gives it), then the
+        sweep logs the decided trial."""
+        run_dir = trial.user_attrs["run_dir"]
+        sets = [
+            *sweep.overrides(trial.params),
+            f"name=both-t{trial.number:04d}",
+            f"logging.run_dir={run_dir}",
+        ]
+        sets += ["tracking.mlflow=true", f"tracking.uri={store}"]
+        _track(load_config(sweep.recipe, sets), quiet())
+        track(trial)
+
+    study = run_sweep(
+        sweep, "both", tmp_path / "s", 3, quiet(), command=objective_command(), on_trial=trainer_then_sweep
+    )
+    client = MlflowClient(tracking_uri=store)
+    assert {e.name for e in client.search_experiments()} == {"both", "Default"}  # not one per trial
+    runs = client.search_runs([client.get_experiment_by_name("both").experiment_id])
+    assert sorted(r.data.tags["trial"] for r in runs) == ["0", "1", "2"]  # one MLflow run per trial
+    assert len(study.get_trials()) == 3
+    for run in runs:
+        assert run.data.params["model.hidden_size"] == "32"  # the trainer's resolved config, the sweep's tags
+        assert run.info.run_name == f"both-t{int(run.data.tags['trial']):04d}"
+
+
+def test_the_experiment_is_the_given_one_else_a_trials_sweep_else_the_runs_name(tmp_path):
+    from trainer.config.schema import TrackingConfig
+
+    trial_dir = tmp_path / "sweeps" / "lr" / "trials" / "0007"
+    assert experiment_for(TrackingConfig(), "lr-t0007", trial_dir) == "lr"
+    assert experiment_for(TrackingConfig(experiment="mine"), "lr-t0007", trial_dir) == "mine"
+    assert experiment_for(TrackingConfig(), "local", tmp_path / "runs" / "local") == "local"
+    assert experiment_for(TrackingConfig(), "lr-t0008", trial_dir) == "lr-t0008"  # not this directory's trial
+    assert (
+        experiment_for(TrackingConfig(), "lr-t0007", tmp_path / "x" / "0007") == "lr-t0007"
+    )  # not a trial's
 
 
 def test_a_store_that_cannot_work_is_a_warning_per_trial_and_the_sweep_goes_on(tmp_path):

@@ -34,6 +34,18 @@ def tracking_uri(tracking: TrackingConfig) -> str:
     return tracking.uri or DEFAULT_URI
 
 
+def experiment_for(tracking: TrackingConfig, name: str, run_dir: Path) -> str:
+    """The experiment a run logs to: `tracking.experiment`, else the sweep's name for a sweep trial, else the run's
+    name. A trial is the run a sweep gives `name=<sweep>-t<NNNN>` and the directory `.../trials/<NNNN>`
+    (trainer/sweep/study.py trial_objective), so that the trainer's own log lands in the experiment the sweep's
+    --mlflow logs the trial to, as the same MLflow run (one run directory, one run)."""
+    if tracking.experiment:
+        return tracking.experiment
+    number = run_dir.name
+    trial = run_dir.parent.name == "trials" and number.isdigit() and name.endswith(f"-t{number}")
+    return name.removesuffix(f"-t{number}") if trial and len(name) > len(number) + 2 else name
+
+
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """A nested config as `section.key` parameters (lists and empty mappings as JSON)."""
     flat: dict[str, str] = {}
