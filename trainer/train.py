@@ -265,8 +265,9 @@ def train(
             return
         while progress.step < s.train_iters:
             if stop is not None and stop.agreed():
+                saved = _saved(checkpointer)
                 checkpointer.stop(progress)
-                _charge(meter, "checkpoint_stall")
+                _charge_save(meter, checkpointer, saved)
                 console.print(f"step {progress.step}: stopped on SIGTERM; resume by running the same command")
                 return
             started = time.perf_counter()
@@ -314,12 +315,14 @@ def train(
                 if meter is not None:
                     meter.save()
             _charge(meter, "productive")  # the step's bookkeeping and logging
+            saved = _saved(checkpointer)
             checkpointer.save(progress, last_step=last, val_loss=val_loss)
-            _charge(meter, "checkpoint_stall")
+            _charge_save(meter, checkpointer, saved)
             evaluation.after_step(step, checkpointer, last=last)
             if capped and not last:
+                saved = _saved(checkpointer)
                 checkpointer.stop(progress)  # saves this step unless its save is already a synchronous one
-                _charge(meter, "checkpoint_stall")
+                _charge_save(meter, checkpointer, saved)
                 console.print(f"step {step}: {capped}; saved and stopped. {_CAP_HINT}")
                 break  # the evaluations already started still report below
         while logger is not None and (evaluated := evaluation.finish()) is not None:
@@ -358,6 +361,22 @@ def _meter(cfg: TrainConfig, progress: Progress, checkpointer: Checkpointer) -> 
 def _charge(meter: Meter | None, category: str) -> None:
     if meter is not None:
         meter.charge(category)
+
+
+def _saved(checkpointer: Checkpointer) -> tuple[int | None, str | None]:
+    """What the checkpointer saved last (step, optimizer format): a save writes a new step, or the same step again
+    in another format (a stop's synchronous save after a background one)."""
+    return checkpointer.saved_step, checkpointer.saved_format
+
+
+def _charge_save(
+    meter: Meter | None, checkpointer: Checkpointer, before: tuple[int | None, str | None]
+) -> None:
+    """A save call's blocking time to checkpoint_stall, and one save to the ledger's count when it wrote one."""
+    if meter is not None:
+        meter.charge("checkpoint_stall")
+        if _saved(checkpointer) != before:
+            meter.save_done()
 
 
 def _cap_reached(cfg: TrainConfig, meter: Meter | None) -> str | None:

@@ -296,3 +296,23 @@ def test_the_report_sets_lost_work_against_what_the_planners_interruption_rate_e
     # where the GPUs or the interval are unknown there is nothing to expect
     assert "expected" not in cost_report(ledger, on_aws)
     assert "expected" not in cost_report(ledger, Rate("local", 1, None, "unpriced"), save_interval=200)
+
+
+def test_the_ledger_counts_its_saves_and_an_old_ledger_counts_none():
+    ledger = resumed_ledger(None, None, step=0)  # a new run's
+    ledger.save_done()
+    ledger.save_done()
+    assert Ledger.from_dict(json.loads(json.dumps(ledger.to_dict()))).saves == 2  # kept through the file
+    old = {key: value for key, value in ledger.to_dict().items() if key != "saves"}
+    unknown = Ledger.from_dict(old)  # written before saves were counted
+    unknown.save_done()
+    assert unknown.saves is None  # not a count of the saves after it
+
+
+@pytest.mark.slow
+def test_a_cpu_run_counts_every_save_it_wrote_the_last_one_too(tmp_path, tiny_config):
+    run = Training(tmp_path, "saves", tiny_config, "schedule.train_iters=5", "checkpoint.save_interval=2")
+    _completed(run)
+    ledger = read_ledger(run.run_dir / LEDGER_FILE)
+    assert ledger is not None and ledger.saves == 3  # steps 2 and 4 on the interval, 5 the last
+    assert ledger.seconds["checkpoint_stall"] > 0

@@ -82,6 +82,11 @@ class Ledger:
     # paid node-hours of a known instance type; 0 on the machine at hand.
     energy_kwh: float = 0.0
     emissions_kg: float = 0.0
+    # Checkpoints the run wrote (interval, last step, SIGTERM and cap saves alike), whose blocking time is the
+    # checkpoint stalls: the planner's time per save (trainer/plan/command.py). None: a ledger written before it was
+    # counted (and a run resumed from one), whose saves nobody knows; a new run's ledger starts at 0
+    # (resumed_ledger).
+    saves: int | None = None
 
     # --- charging ----------------------------------------------------------------------------------------------
     def start_attempt(
@@ -118,6 +123,11 @@ class Ledger:
             if rate.region in energy.GRID_KG_CO2E_PER_KWH:
                 self.emissions_kg += energy.emissions_kg(kwh, rate.region)
         return seconds
+
+    def save_done(self) -> None:
+        """A checkpoint was written (its blocking time is charged to checkpoint_stall)."""
+        if self.saves is not None:
+            self.saves += 1
 
     def step_done(self, step: int, tokens_per_step: int) -> None:
         """Step `step` ended; it trained `tokens_per_step` tokens (0: skipped, no update)."""
@@ -190,7 +200,7 @@ def resumed_ledger(live: Ledger | None, stored: Ledger | None, step: int) -> Led
     when it is at least as new as the checkpoint's), with the productive time after the checkpoint moved to lost
     work, since those steps run again."""
     if live is None or live.step < (stored.step if stored else 0):
-        return stored or Ledger()
+        return stored or Ledger(saves=0)
     kept_productive = stored.seconds["productive"] if stored else 0.0
     lost = max(0.0, live.seconds["productive"] - kept_productive)
     live.seconds["productive"] -= lost
@@ -351,6 +361,9 @@ class Meter:
 
     def charge(self, category: str, now: float | None = None) -> None:
         self.ledger.charge(category, time.time() if now is None else now, self.rate)
+
+    def save_done(self) -> None:
+        self.ledger.save_done()
 
     def step_done(self, step: int, *, trained: bool = True) -> None:
         self.ledger.step_done(step, self.tokens_per_step if trained else 0)

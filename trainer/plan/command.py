@@ -286,17 +286,26 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     return 0
 
 
-def measured_costs(ledger: Ledger, save_interval: int | None) -> tuple[float | None, float | None]:
-    """A run's mean blocking time per save (its checkpoint stalls over the saves its steps imply) and its mean
-    start-up per attempt (process start to the first step: what a restart costs before lost work)."""
-    saves = ledger.step // save_interval if save_interval else 0
+def measured_costs(
+    ledger: Ledger, save_interval: int | None
+) -> tuple[float | None, float | None, str | None]:
+    """A run's mean blocking time per save (its checkpoint stalls over the saves it counted) and its mean start-up
+    per attempt (process start to the first step: what a restart costs before lost work); and, for a ledger
+    written before saves were counted, the note that its saves are assumed from its steps and `save_interval`."""
+    saves, note = ledger.saves, None
+    if saves is None:
+        saves = ledger.step // save_interval if save_interval else 0
+        note = (
+            f"the ledger does not count its saves (written before they were counted): assumed {saves}, its step "
+            f"{ledger.step} // checkpoint.save_interval {save_interval} of the planned config"
+        )
     save_s = (
         ledger.seconds["checkpoint_stall"] / saves if saves and ledger.seconds["checkpoint_stall"] else None
     )
     restart_s = (
         ledger.seconds["startup"] / ledger.attempts if ledger.attempts and ledger.seconds["startup"] else None
     )
-    return save_s, restart_s
+    return save_s, restart_s, note
 
 
 def _interval_costs(args: argparse.Namespace, plan: Plan) -> tuple[float | None, float | None, str]:
@@ -306,9 +315,9 @@ def _interval_costs(args: argparse.Namespace, plan: Plan) -> tuple[float | None,
         ledger = read_ledger(args.ledger)
         if ledger is None:
             raise PlanError(f"--ledger {args.ledger}: no ledger there (a run directory's {LEDGER_FILE})")
-        measured = measured_costs(ledger, plan.config.checkpoint.save_interval)
-        save_s, restart_s = save_s or measured[0], restart_s or measured[1]
-        source = f"measured in {args.ledger}"
+        measured_save, measured_restart, note = measured_costs(ledger, plan.config.checkpoint.save_interval)
+        save_s, restart_s = save_s or measured_save, restart_s or measured_restart
+        source = f"measured in {args.ledger}" + (f"; {note}" if note and not args.save_seconds else "")
     return save_s, restart_s, source
 
 
