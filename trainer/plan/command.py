@@ -11,9 +11,14 @@ The search changes the layout keys the config marks `auto` (all of them when it 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
 import os
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich import box
@@ -36,7 +41,14 @@ from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
 from trainer.cost.idle import idle_cost, startup_cost
 from trainer.cost.ledger import LEDGER_FILE, Ledger, read_ledger
 from trainer.cost.pricing import pool_cost
-from trainer.cost.resilience import Recommendation, recommend
+from trainer.cost.resilience import (
+    INTERRUPTIONS_PER_GPU_HOUR,
+    RATE_SOURCE,
+    Recommendation,
+    expected_goodput,
+    mtbf_seconds,
+    young_interval_seconds,
+)
 from trainer.model.flops import parameter_counts
 from trainer.plan import measure
 from trainer.plan.cost import (
@@ -85,10 +97,11 @@ def token_budget(cfg: TrainConfig) -> float:
     return float(s.train_iters * s.global_batch_size * cfg.data.seq_length)
 
 
-def write_config(candidate: Candidate, path: Path, source: str) -> None:
-    """The whole config with the chosen layout, written to a temporary name and renamed into place."""
+def write_config(candidate: Candidate, path: Path, source: str, extra: dict[str, Any] | None = None) -> None:
+    """The whole config with the chosen layout (and the `extra` keys, e.g. the recommended
+    checkpoint.save_interval), written to a temporary name and renamed into place."""
     values = candidate.cfg.model_dump(mode="json", exclude_unset=True)
-    for key, value in candidate.layout.items():
+    for key, value in {**candidate.layout, **(extra or {})}.items():
         *sections, name = key.split(".")  # `engine` is top-level
         node = values
         for section in sections:
@@ -179,6 +192,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     interval.add_argument(
         "--restart-seconds", type=positive_float, help="seconds from an interruption to training again"
     )
+    interval.add_argument(
+        "--interruptions-per-gpu-hour",
+        type=finite_positive_float,
+        default=INTERRUPTIONS_PER_GPU_HOUR,
+        metavar="RATE",
+        help=f"unexpected interruptions per GPU-hour (default {INTERRUPTIONS_PER_GPU_HOUR:.3g}: {RATE_SOURCE})",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE.measured.json",
+        help="scale the predicted step times by the measured/predicted ratio that plan --measure recorded there",
+    )
+
+
+def finite_positive_float(text: str) -> float:
+    """A number above 0 that is finite (argparse's type: the error names the value and what would be valid)."""
+    value = positive_float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
+    return value
 
 
 def main(args: argparse.Namespace) -> int:
@@ -195,6 +229,8 @@ def main(args: argparse.Namespace) -> int:
         if args.compare and args.price_per_hour:
             raise PlanError("--price-per-hour prices one instance type; --compare prices each type from AWS")
         plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
+        if args.calibration:
+            plan, calibrated = calibrate(plan, args.calibration)
         interval_costs = _interval_costs(args, plan)
     except (ConfigError, PlanError) as error:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
@@ -202,6 +238,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     tokens = args.tokens or token_budget(plan.config)
+    if args.calibration:
+        console.print(calibrated)
     _print_plan(console, plan, tokens, args.price_per_hour, args.top)
     chosen = plan.chosen
     if chosen is None:
@@ -216,7 +254,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     _print_chosen(console, chosen, plan)
-    interval = _checkpoint_interval(console, interval_costs, plan, chosen)
+    interval = _checkpoint_interval(console, interval_costs, plan, chosen, args.interruptions_per_gpu_hour)
     costs = purchase_options(instance, nodes, tokens, chosen.step.tokens_per_s, region, args.price_per_hour)
     met = _print_costs(console, plan, costs, tokens, region, args.deadline)
     if args.stack:
@@ -228,10 +266,11 @@ def main(args: argparse.Namespace) -> int:
     if args.compare:
         met = _print_compare(console, args, nodes, tokens, region, assumptions)
     console.print("\n[bold]--set lines for train[/] (or --out FILE writes the whole config):")
-    extra = [f"checkpoint.save_interval={interval.steps}"] if interval else []
-    console.print(" ".join(f"--set {line}" for line in [*chosen.overrides(), *extra]))
+    extra = {"checkpoint.save_interval": interval.steps} if interval else {}
+    lines = [*chosen.overrides(), *(f"{key}={value}" for key, value in extra.items())]
+    console.print(" ".join(f"--set {line}" for line in lines))
     if args.out:
-        write_config(chosen, args.out, args.config)
+        write_config(chosen, args.out, args.config, extra)
         console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
     return 0 if met else 1
 
@@ -322,9 +361,14 @@ def _interval_costs(args: argparse.Namespace, plan: Plan) -> tuple[float | None,
 
 
 def _checkpoint_interval(
-    console: Console, costs: tuple[float | None, float | None, str], plan: Plan, chosen: Candidate
+    console: Console,
+    costs: tuple[float | None, float | None, str],
+    plan: Plan,
+    chosen: Candidate,
+    per_gpu_hour: float = INTERRUPTIONS_PER_GPU_HOUR,
 ) -> Recommendation | None:
-    """Young's interval for the chosen layout, from measured (or given) save and restart costs."""
+    """Young's interval for the chosen layout, from measured (or given) save and restart costs, at `per_gpu_hour`
+    interruptions per GPU-hour."""
     save_s, restart_s, source = costs
     console.print("\n[bold]checkpoint interval[/]")
     if save_s is None or restart_s is None:
@@ -333,11 +377,99 @@ def _checkpoint_interval(
             "Young's interval needs the save's blocking time and the restart's cost"
         )
         return None
-    recommendation = recommend(plan.nodes * plan.instance.gpus, save_s, restart_s, chosen.step.total_s)
-    for line in recommendation.lines():
+    recommendation = recommend_at(
+        plan.nodes * plan.instance.gpus, save_s, restart_s, chosen.step.total_s, per_gpu_hour
+    )
+    lines = recommendation.lines()
+    if per_gpu_hour != INTERRUPTIONS_PER_GPU_HOUR:  # the first line names the published rate
+        lines[0] = (
+            f"job MTBF {recommendation.mtbf_s / 3600:.1f} h on {recommendation.gpus:,} GPUs at {per_gpu_hour:.3g} "
+            "interruptions per GPU-hour (given: --interruptions-per-gpu-hour)"
+        )
+    for line in lines:
         console.print(f"  {line}")
     console.print(f"  (save and restart: {source})")
     return recommendation
+
+
+def recommend_at(
+    gpus: int, save_s: float, restart_s: float, step_s: float, per_gpu_hour: float
+) -> Recommendation:
+    """trainer/cost/resilience.py `recommend` at another interruption rate (that one takes Llama 3's)."""
+    mtbf = mtbf_seconds(gpus, per_gpu_hour)
+    interval = young_interval_seconds(save_s, mtbf)
+    steps = max(1, round(interval / step_s))
+    goodput = expected_goodput(steps * step_s, save_s, restart_s, mtbf)
+    return Recommendation(gpus, save_s, restart_s, step_s, mtbf, interval, steps, goodput)
+
+
+def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
+    """The median measured/predicted step time of the layouts a `plan --measure` record (trainer/plan/measure.py
+    write_record) measured, and how many; refused when it was measured on another world size or a config of
+    another shape (model, sequence, global batch) than the plan's, or measured nothing."""
+    try:
+        record = json.loads(path.read_text())
+        machine, config = str(record["machine"]), str(record["config"])
+        pairs = [
+            (float(layout["measured_s"]), float(layout["predicted_s"]))
+            for layout in record["layouts"]
+            if layout.get("measured_s") and layout.get("predicted_s")
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise PlanError(
+            f"--calibration {path}: not a plan --measure record (FILE.measured.json): {error}"
+        ) from None
+    world = plan.nodes * plan.instance.gpus
+    # write_record's machine: "<P> CPU processes on <C> cores" (local) or "<N> x <instance> (stack <S>)"
+    words = machine.split()
+    measured_world = None
+    if len(words) > 1 and words[0].isdigit() and words[1] == "CPU":
+        measured_world = int(words[0])
+    elif len(words) > 2 and words[0].isdigit() and words[1] == "x" and words[2] in INSTANCE_TYPES:
+        measured_world = int(words[0]) * INSTANCE_TYPES[words[2]].gpus
+    if measured_world != world:
+        raise PlanError(
+            f"--calibration {path}: measured on {machine}, not this plan's {world} GPUs ({plan.nodes} x "
+            f"{plan.instance.name}); calibrate with a record of the same world size"
+        )
+    try:
+        measured_cfg = load_config(config, device="cuda")
+    except (ConfigError, OSError) as error:
+        raise PlanError(f"--calibration {path}: its config {config} cannot be read: {error}") from None
+    cfg = plan.config
+    shape = (cfg.model, cfg.data.seq_length, cfg.schedule.global_batch_size)
+    if (measured_cfg.model, measured_cfg.data.seq_length, measured_cfg.schedule.global_batch_size) != shape:
+        raise PlanError(
+            f"--calibration {path}: measured with {config}, whose model, sequence or global batch differs from "
+            "this plan's config; calibrate with a record of the same shape"
+        )
+    if not pairs:
+        raise PlanError(f"--calibration {path}: no layout was measured there (every run failed)")
+    return statistics.median(measured / predicted for measured, predicted in pairs), len(pairs)
+
+
+def calibrate(plan: Plan, path: Path) -> tuple[Plan, str]:
+    """The plan with every predicted step time scaled by the record's measured/predicted ratio (throughput and
+    MFU by its inverse), and the line that says so."""
+    ratio, layouts = calibration_ratio(path, plan)
+    timed = (
+        *("compute_s", "tensor_parallel_s", "pipeline_p2p_s", "bubble_s"),
+        *("data_parallel_s", "context_parallel_s", "hidden_s"),
+    )
+
+    def scaled(c: Candidate) -> Candidate:
+        times = {name: getattr(c.step, name) * ratio for name in timed}
+        step = dataclasses.replace(
+            c.step, **times, tokens_per_s=c.step.tokens_per_s / ratio, mfu=c.step.mfu / ratio
+        )
+        return dataclasses.replace(c, step=step)
+
+    candidates = sorted((scaled(c) for c in plan.candidates), key=lambda c: c.step.total_s)
+    line = (
+        f"calibration applied: predicted step times x {ratio:.3f}, the median measured/predicted of {layouts} "
+        f"layout(s) in {path}"
+    )
+    return dataclasses.replace(plan, candidates=candidates), line
 
 
 def _where(args: argparse.Namespace) -> tuple[InstanceType, int]:
