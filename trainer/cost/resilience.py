@@ -56,11 +56,17 @@ class Recommendation:
     interval_s: float  # Young's
     steps: int  # the interval in whole steps: checkpoint.save_interval
     goodput: float  # expected, at `steps`
+    per_gpu_hour: float = INTERRUPTIONS_PER_GPU_HOUR  # the interruption rate it assumed
 
     def lines(self) -> list[str]:
+        rate = (
+            RATE_SOURCE
+            if self.per_gpu_hour == INTERRUPTIONS_PER_GPU_HOUR
+            else "given: --interruptions-per-gpu-hour"
+        )
         return [
-            f"job MTBF {self.mtbf_s / 3600:.1f} h on {self.gpus:,} GPUs at {INTERRUPTIONS_PER_GPU_HOUR:.3g} "
-            f"interruptions per GPU-hour ({RATE_SOURCE})",
+            f"job MTBF {self.mtbf_s / 3600:.1f} h on {self.gpus:,} GPUs at {self.per_gpu_hour:.3g} "
+            f"interruptions per GPU-hour ({rate})",
             f"save every {self.steps:,} steps ({self.steps * self.step_s / 60:.1f} min of work): Young's "
             f"sqrt(2 x save {self.save_s:.1f} s x MTBF) = {self.interval_s / 60:.1f} min at {self.step_s:.2f} s a "
             f"step; restart {self.restart_s:.0f} s",
@@ -68,11 +74,17 @@ class Recommendation:
         ]
 
 
-def recommend(gpus: int, save_s: float, restart_s: float, step_s: float) -> Recommendation:
+def recommend(
+    gpus: int,
+    save_s: float,
+    restart_s: float,
+    step_s: float,
+    per_gpu_hour: float = INTERRUPTIONS_PER_GPU_HOUR,
+) -> Recommendation:
     """checkpoint.save_interval for a job of `gpus` GPUs whose saves block `save_s` and restarts take
-    `restart_s`, at `step_s` seconds a step."""
-    mtbf = mtbf_seconds(gpus)
+    `restart_s`, at `step_s` seconds a step, at `per_gpu_hour` interruptions per GPU-hour."""
+    mtbf = mtbf_seconds(gpus, per_gpu_hour)
     interval = young_interval_seconds(save_s, mtbf)
     steps = max(1, round(interval / step_s))
     goodput = expected_goodput(steps * step_s, save_s, restart_s, mtbf)
-    return Recommendation(gpus, save_s, restart_s, step_s, mtbf, interval, steps, goodput)
+    return Recommendation(gpus, save_s, restart_s, step_s, mtbf, interval, steps, goodput, per_gpu_hour)

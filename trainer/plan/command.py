@@ -45,9 +45,7 @@ from trainer.cost.resilience import (
     INTERRUPTIONS_PER_GPU_HOUR,
     RATE_SOURCE,
     Recommendation,
-    expected_goodput,
-    mtbf_seconds,
-    young_interval_seconds,
+    recommend,
 )
 from trainer.model.flops import parameter_counts
 from trainer.plan import measure
@@ -377,30 +375,13 @@ def _checkpoint_interval(
             "Young's interval needs the save's blocking time and the restart's cost"
         )
         return None
-    recommendation = recommend_at(
+    recommendation = recommend(
         plan.nodes * plan.instance.gpus, save_s, restart_s, chosen.step.total_s, per_gpu_hour
     )
-    lines = recommendation.lines()
-    if per_gpu_hour != INTERRUPTIONS_PER_GPU_HOUR:  # the first line names the published rate
-        lines[0] = (
-            f"job MTBF {recommendation.mtbf_s / 3600:.1f} h on {recommendation.gpus:,} GPUs at {per_gpu_hour:.3g} "
-            "interruptions per GPU-hour (given: --interruptions-per-gpu-hour)"
-        )
-    for line in lines:
+    for line in recommendation.lines():
         console.print(f"  {line}")
     console.print(f"  (save and restart: {source})")
     return recommendation
-
-
-def recommend_at(
-    gpus: int, save_s: float, restart_s: float, step_s: float, per_gpu_hour: float
-) -> Recommendation:
-    """trainer/cost/resilience.py `recommend` at another interruption rate (that one takes Llama 3's)."""
-    mtbf = mtbf_seconds(gpus, per_gpu_hour)
-    interval = young_interval_seconds(save_s, mtbf)
-    steps = max(1, round(interval / step_s))
-    goodput = expected_goodput(steps * step_s, save_s, restart_s, mtbf)
-    return Recommendation(gpus, save_s, restart_s, step_s, mtbf, interval, steps, goodput)
 
 
 def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
