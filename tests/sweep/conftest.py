@@ -24,7 +24,7 @@ def write_sweep(directory: Path, *, pruner: str = "successive_halving", extra: s
         "trials: 8\n"
         "sampler: {seed: 0, startup_trials: 4}\n"
         f"pruner: {{kind: {pruner}, min_resource: 10, reduction_factor: 3}}\n"
-        "set: {schedule.train_iters: 60, schedule.lr_decay_iters: 60}\n"
+        "set: {schedule.train_iters: 60, schedule.lr_decay_iters: 60, schedule.eval_interval: 10}\n"
         "space:\n"
         "  optimizer.lr: {low: 1.0e-4, high: 1.0e-1, log: true}\n" + extra
     )

@@ -4,7 +4,9 @@ writes metrics.jsonl as the trainer does (a validation loss every 10 steps, with
 Its validation loss at step s falls as 1/s towards a floor set by how far log10(optimizer.lr) is from -2.5, so a
 trial's early values already rank it. optimizer.lr above `crash_above` (another override) makes it exit 3 after
 step 10, as a crashing trainer would. `dollars_per_trial` (another override) makes it write, as it starts, a
-ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py)."""
+ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py).
+`stop_at=N` stops it at step N as the trainer's dollar cap does (trainer/train.py): that step's line, the
+trainer's "saved and stopped" message, exit 0. `nan_at=N` makes the validation loss NaN from step N on."""
 
 import json
 import math
@@ -22,15 +24,31 @@ if "dollars_per_trial" in settings:
     (run_dir / "ledger.json.tmp").write_text(json.dumps({"dollars": float(settings["dollars_per_trial"])}))
     (run_dir / "ledger.json.tmp").rename(run_dir / "ledger.json")
 floor = 5.0 + (math.log10(lr) + 2.5) ** 2
+stop_at = int(settings.get("stop_at", iters + 1))
+nan_at = int(settings.get("nan_at", iters + 1))
+CAPPED = "step {}: budget.max_dollars = 1 reached: spent $1.00; saved and stopped. to go on, resume with more"
+
+
+def capped(step: int) -> None:
+    print(CAPPED.format(step), file=sys.stderr, flush=True)
+    sys.exit(0)
+
+
 with (run_dir / "metrics.jsonl").open("a") as metrics:
     for step in range(0, iters + 1, 10):
+        if step > stop_at:  # the cap reached between evaluations: that step's line, with no validation loss
+            metrics.write(json.dumps({"step": stop_at, "loss": floor + 20 / stop_at}) + "\n")
+            metrics.flush()
+            capped(stop_at)
         record = {
             "step": step,
             "loss": None if step == 0 else floor + 20 / step,
-            "val_loss": floor + 20 / (step + 1),
+            "val_loss": float("nan") if step >= nan_at else floor + 20 / (step + 1),
         }
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
+        if step == stop_at:
+            capped(step)
         if step == 10 and lr > float(settings.get("crash_above", "inf")):
             print("objective: crashed on purpose", flush=True)
             sys.exit(3)

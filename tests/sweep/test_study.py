@@ -8,10 +8,18 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from rich.console import Console
 
-from tests.sweep.conftest import TINY, objective_command, quiet, sweep_of
+from tests.sweep.conftest import TINY, objective_command, quiet, sweep_of, write_sweep
+from trainer.sweep.report import best_trial, failures, trials_table
 from trainer.sweep.space import SweepError, load_sweep
-from trainer.sweep.study import ERROR, JOURNAL, LOG, STEPS, open_study, run_sweep
+from trainer.sweep.study import ERROR, JOURNAL, LOG, STEPS, STOPPED, open_study, run_sweep
+
+
+def _render(table) -> str:
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(table)
+    return console.export_text()
 
 
 def test_the_pruner_stops_trials_behind_at_an_evaluation_step_and_their_steps_are_counted(finished_sweep):
@@ -107,3 +115,44 @@ def test_a_grid_runs_each_combination_once(tmp_path):
         (t.params["optimizer.lr"], t.params["schedule.lr_warmup_iters"]) for t in study.get_trials()
     }
     assert combinations == {(lr, w) for lr in (0.001, 0.003, 0.01) for w in (0, 5)}
+
+
+def test_a_trial_its_dollar_cap_stopped_is_pruned_at_its_last_report_not_complete(tmp_path):
+    sweep = sweep_of(tmp_path, pruner="none")
+    study = run_sweep(sweep, "cap", tmp_path / "s", 2, quiet(), command=objective_command("stop_at=35"))
+    for trial in study.get_trials():
+        assert trial.state == TrialState.PRUNED, trial
+        assert "stopped by its budget cap at step 35 of 60" in trial.user_attrs[STOPPED]
+        assert trial.user_attrs[STEPS] == 35 and trial.value == trial.intermediate_values[30]
+    assert best_trial(study) is None  # no capped trial is the best
+    assert "pruned (budget cap)" in str(_render(trials_table(study, sweep)))
+    early = run_sweep(sweep, "early", tmp_path / "e", 1, quiet(), command=objective_command("stop_at=5"))
+    assert [t.state for t in early.get_trials()] == [
+        TrialState.PRUNED
+    ]  # capped before any evaluation: no crash
+
+
+def test_a_diverged_trial_is_failed_with_why(tmp_path):
+    sweep = sweep_of(tmp_path, pruner="none")
+    study = run_sweep(sweep, "nan", tmp_path / "s", 1, quiet(), command=objective_command("nan_at=20"))
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs[ERROR].startswith("validation loss is not finite at step 20")
+    assert failures(study)[0].startswith("trial 0: validation loss is not finite at step 20")
+
+
+def test_a_study_whose_recipe_was_edited_is_refused_saying_how_to_go_on(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TINY.read_text())
+    path = write_sweep(tmp_path, pruner="none")
+    path.write_text(path.read_text().replace(str(TINY), str(recipe)))
+    run_sweep(load_sweep(path), "r", tmp_path / "s", 1, quiet(), command=objective_command())
+    recipe.write_text(recipe.read_text().replace("clip_grad: 1.0", "clip_grad: 0.5"))
+    with pytest.raises(SweepError, match=r"the recipe .*recipe\.yaml has changed since the study") as error:
+        open_study(load_sweep(path), "r", tmp_path / "s")
+    assert "restore the recipe to resume, give another --name" in str(error.value)
+
+
+def test_the_median_pruner_waits_min_resource_steps(tmp_path):
+    pruner = open_study(sweep_of(tmp_path, pruner="median"), "m", tmp_path / "s").pruner
+    assert pruner._n_warmup_steps == 10  # conftest's min_resource

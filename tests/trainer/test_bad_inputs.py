@@ -5,8 +5,10 @@ file that existed (the corpus, the checkpoints, the test's own directory) byte-i
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import random
 import shutil
 from collections.abc import Callable
@@ -69,6 +71,20 @@ def sweep_file(space: str) -> Callable[[Paths], None]:
         Path(paths["tmp"], "s.yaml").write_text(f"recipe: {paths['config']}\n" + space.format() + "\n")
 
     return setup
+
+
+_HELD: list[int] = []  # the locks a setup holds, open while the row's command runs
+
+
+def sweep_driver_running(paths: Paths) -> None:
+    """A valid sweep {tmp}/s.yaml whose study runs/sweeps/s/ another driver holds (its lock, taken here)."""
+    sweep_file("pruner: {{kind: none}}\nspace: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}")(paths)
+    study = Path(paths["tmp"], "runs", "sweeps", "s")
+    study.mkdir(parents=True)
+    fd = os.open(study / "driver.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": 4242, "host": "elsewhere", "started": 86400}).encode())
+    _HELD.append(fd)
 
 
 def empty(path: Path) -> None:
@@ -564,6 +580,40 @@ ROWS: dict[str, Row] = {
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
         ("space.optimizer.lr = 1e-05: optimizer.min_lr = 0.0001 is above optimizer.lr = 1e-05",),
         sweep_file("space: {{optimizer.lr: {{low: 1.0e-5, high: 0.01, log: true}}}}"),
+    ),
+    "sweep-integer-key-fractional-range": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "space.schedule.lr_warmup_iters.high = 4.5: schedule.lr_warmup_iters is an integer in the trainer's "
+            "config; give whole numbers for low and high",
+        ),
+        sweep_file("space: {{schedule.lr_warmup_iters: {{low: 0, high: 4.5}}}}"),
+    ),
+    "sweep-choice-the-layout-refuses": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "space.schedule.global_batch_size = 9: schedule.global_batch_size = 9 is not divisible by "
+            "schedule.micro_batch_size x data parallel size = 2 x 1 (a trial's 1 ",
+        ),
+        sweep_file("space: {{schedule.global_batch_size: {{choices: [8, 9]}}}}"),
+    ),
+    "sweep-pruner-with-nothing-to-prune-on": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "schedule.eval_interval = 1000 is not below the trials' schedule.train_iters = 20: a trial reports a "
+            "validation loss only at its end, so pruner.kind = successive_halving has nothing to stop on",
+        ),
+        sweep_file("space: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}"),
+    ),
+    "sweep-driver-already-running": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "the study in {tmp}/runs/sweeps/s is being run by another sweep driver: pid 4242 on elsewhere, "
+            "started 1970-01-02 00:00:00 UTC",
+            "stop it with kill -TERM 4242 on elsewhere",
+            "or give this sweep another --name",
+        ),
+        sweep_driver_running,
     ),
     "sweep-name-invalid": Row(
         "sweep --sweep trainer/configs/local-sweep.yaml --name ../x --runs {tmp}/runs",

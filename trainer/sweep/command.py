@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from trainer.models.registry import LocalStore, Registry, RegistryError
 from trainer.sweep.report import best_trial, failures, trials_table, write_best, write_plots
 from trainer.sweep.space import Sweep, load_sweep
 from trainer.sweep.study import RUN_DIR, SWEEPS, run_sweep
+from trainer.sweep.worker import stop_on_sigterm
 from trainer.tracking.mlflow_runs import DEFAULT_URI, flatten, log_run
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -67,6 +69,11 @@ def main(args: argparse.Namespace) -> int:
             "with a letter or digit)"
         )
         return 2
+    # SIGTERM and SIGHUP (a closed terminal) end the driver as Ctrl-C does: the running trial's trainer, in a
+    # session of its own that no terminal signal reaches, is killed (trial.py run_trial) and the trial runs again
+    # when the sweep is resumed. The worker's handler: SystemExit(128 + signal).
+    stop_on_sigterm()
+    signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))
     try:
         sweep = load_sweep(args.sweep, tuple(args.overrides))
         directory = args.runs / SWEEPS.relative_to("runs") / name
@@ -83,6 +90,9 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:  # SweepError too
         errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
         return 2
+    except KeyboardInterrupt:
+        errors.print(f"[bold red]sweep:[/] interrupted; run the same command again to resume {name}")
+        return 130
     console.print(trials_table(study, sweep))
     for line in failures(study):
         console.print(f"[red]failed[/] {escape(line)}")

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from trainer.config.load import read_raw
 from trainer.sweep.space import Sweep
-from trainer.sweep.study import ERROR, LOG, STEPS
+from trainer.sweep.study import ERROR, LOG, STEPS, STOPPED
 
 matplotlib.use("Agg")  # files, no display
 
@@ -39,6 +39,8 @@ def trials_table(study: optuna.Study, sweep: Sweep) -> Table:
         state = trial.state.name.lower() + (
             " (best)" if best is not None and trial.number == best.number else ""
         )
+        if STOPPED in trial.user_attrs:  # its trainer's budget cap stopped it, not the pruner
+            state += " (budget cap)"
         table.add_row(
             str(trial.number),
             state,

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import optuna
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, TrainConfig, layout_problems, load_config
+from trainer.config.load import read_raw
 
 
 class SweepError(ConfigError):
@@ -128,7 +131,9 @@ class Pruner(_Strict):
                 reduction_factor=self.reduction_factor,
             )
         if self.kind == "median":
-            return optuna.pruners.MedianPruner(n_warmup_steps=self.warmup_steps)
+            # min_resource as the other kinds read it: no pruning before a trial has trained that many steps
+            # (MedianPruner n_warmup_steps, optuna/pruners/_median.py, v5.1.0).
+            return optuna.pruners.MedianPruner(n_warmup_steps=max(self.min_resource, self.warmup_steps))
         return optuna.pruners.NopPruner()
 
 
@@ -184,8 +189,15 @@ class Sweep:
         """A trial's parameters as --set lines."""
         return [f"{key}={_text(value)}" for key, value in params.items()]
 
-    def train_iters(self) -> int:
-        return load_config(self.recipe, self.shared).schedule.train_iters
+    def train_iters(self, more: Sequence[str] = ()) -> int:
+        """The trial's train_iters: the shared shape's, or with `more` overrides (a trial's parameters)."""
+        return load_config(self.recipe, [*self.shared, *more]).schedule.train_iters
+
+    @property
+    def recipe_fingerprint(self) -> str:
+        """The recipe's content as the trainer reads it: a rerun after the recipe was edited is refused."""
+        body = json.dumps(read_raw(self.recipe, ()), sort_keys=True, default=str)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def _text(value: Any) -> str:
@@ -210,18 +222,102 @@ def load_sweep(path: str | Path, extra: tuple[str, ...] = ()) -> Sweep:
             ],
             str(path),
         ) from None
-    sweep = Sweep(path, spec, extra)
-    if not sweep.recipe.is_file():
+    recipe = (path.parent / spec.recipe).resolve()
+    if not recipe.is_file():
         raise SweepError([f"recipe = {spec.recipe!r}: no such file beside {path}"], str(path))
-    # The recipe with the shared shape, then each dimension at each of its ends: the trainer's own checks.
-    problems: list[str] = []
-    base = {key: dim.ends()[0] for key, dim in spec.space.items()}
-    for key, dimension in spec.space.items():
+    problems, integer_space = _integer_ranges(spec.space)
+    if problems:
+        raise SweepError(problems, str(path))
+    sweep = Sweep(path, spec.model_copy(update={"space": integer_space}), extra)
+    # The recipe with the shared shape, then each dimension at each of its ends: the trainer's own checks, and
+    # its layout checks at the world size a trial runs on.
+    base = {key: dim.ends()[0] for key, dim in sweep.spec.space.items()}
+    for key, dimension in sweep.spec.space.items():
         for end in dimension.ends():
             try:
-                load_config(sweep.recipe, sweep.overrides({**base, key: end}))
+                cfg = load_config(sweep.recipe, sweep.overrides({**base, key: end}))
             except ConfigError as error:
                 problems += [f"space.{key} = {end!r}: {problem}" for problem in error.problems]
+                continue
+            world_size, device = _trial_world(cfg)
+            problems += [
+                f"space.{key} = {end!r}: {problem} (a trial's {world_size} {device} process(es))"
+                for problem in layout_problems(cfg, world_size, device)
+            ]
+    if not problems:
+        problems = _pruner_problems(sweep)
     if problems:
         raise SweepError(sorted(set(problems)), str(path))
     return sweep
+
+
+def _integer_ranges(space: dict[str, Dimension]) -> tuple[list[str], dict[str, Dimension]]:
+    """Ranges over integer config keys made integer ranges (Optuna's IntDistribution, step 1 unless given): a
+    float drawn for one would fail every trial at the trainer's validation. Non-whole ends are refused."""
+    problems, space = [], dict(space)
+    for key, dimension in space.items():
+        if dimension.choices is not None or dimension.step is not None or not _integer_key(key):
+            continue
+        assert dimension.low is not None and dimension.high is not None  # Dimension._one_kind
+        for end, value in (("low", dimension.low), ("high", dimension.high)):
+            if value != int(value):
+                problems.append(
+                    f"space.{key}.{end} = {value}: {key} is an integer in the trainer's config; give whole "
+                    "numbers for low and high"
+                )
+        space[key] = dimension.model_copy(update={"step": 1})
+    return problems, space
+
+
+def _integer_key(key: str) -> bool:
+    """Whether the trainer's config types `key` as an integer (the pydantic schema, trainer/config/schema.py)."""
+    model: Any = TrainConfig
+    annotation: Any = None
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return False  # unknown keys are the config loader's to name
+        annotation = model = model.model_fields[part].annotation
+    kinds = _kinds(annotation)
+    return int in kinds and float not in kinds
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The plain types an annotation admits: Annotated (PositiveInt) and unions (int | None) unwrapped."""
+    if get_origin(annotation) is Annotated:
+        return _kinds(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return set().union(*(_kinds(arg) for arg in get_args(annotation)))
+    return {annotation}
+
+
+def _trial_world(cfg: TrainConfig) -> tuple[int, Literal["cpu", "cuda"]]:
+    """The processes a trial's `trainer train` starts on this machine, and their device (trainer/distributed/
+    local.py processes, parallel.py device_type: one per GPU, else the config's TP x PP x DP)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "cuda"
+    return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1), "cpu"
+
+
+def _pruner_problems(sweep: Sweep) -> list[str]:
+    """A pruner that could never stop a trial: nothing is reported before the run's end."""
+    pruner = sweep.spec.pruner
+    if pruner.kind == "none":
+        return []
+    schedule = load_config(sweep.recipe, sweep.shared).schedule
+    problems = []
+    if pruner.min_resource >= schedule.train_iters:
+        problems.append(
+            f"pruner.min_resource = {pruner.min_resource} is not below the trials' schedule.train_iters = "
+            f"{schedule.train_iters}: no trial could be stopped; lower it (e.g. to schedule.eval_interval = "
+            f"{schedule.eval_interval}) or set pruner.kind: none"
+        )
+    if schedule.eval_interval >= schedule.train_iters:
+        problems.append(
+            f"schedule.eval_interval = {schedule.eval_interval} is not below the trials' schedule.train_iters = "
+            f"{schedule.train_iters}: a trial reports a validation loss only at its end, so pruner.kind = "
+            f"{pruner.kind} has nothing to stop on; set schedule.eval_interval below it (in the sweep's set) or "
+            "pruner.kind: none"
+        )
+    return problems

@@ -2,12 +2,22 @@
 validation loss each trial's trainer logs at its evaluation steps.
 
 A rerun with the same name resumes: trials already finished (complete, pruned or failed) count towards --trials, a
-trial left running by an interrupted driver is marked failed and its parameters queued to run again, and the
-sampler's seed moves on by the trials already stored (space.Sampler.build). A study made for another space or trial shape is refused rather than mixed in."""
+trial an interrupted driver left (running, after a kill; failed as interrupted, after Ctrl-C, SIGTERM or SIGHUP) is
+marked failed and its parameters queued to run again, and the sampler's seed moves on by the trials already stored
+(space.Sampler.build). A study made for another space, trial shape or recipe is refused rather than mixed in. One
+local driver at a time holds the study's directory (`hold`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +34,11 @@ JOURNAL = "study.journal"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # User attributes each trial carries (the table, the report and the benchmark read them).
 RUN_DIR, STEPS, ERROR, LOG, WORKER = "run_dir", "steps", "error", "log", "worker"
+STOPPED = "stopped"  # a trial its trainer's budget cap stopped early: why (recorded pruned at its last step)
+RERUN_OF = "rerun_of"  # an interrupted trial's parameters queued again: the number of the trial it runs again
 WORKER_SEEDS = 100_003  # a worker's sampler seed is moved on by this many per worker index
 INTERRUPTED = "interrupted: the sweep's driver stopped"  # such a trial runs again and is not counted
+DRIVER_LOCK = "driver.lock"  # held by the one local driver of a study (`hold`)
 
 
 Command = Callable[[Path, Sequence[str], Path], list[str]]
@@ -76,14 +89,101 @@ def open_study(sweep: Sweep, name: str, directory: Path, worker: int | None = No
                 "start over"
             ]
         )
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if worker is not None and trial.user_attrs.get(WORKER) != worker:
-            continue  # another worker's: it may be running it now
-        # Left running by a driver (or this worker) that was stopped: nothing is running it now.
-        store.set_trial_user_attr(trial._trial_id, ERROR, INTERRUPTED)
-        store.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        study.enqueue_trial(trial.params, skip_if_exists=False)
+    recipe = study.user_attrs.get("recipe_fingerprint")
+    if recipe is None:  # a new study, or one stored before the recipe was fingerprinted: from now on
+        study.set_user_attr("recipe_fingerprint", sweep.recipe_fingerprint)
+    elif recipe != sweep.recipe_fingerprint:
+        raise SweepError(
+            [
+                f"--name {name}: the recipe {sweep.recipe} has changed since the study in {directory} was made "
+                "from it, so its trials would not be comparable with the stored ones; restore the recipe to "
+                f"resume, give another --name to start a study of the changed recipe, or remove {directory} to "
+                "start over"
+            ]
+        )
+    _queue_interrupted(study, store, worker)
     return study
+
+
+def _queue_interrupted(study: optuna.Study, store: JournalStorage, worker: int | None) -> None:
+    """Fail the trials a stopped driver (or this worker) left running, and queue again the parameters of every
+    interrupted trial not queued yet: those left running (a SIGKILLed driver) and those its interruption failed
+    (Ctrl-C: Optuna's optimize fails the trial on a KeyboardInterrupt and re-raises it, optuna/study/_optimize.py
+    _run_trial, v5.1.0)."""
+
+    def ours(trial: optuna.trial.FrozenTrial) -> bool:
+        # another worker's: it may be running it now, and that worker queues its own again
+        return worker is None or trial.user_attrs.get(WORKER) == worker
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if ours(trial):  # nothing is running it now
+            store.set_trial_user_attr(trial._trial_id, ERROR, INTERRUPTED)
+            store.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    queued = {trial.user_attrs.get(RERUN_OF) for trial in trials}
+    for trial in trials:
+        if (
+            trial.state == TrialState.FAIL
+            and trial.user_attrs.get(ERROR) == INTERRUPTED
+            and trial.number not in queued
+            and trial.params
+            and ours(trial)
+        ):
+            study.enqueue_trial(
+                trial.params,
+                user_attrs={RERUN_OF: trial.number, **({WORKER: worker} if worker is not None else {})},
+                skip_if_exists=False,
+            )
+
+
+class DriverHeld(SweepError):
+    """Another local driver runs this study."""
+
+
+@contextlib.contextmanager
+def hold(directory: Path) -> Iterator[None]:
+    """One local driver per study: an exclusive flock(2) on <directory>/driver.lock while it runs, dropped by the
+    kernel at the holder's end however it ends, so no crash leaves a stale lock (as the trainer's run lock,
+    trainer/launch/run_lock.py, which sits on this package's floor and so cannot be imported here). A second
+    driver is refused at once, told who holds the study and how to stop it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / DRIVER_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DriverHeld(
+                    [
+                        f"cannot lock {path} ({os.strerror(error.errno or 0)}): put runs/ on a local file system"
+                    ]
+                ) from None
+            raise DriverHeld([_held_message(directory, path)]) from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "argv": sys.argv}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def _held_message(directory: Path, path: Path) -> str:
+    holder: dict[str, Any] = {}
+    for _ in range(10):  # the holder writes who it is just after it takes the lock
+        with contextlib.suppress(OSError, ValueError):
+            holder = json.loads(path.read_text())
+            break
+        time.sleep(0.05)
+    pid, host = holder.get("pid", "?"), holder.get("host", "?")
+    started = holder.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "at an unknown time"
+    here = host == socket.gethostname()
+    return (
+        f"the study in {directory} is being run by another sweep driver: pid {pid} on {host}, started {when}. "
+        f"Wait for it to end, stop it with kill -TERM {pid}{'' if here else ' on ' + str(host)} (its running trial "
+        "is stopped and runs again when the study is resumed), or give this sweep another --name"
+    )
 
 
 def _stored_trials(store: JournalStorage, stored: dict[str, int], name: str) -> int:
@@ -125,7 +225,22 @@ def run_sweep(
     stop_when: Callable[[optuna.Study], bool] | None = None,
 ) -> optuna.Study:
     """Run trials until the study holds `trials` finished ones, or `stop_when(study)` says so after a trial; each
-    trial is a trainer run under <directory>/trials/<number>."""
+    trial is a trainer run under <directory>/trials/<number>. Only one driver runs a study at a time (`hold`)."""
+    with hold(directory):
+        return _run_sweep(sweep, name, directory, trials, console, command, timeout_s, on_trial, stop_when)
+
+
+def _run_sweep(
+    sweep: Sweep,
+    name: str,
+    directory: Path,
+    trials: int,
+    console: Console,
+    command: Command,
+    timeout_s: float | None,
+    on_trial: Callable[[optuna.trial.FrozenTrial], None] | None,
+    stop_when: Callable[[optuna.Study], bool] | None,
+) -> optuna.Study:
     study = open_study(sweep, name, directory)
     done = finished(study)
     if done >= trials:
@@ -191,13 +306,29 @@ def trial_objective(
         overrides = [*sweep.overrides(params), *extra, f"name={name}-t{trial.number:04d}"]
         try:
             outcome = run_trial(
-                command(sweep.recipe, overrides, run_dir), run_dir, report, timeout_s=timeout_s
+                command(sweep.recipe, overrides, run_dir),
+                run_dir,
+                report,
+                timeout_s=timeout_s,
+                train_iters=sweep.train_iters([*sweep.param_overrides(params), *extra]),
             )
         except TrialFailed as error:
             trial.set_user_attr(ERROR, str(error))
             console.print(f"  trial {trial.number} [red]failed[/]: {error}")
             raise
+        except (KeyboardInterrupt, SystemExit):
+            # Ctrl-C, or SIGTERM/SIGHUP made SystemExit (command.py): run_trial killed the trainer's process
+            # group; the trial runs again when the study is resumed (open_study), and does not count.
+            trial.set_user_attr(ERROR, INTERRUPTED)
+            console.print(f"  trial {trial.number} interrupted: it runs again when the sweep is resumed")
+            raise
         trial.set_user_attr(STEPS, outcome.steps)
+        if outcome.stopped is not None:
+            # Not a result to rank or model as complete: pruned, valued (if it reported any) at its last report
+            # like any pruned trial (optuna/study/_tell.py _tell_with_warning, v5.1.0).
+            trial.set_user_attr(STOPPED, outcome.stopped)
+            console.print(f"  trial {trial.number} {outcome.stopped}")
+            raise optuna.TrialPruned(outcome.stopped)
         if outcome.pruned:
             raise optuna.TrialPruned(f"validation loss {outcome.val_loss:.4f} at step {outcome.steps}")
         assert outcome.val_loss is not None  # run_trial raises when a finished run logged none

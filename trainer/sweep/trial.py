@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,9 @@ from pathlib import Path
 METRICS = "metrics.jsonl"
 LOG = "train.log"
 POLL_S = 0.25
+# What the trainer prints when a budget cap stops it early (trainer/train.py, the `capped` branch): the step, then
+# cap_reached's reason (trainer/cost/ledger.py), then "saved and stopped".
+CAPPED = re.compile(r"step (\d+): (budget\.max_\w+ = .*?); saved and stopped")
 
 
 class TrialFailed(Exception):
@@ -34,6 +39,8 @@ class Outcome:
     steps: int  # the last step the trial logged: the trial-steps it cost
     val_loss: float | None  # the last validation loss it logged
     pruned: bool
+    # Why the trainer stopped itself before train_iters (its budget cap): the trial ran to no end of its own.
+    stopped: str | None = None
 
 
 def train_command(recipe: Path, overrides: Sequence[str], run_dir: Path) -> list[str]:
@@ -49,11 +56,16 @@ def run_trial(
     *,
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
+    train_iters: int | None = None,
 ) -> Outcome:
-    """Run `command` until it ends or `report(step, val_loss)` returns True (then kill it: pruned)."""
+    """Run `command` until it ends or `report(step, val_loss)` returns True (then kill it: pruned). A run that
+    exits 0 before `train_iters` was stopped by its budget cap: its outcome says so (`stopped`). A validation loss
+    that is not finite fails the trial at once."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / LOG
     metrics = run_dir / METRICS
+    # A leftover run's metrics (the trainer's --fresh clears them only once it has started) are not this trial's.
+    metrics.unlink(missing_ok=True)
     seen = 0  # bytes of metrics.jsonl already read
     steps, val_loss = 0, None
     started = time.monotonic()
@@ -81,6 +93,11 @@ def run_trial(
                         if record.get("val_loss") is None or record["step"] == 0:
                             continue
                         val_loss = float(record["val_loss"])
+                        if not math.isfinite(val_loss):  # diverged: nothing more to learn from it
+                            _kill(process)
+                            raise TrialFailed(
+                                f"validation loss is not finite at step {record['step']} ({val_loss})", log
+                            )
                         # Every evaluation is reported (the pruner compares trials at the same steps); a stop
                         # only matters while the trainer still runs.
                         if report(int(record["step"]), val_loss) and not ended:
@@ -98,9 +115,18 @@ def run_trial(
             raise
     if process.returncode != 0:
         raise TrialFailed(f"the trainer exited with {process.returncode}", log)
+    if train_iters is not None and steps < train_iters:
+        return Outcome(steps, val_loss, pruned=False, stopped=_stopped(log, steps, train_iters))
     if val_loss is None:
         raise TrialFailed("the trainer logged no validation loss", log)
     return Outcome(steps, val_loss, pruned=False)
+
+
+def _stopped(log: Path, steps: int, train_iters: int) -> str:
+    """Why a trainer that exited 0 stopped at `steps` of `train_iters`: the cap its log names."""
+    found = CAPPED.findall(log.read_text(errors="replace"))
+    reason = found[-1][1] if found else "the trainer stopped early"
+    return f"stopped by its budget cap at step {steps} of {train_iters}: {reason}"
 
 
 def _last_step(metrics: Path) -> int:
