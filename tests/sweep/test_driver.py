@@ -19,6 +19,8 @@ from tests.conftest import ROOT
 from tests.sweep.conftest import write_sweep
 from trainer.sweep.study import ERROR, INTERRUPTED, RERUN_OF, storage
 
+pytestmark = pytest.mark.slow  # driver processes, each trial a process of its own: about a minute a test here
+
 
 def driver(tmp_path: Path, trials: int, *settings: str) -> subprocess.Popen:
     sweep = tmp_path / "tiny-sweep.yaml"

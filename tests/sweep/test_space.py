@@ -154,3 +154,16 @@ def test_a_space_every_trial_would_fail_on_or_a_pruner_that_cannot_prune_is_refu
     with pytest.raises(SweepError, match="invalid sweep") as error:
         load_sweep(write(tmp_path, body))
     assert message in str(error.value)
+
+
+def test_a_stack_sweep_is_checked_at_the_nodes_world_not_this_machines(tmp_path):
+    """Sequence parallelism runs on GPUs only (trainer/config/checks.py): a stack sweep submitted from a machine
+    without one is checked at its trials' world, a node's 8 GPUs, not refused for this machine's CPU."""
+    body = (
+        "pruner: {kind: none}\n"
+        "set: {parallel.tensor_model_parallel_size: 2, parallel.sequence_parallel: true}\n"
+        "space: {optimizer.lr: {low: 0.001, high: 0.01}}\n"
+    )
+    with pytest.raises(SweepError, match=r"parallel\.sequence_parallel = true cannot run on CPU"):
+        load_sweep(write(tmp_path, body), world=(4, "cpu"))
+    assert load_sweep(write(tmp_path, body), world=(8, "cuda")).spec.space

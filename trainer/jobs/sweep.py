@@ -118,7 +118,8 @@ def plan_sweep(
             "trainer/configs/ and rebuild the image (make image && make push)"
         )
     try:
-        loaded = load_sweep(path, overrides)
+        # Its trials train on one node's GPUs, not on this machine (which may have none)
+        loaded = load_sweep(path, overrides, world=(outputs.gpus_per_node, "cuda"))
     except ConfigError as error:
         raise SubmitError(problems + error.problems) from None
     name = name or sweep.stem

@@ -204,8 +204,12 @@ def _text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def load_sweep(path: str | Path, extra: tuple[str, ...] = ()) -> Sweep:
-    """Read and check a sweep YAML: every problem named with its key, the bad value and what would be valid."""
+World = tuple[int, Literal["cpu", "cuda"]]  # the processes a trial's `trainer train` starts, and their device
+
+
+def load_sweep(path: str | Path, extra: tuple[str, ...] = (), world: World | None = None) -> Sweep:
+    """Read and check a sweep YAML: every problem named with its key, the bad value and what would be valid.
+    `world`: where its trials train (a stack node's GPUs); by default this machine, as a local sweep's do."""
     path = Path(path)
     if not path.is_file():
         raise SweepError([f"sweep file {str(path)!r} not found"])
@@ -239,7 +243,7 @@ def load_sweep(path: str | Path, extra: tuple[str, ...] = ()) -> Sweep:
             except ConfigError as error:
                 problems += [f"space.{key} = {end!r}: {problem}" for problem in error.problems]
                 continue
-            world_size, device = _trial_world(cfg)
+            world_size, device = world or _trial_world(cfg)
             problems += [
                 f"space.{key} = {end!r}: {problem} (a trial's {world_size} {device} process(es))"
                 for problem in layout_problems(cfg, world_size, device)
@@ -290,7 +294,7 @@ def _kinds(annotation: Any) -> set[Any]:
     return {annotation}
 
 
-def _trial_world(cfg: TrainConfig) -> tuple[int, Literal["cpu", "cuda"]]:
+def _trial_world(cfg: TrainConfig) -> World:
     """The processes a trial's `trainer train` starts on this machine, and their device (trainer/distributed/
     local.py processes, parallel.py device_type: one per GPU, else the config's TP x PP x DP)."""
     import torch
