@@ -90,6 +90,24 @@ def test_the_dollar_cap_stops_new_trials(tmp_path):
     assert again == reason and len(_trials(directory, "capped")) == 3
 
 
+def test_what_is_left_of_the_cap_is_read_once_per_trial(tmp_path, monkeypatch):
+    """Another worker's trial writes its ledger between two reads of the spend: $9.995 spent when the cap is
+    checked, $10.50 a moment later. The worker reads it once, so no trial starts on what is left ($0.005, under
+    a trial's minimum) and none gets a negative budget.max_dollars, which the trainer refuses (the trial FAILs)."""
+    from trainer.sweep import worker as module
+
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    reads = iter([9.995, 10.5, 10.5, 10.5])
+    monkeypatch.setattr(module, "spent", lambda _: next(reads))
+    command = objective_command("dollars_per_trial=1")
+    reason = work(sweep_path, "raced", directory, 8, quiet(), max_dollars=10.0, command=command)
+    assert reason == (
+        "budget.max_dollars = 10: $0.0050 left (spent $9.9950), under a trial's minimum of $0.01"
+    )
+    assert _trials(directory, "raced") == []
+
+
 def test_a_worker_takes_back_only_its_own_interrupted_trial(tmp_path):
     sweep_path = write_sweep(tmp_path)
     directory = tmp_path / "study"

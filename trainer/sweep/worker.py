@@ -8,7 +8,8 @@ says why it stopped and exits 0.
 
 The cap is the ledger's (trainer/cost/ledger.py cap_reached): what every trial's ledger.json in the study's
 directory says it spent, summed; no trial starts once it is reached, and each trial runs with
-`budget.max_dollars` set to what remained when it started, so its trainer stops itself there. Trials that run in
+`budget.max_dollars` set to what remained when it started (read once: other workers' trials write their ledgers
+meanwhile), so its trainer stops itself there; under a cent left, the worker stops as at the cap. Trials that run in
 parallel each get that remainder: the sweep can spend up to its workers' count of remainders past the cap's last
 check, never a new trial's."""
 
@@ -48,16 +49,33 @@ def spent(directory: Path) -> float:
     return sum(ledger.dollars for ledger in ledgers if ledger is not None)
 
 
-def stop_reason(study: optuna.Study, directory: Path, trials: int, max_dollars: float | None) -> str | None:
-    """Why no new trial may start: the study holds its trials (finished or running), or the cap is reached."""
+# A trial's least meaningful budget: the ledger counts dollars in cents (trainer/cost/ledger.py cost_report), and a
+# trial started with less would stop at its first step having learned nothing.
+MIN_TRIAL_DOLLARS = 0.01
+
+
+def stop_reason(study: optuna.Study, trials: int) -> str | None:
+    """Why no new trial may start for the sweep's count: the study holds its trials (finished or running)."""
     running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     done = finished(study)
     if done + running >= trials:
         return f"{done} of {trials} trials finished" + (f", {running} still running" if running else "")
-    if max_dollars is not None:
-        total = Ledger(dollars=spent(directory))
-        return cap_reached(BudgetConfig(max_dollars=max_dollars), total)
     return None
+
+
+def dollars_left(directory: Path, max_dollars: float) -> tuple[float, str | None]:
+    """What remains of the cap, read once (other workers' trials write their ledgers meanwhile, so two reads could
+    disagree), and why no trial may start on it: the cap is reached, or less than a trial's minimum is left."""
+    total = Ledger(dollars=spent(directory))
+    left = max_dollars - total.dollars
+    if reached := cap_reached(BudgetConfig(max_dollars=max_dollars), total):
+        return left, reached
+    if left < MIN_TRIAL_DOLLARS:
+        return left, (
+            f"budget.max_dollars = {max_dollars:g}: ${left:.4f} left (spent ${total.dollars:,.4f}), under a "
+            f"trial's minimum of ${MIN_TRIAL_DOLLARS:.2f}"
+        )
+    return left, None
 
 
 def work(
@@ -76,9 +94,13 @@ def work(
     """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped."""
     sweep = load_sweep(sweep_path, overrides)
     study = open_study(sweep, name, directory, worker=worker)
-    while (reason := stop_reason(study, directory, trials, max_dollars)) is None:
-        remaining = None if max_dollars is None else max_dollars - spent(directory)
-        extra = [] if remaining is None else [f"budget.max_dollars={remaining:.6g}"]
+    while True:
+        extra = []
+        if (reason := stop_reason(study, trials)) is None and max_dollars is not None:
+            left, reason = dollars_left(directory, max_dollars)
+            extra = [f"budget.max_dollars={left:.6g}"]
+        if reason is not None:
+            break
         objective = trial_objective(
             sweep, name, directory, console, command, timeout_s, worker=worker, extra=extra
         )
