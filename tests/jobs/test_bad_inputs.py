@@ -237,6 +237,19 @@ ROWS = {
         single_node_queue,
         target="sweep",
     ),
+    # nan <= 0 is False: a float check let it through, and every worker refused it (trainer/sweep/worker.py).
+    "sweep-stack-max-dollars-nan": Row(
+        ("IMAGE=0123456789ab", "MAX_DOLLARS=nan", "PARALLEL=2"),
+        "MAX_DOLLARS=nan: give a positive number of US dollars (above 0, finite; not nan or inf)",
+        single_node_queue,
+        target="sweep",
+    ),
+    "sweep-stack-max-dollars-inf": Row(
+        ("IMAGE=0123456789ab", "MAX_DOLLARS=inf", "PARALLEL=2"),
+        "MAX_DOLLARS=inf: give a positive number of US dollars (above 0, finite; not nan or inf)",
+        single_node_queue,
+        target="sweep",
+    ),
     "finetune-suite-outside-the-image": Row(
         ("IMAGE=0123456789ab", "SUITE=/tmp/suite.yaml"),
         "SUITE=/tmp/suite.yaml: the image carries trainer/ only; put the suite under trainer/configs/suites/",

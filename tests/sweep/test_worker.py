@@ -161,3 +161,14 @@ def test_sigterm_stops_the_worker_and_its_trial_and_leaves_the_trial_to_take_bac
     assert metrics.stat().st_size == size
     [trial] = _trials(directory, "stopped")
     assert trial.state == TrialState.RUNNING and trial.user_attrs[WORKER] == 0
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "nan", "inf", "ten"])
+def test_the_worker_refuses_a_cap_that_is_not_a_positive_finite_number(text):
+    import argparse
+
+    from trainer.sweep.worker import positive_dollars
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_dollars(text)
+    assert positive_dollars("12.5") == 12.5

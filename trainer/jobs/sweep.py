@@ -51,6 +51,7 @@ from trainer.jobs.submit import (
 )
 from trainer.jobs.teams import team_problems, team_submit_arguments
 from trainer.sweep.space import load_sweep
+from trainer.sweep.worker import positive_dollars
 
 QUEUE, DEFINITION = "spot_job_queue", "spot_job_definition"
 # Batch SubmitJob jobName: up to 128 letters, numbers, hyphens and underscores, starting with a letter or number
@@ -275,7 +276,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="the study's name (default: the YAML's stem)")
     parser.add_argument("--trials", type=int, help="trials the sweep runs in all (default: the YAML's)")
     parser.add_argument("--parallel", type=int, default=1, help="workers, one node each (the array's size)")
-    parser.add_argument("--max-dollars", type=float, help="the sweep's one dollar cap across its trials")
+    # Parsed in main, so that a bad cap is refused as MAX_DOLLARS=..., the make variable the user gave.
+    parser.add_argument("--max-dollars", help="the sweep's one dollar cap across its trials (US dollars)")
     parser.add_argument("--team", help="on a stack shared by teams: the team whose share the workers use")
     parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -283,11 +285,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=float, default=30.0, help=argparse.SUPPRESS)
 
 
+def dollar_cap(text: str) -> float:
+    """MAX_DOLLARS as the worker parses it (trainer/sweep/worker.py positive_dollars: above 0, not nan, finite),
+    refused here before any AWS call: a cap the worker refuses would fail every child of the array job."""
+    try:
+        return positive_dollars(text)
+    except argparse.ArgumentTypeError:
+        raise SubmitError(
+            [f"MAX_DOLLARS={text}: give a positive number of US dollars (above 0, finite; not nan or inf)"]
+        ) from None
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
-        if args.max_dollars is not None and args.max_dollars <= 0:
-            raise SubmitError([f"MAX_DOLLARS={args.max_dollars:g}: give a positive number of US dollars"])
+        max_dollars = None if args.max_dollars is None else dollar_cap(args.max_dollars)
         if args.trials is not None and args.trials < 1:
             raise SubmitError([f"TRIALS={args.trials}: give at least 1"])
         plan = plan_sweep(
@@ -295,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
             args.name,
             args.trials,
             args.parallel,
-            args.max_dollars,
+            max_dollars,
             args.team,
             image_tag(args.image),
             tuple(args.overrides),

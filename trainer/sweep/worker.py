@@ -16,6 +16,7 @@ check, never a new trial's."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -36,6 +37,15 @@ from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
 from trainer.sweep.space import load_sweep
 from trainer.sweep.study import Command, finished, open_study, trial_objective
 from trainer.sweep.trial import TrialFailed, train_command
+
+
+def positive_dollars(text: str) -> float:
+    """A dollar cap: a number above 0 (positive_float, which refuses nan too) and finite, since `inf` caps nothing
+    and would be handed to each trial as its budget.max_dollars."""
+    value = positive_float(text)
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number of US dollars")
+    return value
 
 
 def worker_index(env: Mapping[str, str]) -> int:
@@ -136,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", required=True, type=positive_int, help="trials the sweep runs in all")
     parser.add_argument(
-        "--max-dollars", type=positive_float, help="the sweep's one dollar cap across its trials"
+        "--max-dollars", type=positive_dollars, help="the sweep's one dollar cap across its trials"
     )
     parser.add_argument(
         "--worker",
