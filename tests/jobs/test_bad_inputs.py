@@ -220,7 +220,7 @@ ROWS = {
     # The JobSet webhook takes DNS-1035 labels only (jobset v0.12.0): the sweep's name is in its JobSet's.
     "sweep-stack-eks-name-not-a-dns-label": Row(
         ("IMAGE=0123456789ab", "NAME=LR", "TRIALS=8", "PARALLEL=2"),
-        "NAME='LR': the sweep's JobSet is named 'sweep-LR-8', which EKS refuses",
+        "NAME='LR': the sweep's JobSet is named 'sweep-LR', which EKS refuses",
         on_eks(),
         target="sweep",
     ),

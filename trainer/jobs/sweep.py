@@ -13,10 +13,13 @@ dollar cap is reached. The study lives on FSx for Lustre, which every node mount
 (trainer/sweep/study.py says why its lock holds on Lustre as mounted here), with each trial's run directory beside
 it, exported to the checkpoints bucket like any run's.
 
-The driver only submits and follows: the job (or JobSet) is named `sweep-<name>-<trials>`, so running the command
-again finds it by name (trainer/jobs/job.py run_jobs) and follows it instead of submitting another; an ended one
-that succeeded is reported, one that failed is submitted again (the study resumes where its workers left it; on EKS
-the failed JobSet is deleted first, since its name stays taken).
+The driver only submits and follows: the job (or JobSet) is named `sweep-<name>`, after the study alone, so that a
+study has one live job whatever its TRIALS or cap (two jobs' workers of one index would take each other's running
+trials for their own interrupted ones). Running the command again finds it by name (trainer/jobs/job.py run_jobs)
+and follows it instead of submitting another, or refuses while it runs another TRIALS or cap. An ended one that
+succeeded with the same worker command is reported; one that failed, or ran another TRIALS or cap, is submitted
+again (the study resumes where its workers left it; on EKS the ended JobSet is deleted first, since its name stays
+taken).
 """
 
 from __future__ import annotations
@@ -55,9 +58,14 @@ from trainer.sweep.worker import positive_dollars
 
 QUEUE, DEFINITION = "spot_job_queue", "spot_job_definition"
 # Batch SubmitJob jobName: up to 128 letters, numbers, hyphens and underscores, starting with a letter or number
-# (Batch API Reference, SubmitJob); `sweep-` and `-<trials>` take at most 12 of them.
+# (Batch API Reference, SubmitJob); `sweep-` takes 6 of them.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SWEEP_ENV = "TRAINSTACK_SWEEP"
+
+
+def job_name(name: str) -> str:
+    """The sweep's array job (or JobSet): named after its study alone."""
+    return f"sweep-{name}"
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,9 @@ class StackSweep:
 
     @property
     def job_name(self) -> str:
-        return f"sweep-{self.name}-{self.trials}"
+        """One job per study, whatever its TRIALS or cap: two jobs' workers of one index on one study would each
+        take the other's running trial for its own interrupted one (trainer/sweep/study.py open_study)."""
+        return job_name(self.name)
 
     @property
     def directory(self) -> str:
@@ -134,11 +144,10 @@ def plan_sweep(
             f"PARALLEL={parallel}: give 1 to {min(MAX_ARRAY_SIZE, trials)} (at most TRIALS={trials})"
         )
     if outputs.orchestrator == "eks":
-        # The JobSet's name: `sweep-<name>-<trials>`, a DNS-1035 label with room for its pods' names.
-        job_name = f"sweep-{name}-{trials}"
+        # The JobSet's name: `sweep-<name>`, a DNS-1035 label with room for its pods' names.
         problems += [
-            f"NAME={name!r}: the sweep's JobSet is named {job_name!r}, which EKS refuses ({problem})"
-            for problem in jobset_name_problems(job_name, parallel)
+            f"NAME={name!r}: the sweep's JobSet is named {job_name(name)!r}, which EKS refuses ({problem})"
+            for problem in jobset_name_problems(job_name(name), parallel)
         ]
     elif QUEUE not in outputs.values or DEFINITION not in outputs.values:
         problems.append(
@@ -192,17 +201,31 @@ def sweep_jobset(plan: StackSweep, outputs: StackOutputs) -> dict[str, Any]:
 
 
 def start(plan: StackSweep, outputs: StackOutputs) -> tuple[str, str]:
-    """The sweep's array job (or JobSet), found by its name or submitted: (job id or JobSet name, what happened)."""
+    """The sweep's array job (or JobSet), found by its name or submitted: (job id or JobSet name, what happened).
+
+    The study's one live job is followed when its workers run the requested command, and refused otherwise (its
+    TRIALS or cap differ): it must end first. An ended one running the same command is reported; one that failed,
+    or that ran another TRIALS or cap (continuing a sweep past its last TRIALS or cap), is submitted again and the
+    study resumes."""
     found = run_jobs(outputs, plan.job_name, plan.team, queue=QUEUE)
+    commands = worker_commands(outputs, [job for job, _ in found], plan.team)
+    wanted = plan.worker_command()
     for job_id, status in found:
         if status in LIVE:
+            if commands.get(job_id) != wanted:
+                raise SubmitError([live_refusal(plan, outputs, job_id, status, commands.get(job_id))])
             return job_id, f"following {plan.job_name} ({job_id}, {status}), submitted before"
     for job_id, status in found:
-        if status == "SUCCEEDED":
+        if status == "SUCCEEDED" and commands.get(job_id) == wanted:
             return job_id, f"{plan.job_name} ({job_id}) already ended: SUCCEEDED"
-    again = " again (the last one failed; the study resumes)" if found else ""
+    if not found:
+        again = ""
+    elif any(status == "SUCCEEDED" for _, status in found):
+        again = " again (the last one ended with another TRIALS or cap; the study resumes)"
+    else:
+        again = " again (the last one failed; the study resumes)"
     if outputs.orchestrator == "eks":
-        # An ended JobSet keeps its name: the failed one goes first (its pods have ended; nothing to stop).
+        # An ended JobSet keeps its name: it goes first (its pods have ended; nothing to stop).
         grace = job_settings(outputs.stack).stop_grace_seconds + REPLACE_SLACK_S
         reason = f"sweep {plan.name}: submitted again"
         if found and (left := stop_and_wait(outputs, found, reason, grace, REPLACE_POLL_S, plan.team)):
@@ -219,6 +242,60 @@ def start(plan: StackSweep, outputs: StackOutputs) -> tuple[str, str]:
     return (
         job_id,
         f"submitted {plan.job_name} ({job_id}){again}: {plan.parallel} workers, {plan.trials} trials",
+    )
+
+
+def worker_commands(outputs: StackOutputs, jobs: list[str], team: str | None) -> dict[str, list[str]]:
+    """What each of the sweep's jobs runs: the array job's container command (DescribeJobs JobDetail
+    `container.command`, the submitted containerOverrides' command: Batch API Reference, ContainerDetail), or the
+    JobSet's workers' container args (the same list: trainer/jobs/jobset.py)."""
+    if not jobs:
+        return {}
+    if outputs.orchestrator == "eks":
+        from trainer.jobs.eks import connect  # the kubernetes client only for EKS stacks
+
+        cluster = connect(outputs, team=team)
+        commands = {}
+        for name in jobs:
+            replicated = cluster.jobset(name)["spec"]["replicatedJobs"][0]
+            [container] = replicated["template"]["spec"]["template"]["spec"]["containers"]
+            commands[name] = list(container.get("args", []))
+        return commands
+    batch = client("batch", outputs.region)
+    # DescribeJobs takes at most 100 jobs a call (Batch API Reference, DescribeJobs `jobs`).
+    return {
+        job["jobId"]: list(job.get("container", {}).get("command", []))
+        for i in range(0, len(jobs), 100)
+        for job in batch.describe_jobs(jobs=jobs[i : i + 100])["jobs"]
+    }
+
+
+def _option(command: list[str] | None, option: str) -> str | None:
+    """The value of `option` in a worker's command, or None where it has none."""
+    if command and option in command[:-1]:
+        return command[command.index(option) + 1]
+    return None
+
+
+def live_refusal(
+    plan: StackSweep, outputs: StackOutputs, job_id: str, status: str, command: list[str] | None
+) -> str:
+    """Why a second job may not run on the study, and how to wait for or cancel the live one."""
+
+    def shape(trials: str | None, cap: str | None) -> str:
+        return f"TRIALS={trials}, MAX_DOLLARS={cap or 'none'}"
+
+    cap = None if plan.max_dollars is None else f"{plan.max_dollars:g}"
+    live = shape(_option(command, "--trials"), _option(command, "--max-dollars"))
+    asked = shape(str(plan.trials), cap)
+    if live == asked:  # another sweep YAML, --set or directory
+        live, asked = f"the workers' command {command}", f"{plan.worker_command()}"
+    team = f" TEAM={plan.team}" if plan.team else ""
+    where = f"STACK={outputs.stack}{team} JOB={job_id}"
+    return (
+        f"NAME={plan.name}: {plan.job_name} ({job_id}) is {status} on this study with {live}; this asks for "
+        f"{asked}. One job runs a study at a time (two would take each other's trials): wait for it to end "
+        f"(make status {where}) or cancel it (make cancel {where}), then run this again; the study resumes"
     )
 
 
