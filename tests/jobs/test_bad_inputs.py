@@ -250,6 +250,21 @@ ROWS = {
         single_node_queue,
         target="sweep",
     ),
+    # The local default store is a SQLite file under this checkout's runs/: no worker node reaches it.
+    "sweep-stack-mlflow-without-uri": Row(
+        ("IMAGE=0123456789ab", "MLFLOW=1", "PARALLEL=2"),
+        "MLFLOW=1: on a stack the workers log to a tracking server they can reach: give its URI, "
+        "MLFLOW=http://<host>:5000",
+        single_node_queue,
+        target="sweep",
+    ),
+    "sweep-stack-register": Row(
+        ("IMAGE=0123456789ab", "REGISTER=candidate", "PARALLEL=2"),
+        "REGISTER=candidate: a sweep on a stack does not register its best trial; leave REGISTER out, and once the "
+        "sweep has ended find the best trial's version",
+        single_node_queue,
+        target="sweep",
+    ),
     "finetune-suite-outside-the-image": Row(
         ("IMAGE=0123456789ab", "SUITE=/tmp/suite.yaml"),
         "SUITE=/tmp/suite.yaml: the image carries trainer/ only; put the suite under trainer/configs/suites/",

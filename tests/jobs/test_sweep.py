@@ -163,6 +163,23 @@ def test_a_live_sweep_with_other_trials_or_cap_is_refused_and_an_ended_one_conti
     assert request["containerOverrides"]["command"][-2:] == ["--max-dollars", "900"]
 
 
+def test_a_stack_sweep_passes_its_tracking_server_to_every_worker(sweep_stack):
+    uri = "http://mlflow.internal:5000"
+    result = sweep_stack.make(
+        "sweep",
+        "TRIALS=8",
+        "PARALLEL=2",
+        "TEAM=vision",
+        f"IMAGE={IMAGE_TAG}",
+        f"MLFLOW={uri}",
+        "ARGS=--no-follow",
+    )
+    assert result.returncode == 0, result.stderr
+    [request] = sweep_stack.requests("SubmitJob")
+    command = request["containerOverrides"]["command"]
+    assert command[command.index("sweep-worker") :][-2:] == ["--mlflow", uri]
+
+
 def test_following_prints_the_array_jobs_status_until_it_ends(sweep_stack, capsys):
     result = sweep_stack.make(
         "sweep", "TRIALS=8", "PARALLEL=2", f"IMAGE={IMAGE_TAG}", "TEAM=speech", "ARGS=--no-follow"

@@ -172,3 +172,30 @@ def test_the_worker_refuses_a_cap_that_is_not_a_positive_finite_number(text):
     with pytest.raises(argparse.ArgumentTypeError):
         positive_dollars(text)
     assert positive_dollars("12.5") == 12.5
+
+
+def test_a_workers_trials_are_logged_to_mlflow_as_the_local_sweeps_are(tmp_path):
+    """`sweep-worker --mlflow URI` (a stack's MLFLOW=): each trial it decides is an MLflow run of the experiment
+    named after the sweep, through the local sweep's own tracker (trainer/sweep/command.py trial_tracker)."""
+    from mlflow import MlflowClient
+
+    sweep_path = write_sweep(tmp_path)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    work(
+        sweep_path,
+        "tracked",
+        tmp_path / "study",
+        2,
+        quiet(),
+        worker=1,
+        command=objective_command(),
+        mlflow=store,
+    )
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tracked")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(run.info.run_name for run in runs) == ["tracked-t0000", "tracked-t0001"]
+    for run in runs:
+        assert run.data.tags["sweep"] == "tracked" and run.data.tags["state"] in ("complete", "pruned")
+        assert "optimizer.lr" in run.data.params and "val_loss" in run.data.metrics

@@ -55,6 +55,7 @@ from trainer.jobs.submit import (
 from trainer.jobs.teams import team_problems, team_submit_arguments
 from trainer.sweep.space import load_sweep
 from trainer.sweep.worker import positive_dollars
+from trainer.tracking.mlflow_runs import DEFAULT_URI
 
 QUEUE, DEFINITION = "spot_job_queue", "spot_job_definition"
 # Batch SubmitJob jobName: up to 128 letters, numbers, hyphens and underscores, starting with a letter or number
@@ -78,6 +79,7 @@ class StackSweep:
     team: str | None
     tag: str
     overrides: tuple[str, ...] = ()
+    mlflow: str | None = None  # the tracking server's URI each worker logs its trials to
 
     @property
     def job_name(self) -> str:
@@ -106,6 +108,8 @@ class StackSweep:
         command += ["--trials", str(self.trials)]
         if self.max_dollars is not None:
             command += ["--max-dollars", f"{self.max_dollars:g}"]
+        if self.mlflow is not None:
+            command += ["--mlflow", self.mlflow]
         return command + [arg for override in self.overrides for arg in ("--set", override)]
 
 
@@ -119,6 +123,7 @@ def plan_sweep(
     tag: str,
     overrides: tuple[str, ...],
     outputs: StackOutputs,
+    mlflow: str | None = None,
 ) -> StackSweep:
     """The sweep to submit, with every check that needs no AWS call; SubmitError lists what is wrong."""
     problems: list[str] = []
@@ -158,7 +163,7 @@ def plan_sweep(
     if problems:
         raise SubmitError(problems)
     relative = path.relative_to(ROOT)
-    return StackSweep(relative, name, trials, parallel, max_dollars, team, tag, overrides)
+    return StackSweep(relative, name, trials, parallel, max_dollars, team, tag, overrides, mlflow)
 
 
 def sweep_request(plan: StackSweep, outputs: StackOutputs, job_definition: str) -> dict[str, Any]:
@@ -358,6 +363,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--team", help="on a stack shared by teams: the team whose share the workers use")
     parser.add_argument("--image", help="image tag in the stack's ECR repository (default: this git commit)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument(
+        "--mlflow", metavar="URI", help="the MLflow tracking server each worker logs its trials to"
+    )
+    parser.add_argument(
+        "--register", metavar="TAG", help=argparse.SUPPRESS
+    )  # refused on a stack, with the way
     parser.add_argument("--no-follow", action="store_true", help="submit (or find) and return")
     parser.add_argument("--poll", type=float, default=30.0, help=argparse.SUPPRESS)
 
@@ -373,10 +384,39 @@ def dollar_cap(text: str) -> float:
         ) from None
 
 
+def tracking_uri(uri: str | None) -> str | None:
+    """MLFLOW= on a stack: a tracking server's URI the workers reach; the local default store (a SQLite file under
+    this checkout's runs/) is on no node, so MLFLOW=1 without a URI is refused."""
+    if uri is not None and uri.strip() in ("", "1", DEFAULT_URI):
+        raise SubmitError(
+            [
+                f"MLFLOW={uri or 1}: on a stack the workers log to a tracking server they can reach: give its URI, "
+                f"MLFLOW=http://<host>:5000 (the local store {DEFAULT_URI} is on this machine, not on the nodes)"
+            ]
+        )
+    return uri
+
+
+def register_refusal(tag: str, name: str, stack: str, team: str | None) -> str:
+    """REGISTER= on a stack: refused, with how to tag the best trial's version once the sweep has ended."""
+    where = f"--stack {stack}" + (f" --team {team}" if team else "")
+    return (
+        f"REGISTER={tag}: a sweep on a stack does not register its best trial; leave REGISTER out, and once the "
+        f"sweep has ended find the best trial's version (its runs are named {name}-t<number>) with `python -m "
+        f"trainer models list {where}` and point the tag at it: `python -m trainer models promote <version> "
+        f"--tag {tag} {where}`"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         outputs = load_outputs(args.stack, args.outputs)
         max_dollars = None if args.max_dollars is None else dollar_cap(args.max_dollars)
+        mlflow = tracking_uri(args.mlflow)
+        if args.register:
+            raise SubmitError(
+                [register_refusal(args.register, args.name or args.sweep.stem, args.stack, args.team)]
+            )
         if args.trials is not None and args.trials < 1:
             raise SubmitError([f"TRIALS={args.trials}: give at least 1"])
         plan = plan_sweep(
@@ -389,6 +429,7 @@ def main(args: argparse.Namespace) -> int:
             image_tag(args.image),
             tuple(args.overrides),
             outputs,
+            mlflow,
         )
         if problems := image_problems(outputs, plan.tag):
             raise SubmitError(problems)

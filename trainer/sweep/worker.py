@@ -4,7 +4,7 @@ reports it, and repeats until the study holds the sweep's trials or the sweep's 
 says why it stopped and exits 0.
 
     python -m trainer sweep-worker --sweep trainer/configs/local-sweep.yaml --name NAME --dir /fsx/.../sweeps/NAME \
-        --trials 32 [--max-dollars 500] [--worker N]
+        --trials 32 [--max-dollars 500] [--worker N] [--mlflow URI]
 
 The cap is the ledger's (trainer/cost/ledger.py cap_reached): what every trial's ledger.json in the study's
 directory says it spent, summed; no trial starts once it is reached, and each trial runs with
@@ -34,6 +34,7 @@ from trainer.config.schema import BudgetConfig
 from trainer.contract.container import ARRAY_INDEX_ENV
 from trainer.contract.jobset import COMPLETION_INDEX_ENV
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
+from trainer.sweep.command import trial_tracker
 from trainer.sweep.space import load_sweep
 from trainer.sweep.study import Command, finished, open_study, trial_objective
 from trainer.sweep.trial import TrialFailed, train_command
@@ -100,10 +101,13 @@ def work(
     overrides: tuple[str, ...] = (),
     command: Command = train_command,
     timeout_s: float | None = None,
+    mlflow: str | None = None,
 ) -> str:
-    """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped."""
+    """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped. With `mlflow`
+    (a tracking URI), each trial this worker decides is logged there as the local sweep logs its trials."""
     sweep = load_sweep(sweep_path, overrides)
     study = open_study(sweep, name, directory, worker=worker)
+    track = trial_tracker(sweep, name, mlflow, console) if mlflow else None
     while True:
         extra = []
         if (reason := stop_reason(study, trials)) is None and max_dollars is not None:
@@ -119,7 +123,8 @@ def work(
             n_trials=1,
             catch=(TrialFailed,),
             callbacks=[
-                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}")
+                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}"),
+                *([lambda _, t: track(t)] if track else []),
             ],
         )
     console.print(f"worker {worker}: sweep {name} stops: {reason}")
@@ -155,6 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--trial-timeout", type=positive_int, help="seconds a trial may run")
+    parser.add_argument("--mlflow", metavar="URI", help="log each trial to this MLflow tracking URI")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -172,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
             worker=worker,
             overrides=tuple(args.overrides),
             timeout_s=args.trial_timeout,
+            mlflow=args.mlflow,
         )
     except ConfigError as error:
         Console(stderr=True).print(f"[bold red]sweep-worker:[/] {escape(str(error))}")
