@@ -137,7 +137,8 @@ sweep: $(VENV)/.train-installed ## Hyperparameter sweep (Optuna: TPE, pruned on 
 ifneq ($(STACK),)
 	$(PY) -m trainer sweep-stack $(STACK_ARGS) --sweep "$(SWEEP)" $(if $(TRIALS),--trials $(TRIALS)) $(if $(NAME),--name "$(NAME)") \
 	  --parallel "$(PARALLEL)" $(if $(MAX_DOLLARS),--max-dollars "$(MAX_DOLLARS)") $(if $(TEAM),--team "$(TEAM)") \
-	  $(if $(IMAGE),--image "$(IMAGE)") $(ARGS)
+	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(MLFLOW),--mlflow "$(filter-out 1,$(MLFLOW))") \
+	  $(if $(REGISTER),--register "$(REGISTER)") $(ARGS)
 else
 	$(PY) -m trainer prepare --stdlib --output data/stdlib
 	$(PY) -m trainer sweep --sweep "$(SWEEP)" $(if $(TRIALS),--trials $(TRIALS)) $(if $(NAME),--name "$(NAME)") \

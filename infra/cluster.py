@@ -108,16 +108,37 @@ def efa_network_interfaces(
     return [{**primary, "associate_public_ip_address": "false"}, *efa_only]
 
 
+# What the run's ledger prices its node-hours at (trainer/cost/ledger.py local_rate, one of trainer/cost/pricing.py
+# PURCHASE_OPTIONS; unset it assumes on-demand): each job definition says what its compute environment buys.
+PURCHASE_OPTION_ENV = "TRAINSTACK_PURCHASE_OPTION"
+
+
+def main_purchase_option(cfg: StackConfig) -> str:
+    """What the GPU environment's nodes are bought as: its launch template's Capacity Block (market type
+    capacity-block) or On-Demand Capacity Reservation (_reserved_capacity), else On-Demand (type EC2: "EC2 On-Demand
+    Instances", Batch User Guide, "Managed compute environments")."""
+    if cfg.capacity_reservation_id is None:
+        return "on-demand"
+    return "capacity-block" if cfg.capacity_block else "reservation"
+
+
 def job_container(
-    cfg: StackConfig, image: Any, job_role_arn: Any, execution_role_arn: Any, log_group: Any
+    cfg: StackConfig,
+    image: Any,
+    job_role_arn: Any,
+    execution_role_arn: Any,
+    log_group: Any,
+    purchase_option: str,
 ) -> dict[str, Any]:
-    """The container every node runs (Batch's ContainerProperties), sized and wired from the catalog."""
+    """The container every node runs (Batch's ContainerProperties), sized and wired from the catalog, on nodes bought
+    as `purchase_option`."""
     instance = cfg.instance
     memory = container_memory_mib(instance)
     # The preflight checks GPUs and EFA devices against the catalog entry TRAINSTACK_INSTANCE_TYPE names.
     environment = {
         **efa_environment(),
         "TRAINSTACK_INSTANCE_TYPE": cfg.instance_type,
+        PURCHASE_OPTION_ENV: purchase_option,
         "TRAINSTACK_CHECKPOINT_ROOT": CHECKPOINTS_DIR,
         # The grace the ECS agent's stop timeout (node user data) is derived from: one number for both.
         "TRAINSTACK_STOP_GRACE_SECONDS": str(cfg.stop_grace_seconds),
@@ -306,9 +327,8 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
         image = cfg.image or pulumi.Output.concat(args.registry.repository.repository_url, ":latest")
-        container = job_container(
-            cfg, image, args.identity.job_role.arn, args.identity.execution_role.arn, self.log_group.name
-        )
+        roles = (args.identity.job_role.arn, args.identity.execution_role.arn)
+        container = job_container(cfg, image, *roles, self.log_group.name, main_purchase_option(cfg))
         self.job_definition = aws.batch.JobDefinition(
             f"{prefix}-train",
             type="multinode",
@@ -333,7 +353,10 @@ class Cluster(pulumi.ComponentResource):
             "log_group": self.log_group.name,
         }
         if cfg.spot:
-            outputs.update(self._spot(args, container))
+            # The Spot environment's nodes are Spot Instances (type SPOT: Batch User Guide, "Managed compute
+            # environments"), and its jobs' ledgers price them so.
+            spot_container = job_container(cfg, image, *roles, self.log_group.name, "spot")
+            outputs.update(self._spot(args, spot_container))
         self.outputs = outputs
         self.register_outputs(outputs)
 

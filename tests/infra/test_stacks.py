@@ -153,6 +153,7 @@ def test_job_environment_is_image_efa_env_plus_the_instance_type_and_checkpoint_
     assert environment == {
         **efa_environment(),
         "TRAINSTACK_INSTANCE_TYPE": batch_stack.config.instance_type,
+        "TRAINSTACK_PURCHASE_OPTION": "on-demand",  # the checked-in stacks reserve no capacity
         "TRAINSTACK_CHECKPOINT_ROOT": "/fsx/checkpoints",
         "TRAINSTACK_STOP_GRACE_SECONDS": str(batch_stack.config.stop_grace_seconds),
     }

@@ -220,7 +220,7 @@ ROWS = {
     # The JobSet webhook takes DNS-1035 labels only (jobset v0.12.0): the sweep's name is in its JobSet's.
     "sweep-stack-eks-name-not-a-dns-label": Row(
         ("IMAGE=0123456789ab", "NAME=LR", "TRIALS=8", "PARALLEL=2"),
-        "NAME='LR': the sweep's JobSet is named 'sweep-LR-8', which EKS refuses",
+        "NAME='LR': the sweep's JobSet is named 'sweep-LR', which EKS refuses",
         on_eks(),
         target="sweep",
     ),
@@ -234,6 +234,34 @@ ROWS = {
     "sweep-stack-max-dollars-not-positive": Row(
         ("IMAGE=0123456789ab", "MAX_DOLLARS=0", "PARALLEL=2"),
         "MAX_DOLLARS=0: give a positive number of US dollars",
+        single_node_queue,
+        target="sweep",
+    ),
+    # nan <= 0 is False: a float check let it through, and every worker refused it (trainer/sweep/worker.py).
+    "sweep-stack-max-dollars-nan": Row(
+        ("IMAGE=0123456789ab", "MAX_DOLLARS=nan", "PARALLEL=2"),
+        "MAX_DOLLARS=nan: give a positive number of US dollars (above 0, finite; not nan or inf)",
+        single_node_queue,
+        target="sweep",
+    ),
+    "sweep-stack-max-dollars-inf": Row(
+        ("IMAGE=0123456789ab", "MAX_DOLLARS=inf", "PARALLEL=2"),
+        "MAX_DOLLARS=inf: give a positive number of US dollars (above 0, finite; not nan or inf)",
+        single_node_queue,
+        target="sweep",
+    ),
+    # The local default store is a SQLite file under this checkout's runs/: no worker node reaches it.
+    "sweep-stack-mlflow-without-uri": Row(
+        ("IMAGE=0123456789ab", "MLFLOW=1", "PARALLEL=2"),
+        "MLFLOW=1: on a stack the workers log to a tracking server they can reach: give its URI, "
+        "MLFLOW=http://<host>:5000",
+        single_node_queue,
+        target="sweep",
+    ),
+    "sweep-stack-register": Row(
+        ("IMAGE=0123456789ab", "REGISTER=candidate", "PARALLEL=2"),
+        "REGISTER=candidate: a sweep on a stack does not register its best trial; leave REGISTER out, and once the "
+        "sweep has ended find the best trial's version",
         single_node_queue,
         target="sweep",
     ),

@@ -49,6 +49,17 @@ def request_job_id(stack: Stack, name: str) -> str:
     return str(found["jobSummaryList"][0]["jobId"])
 
 
+def held_running(stack: Stack, name: str):
+    """The job named `name`, made RUNNING: moto ends a job at once, so it is held there once it has."""
+    job = _job(request_job_id(stack, name))
+    deadline = time.monotonic() + 30
+    while job.status != "SUCCEEDED":
+        assert time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+    job.status, job.job_stopped = "RUNNING", False
+    return job
+
+
 @pytest.fixture
 def sweep_stack(stack):
     with_single_node_queue(stack)
@@ -60,9 +71,9 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     args = ("TRIALS=32", "PARALLEL=4", "MAX_DOLLARS=500", "TEAM=vision", f"IMAGE={IMAGE_TAG}", "NAME=lr")
     result = sweep_stack.make("sweep", *args, "ARGS=--no-follow")
     assert result.returncode == 0, result.stderr
-    assert "submitted sweep-lr-32" in result.stdout
+    assert "submitted sweep-lr" in result.stdout
     [request] = sweep_stack.requests("SubmitJob")
-    assert request["jobName"] == "sweep-lr-32"
+    assert request["jobName"] == "sweep-lr"
     assert request["jobQueue"] == "spot-queue"
     assert request["arrayProperties"] == {"size": 4}
     # The single-node definition, at a revision naming the pushed image (trainer/jobs/submit.py job_definition_for).
@@ -76,7 +87,7 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     assert environment == {"TRAINSTACK_SWEEP": "lr", "TRAINSTACK_IMAGE_TAG": IMAGE_TAG}
     # The team's tag, share and priority, as every job of a team carries (trainer/jobs/teams.py).
     assert request["tags"] == {
-        "trainstack:run": "sweep-lr-32",
+        "trainstack:run": "sweep-lr",
         "trainstack:stack": "test",
         "team": "vision",
     }
@@ -85,12 +96,7 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
 
     # The driver interrupted and run again while the workers run: the job is found by its name and followed, not
     # submitted a second time (moto ends a job at once: it is held RUNNING here, then ended while followed).
-    job = _job(request_job_id(sweep_stack, "sweep-lr-32"))
-    deadline = time.monotonic() + 30
-    while job.status != "SUCCEEDED":
-        assert time.monotonic() < deadline, job.status
-        time.sleep(0.05)
-    job.status, job.job_stopped = "RUNNING", False
+    job = held_running(sweep_stack, "sweep-lr")
 
     # Ended once the rerun has looked it up: its ListJobs saw it RUNNING, then its DescribeJobs read the team tag
     # (trainer/jobs/job.py batch_run_jobs); the follower then sees it end.
@@ -106,16 +112,72 @@ def test_make_sweep_submits_one_array_job_of_workers_and_a_rerun_follows_it(swee
     ender.join()
     assert again.returncode == 0, again.stderr
     assert len(sweep_stack.requests("SubmitJob")) == 1
-    assert f"following sweep-lr-32 ({job.job_id}, RUNNING), submitted before" in again.stdout
-    assert again.stdout.rstrip().splitlines()[-1] == "sweep-lr-32: SUCCEEDED: 4 succeeded"  # the children too
+    assert f"following sweep-lr ({job.job_id}, RUNNING), submitted before" in again.stdout
+    assert again.stdout.rstrip().splitlines()[-1] == "sweep-lr: SUCCEEDED: 4 succeeded"  # the children too
     # Once it has ended well, the same command reports it and submits nothing.
     done = sweep_stack.make("sweep", *args, "ARGS=--no-follow")
-    assert f"sweep-lr-32 ({job.job_id}) already ended: SUCCEEDED" in done.stdout
+    assert f"sweep-lr ({job.job_id}) already ended: SUCCEEDED" in done.stdout
     assert len(sweep_stack.requests("SubmitJob")) == 1
-    # Another TRIALS is another array job on the same study (it resumes there).
+    # Continued past its TRIALS (or with another cap): the ended job ran another command, so the study's job is
+    # submitted again under the same name, and the study resumes.
     more = sweep_stack.make("sweep", *args[1:], "TRIALS=40", "ARGS=--no-follow")
     assert more.returncode == 0, more.stderr
-    assert [r["jobName"] for r in sweep_stack.requests("SubmitJob")] == ["sweep-lr-32", "sweep-lr-40"]
+    assert "again (the last one ended with another TRIALS or cap; the study resumes)" in more.stdout
+    first, second = sweep_stack.requests("SubmitJob")
+    assert first["jobName"] == second["jobName"] == "sweep-lr"
+    assert second["containerOverrides"]["command"] == [*VISION_LR_WORKER[:9], "40", *VISION_LR_WORKER[10:]]
+
+
+def test_a_live_sweep_with_other_trials_or_cap_is_refused_and_an_ended_one_continues(sweep_stack):
+    """One live job per study: a second job's worker 0 would take the live worker 0's running trial for its own
+    interrupted one, fail it, and crash the live worker when it reports it. Once that job has ended with its cap
+    reached, a higher cap submits the study's job again."""
+    args = ("PARALLEL=1", "TEAM=vision", f"IMAGE={IMAGE_TAG}", "NAME=lr")
+    first = sweep_stack.make("sweep", *args, "TRIALS=32", "MAX_DOLLARS=500", "ARGS=--no-follow")
+    assert first.returncode == 0, first.stderr
+    job = held_running(sweep_stack, "sweep-lr")
+    for other, asked in (
+        (("TRIALS=40", "MAX_DOLLARS=500"), "TRIALS=40, MAX_DOLLARS=500"),
+        (("TRIALS=32", "MAX_DOLLARS=900"), "TRIALS=32, MAX_DOLLARS=900"),
+        (("TRIALS=32",), "TRIALS=32, MAX_DOLLARS=none"),
+    ):
+        refused = sweep_stack.make("sweep", *args, *other, "ARGS=--no-follow")
+        assert refused.returncode == 2
+        where = f"STACK=test TEAM=vision JOB={job.job_id}"
+        assert (
+            f"NAME=lr: sweep-lr ({job.job_id}) is RUNNING on this study with TRIALS=32, MAX_DOLLARS=500; this "
+            f"asks for {asked}. One job runs a study at a time (two would take each other's trials): wait for it "
+            f"to end (make status {where}) or cancel it (make cancel {where}), then run this again"
+        ) in refused.stderr, refused.stderr
+    assert len(sweep_stack.requests("SubmitJob")) == 1 and sweep_stack.requests("TerminateJob") == []
+    # Ended (its cap reached): the same command reports it, a higher cap continues the study.
+    job.status, job.job_stopped = "SUCCEEDED", True
+    same = sweep_stack.make("sweep", *args, "TRIALS=32", "MAX_DOLLARS=500", "ARGS=--no-follow")
+    assert f"sweep-lr ({job.job_id}) already ended: SUCCEEDED" in same.stdout, same.stderr
+    assert len(sweep_stack.requests("SubmitJob")) == 1
+    higher = sweep_stack.make("sweep", *args, "TRIALS=32", "MAX_DOLLARS=900", "ARGS=--no-follow")
+    assert higher.returncode == 0, higher.stderr
+    assert "again (the last one ended with another TRIALS or cap; the study resumes)" in higher.stdout
+    [_, request] = sweep_stack.requests("SubmitJob")
+    assert request["jobName"] == "sweep-lr"
+    assert request["containerOverrides"]["command"][-2:] == ["--max-dollars", "900"]
+
+
+def test_a_stack_sweep_passes_its_tracking_server_to_every_worker(sweep_stack):
+    uri = "http://mlflow.internal:5000"
+    result = sweep_stack.make(
+        "sweep",
+        "TRIALS=8",
+        "PARALLEL=2",
+        "TEAM=vision",
+        f"IMAGE={IMAGE_TAG}",
+        f"MLFLOW={uri}",
+        "ARGS=--no-follow",
+    )
+    assert result.returncode == 0, result.stderr
+    [request] = sweep_stack.requests("SubmitJob")
+    command = request["containerOverrides"]["command"]
+    assert command[command.index("sweep-worker") :][-2:] == ["--mlflow", uri]
 
 
 def test_following_prints_the_array_jobs_status_until_it_ends(sweep_stack, capsys):
@@ -167,15 +229,16 @@ def eks_sweep(stack: Stack, capsys, *argv: str) -> tuple[int, str, str]:
     return trainer(stack, capsys, "sweep-stack", *EKS_SWEEP, "--team", "vision", *argv)
 
 
+LR_32 = ("--trials", "32", "--parallel", "4", "--max-dollars", "500")
+
+
 def test_an_eks_sweep_is_one_indexed_jobset_and_a_rerun_follows_it(teams_stack, api_server, capsys):  # noqa: F811
-    status, out, err = eks_sweep(
-        teams_stack, capsys, "--trials", "32", "--parallel", "4", "--max-dollars", "500", "--no-follow"
-    )
+    status, out, err = eks_sweep(teams_stack, capsys, *LR_32, "--no-follow")
     assert status == 0, err
-    assert "submitted JobSet sweep-lr-32: 4 workers, 32 trials" in out
+    assert "submitted JobSet sweep-lr: 4 workers, 32 trials" in out
     [jobset] = api_server.received
     assert jobset_errors(jobset) == []  # the pinned JobSet v0.12.0 CRD, unknown fields rejected
-    assert jobset["metadata"]["namespace"] == "team-vision" and jobset["metadata"]["name"] == "sweep-lr-32"
+    assert jobset["metadata"]["namespace"] == "team-vision" and jobset["metadata"]["name"] == "sweep-lr"
     assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "training"  # Kueue admits it whole
     [replicated] = jobset["spec"]["replicatedJobs"]
     job = replicated["template"]["spec"]
@@ -196,13 +259,13 @@ def test_an_eks_sweep_is_one_indexed_jobset_and_a_rerun_follows_it(teams_stack, 
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx"}} in pod["volumes"]
 
     # The driver run again while the workers run: the JobSet is found in the team's namespace and followed.
-    held = api_server.namespaces["team-vision"]["sweep-lr-32"]
+    held = api_server.namespaces["team-vision"]["sweep-lr"]
     held["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 4, "ready": 4, "succeeded": 0}]}
     seen = len(api_server.callers)
 
     def end_once_followed() -> None:  # after the follower's first read of it
         deadline = time.monotonic() + 60
-        while len(api_server.callers) < seen + 3 and time.monotonic() < deadline:
+        while len(api_server.callers) < seen + 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         held["status"] = {
             "conditions": [
@@ -213,35 +276,65 @@ def test_an_eks_sweep_is_one_indexed_jobset_and_a_rerun_follows_it(teams_stack, 
 
     ender = threading.Thread(target=end_once_followed)
     ender.start()
-    status, out, err = eks_sweep(teams_stack, capsys, "--trials", "32", "--parallel", "4", "--poll", "0.1")
+    status, out, err = eks_sweep(teams_stack, capsys, *LR_32, "--poll", "0.1")
     ender.join()
     assert status == 0, err
     assert len(api_server.received) == 1
-    assert "following sweep-lr-32 (sweep-lr-32, RUNNING), submitted before" in out
+    assert "following sweep-lr (sweep-lr, RUNNING), submitted before" in out
     lines = out.rstrip().splitlines()
-    assert "sweep-lr-32: RUNNING: 4 active" in lines and lines[-1] == "sweep-lr-32: SUCCEEDED: 1 succeeded"
+    assert "sweep-lr: RUNNING: 4 active" in lines and lines[-1] == "sweep-lr: SUCCEEDED: 1 succeeded"
     # Ended well: reported, nothing submitted.
-    status, out, _ = eks_sweep(teams_stack, capsys, "--trials", "32", "--parallel", "4", "--no-follow")
-    assert status == 0 and "sweep-lr-32 (sweep-lr-32) already ended: SUCCEEDED" in out
+    status, out, _ = eks_sweep(teams_stack, capsys, *LR_32, "--no-follow")
+    assert status == 0 and "sweep-lr (sweep-lr) already ended: SUCCEEDED" in out
     assert len(api_server.received) == 1 and api_server.deletions == []
 
 
 def test_a_failed_eks_sweep_is_deleted_and_submitted_again(teams_stack, api_server, capsys):  # noqa: F811
     assert eks_sweep(teams_stack, capsys, "--trials", "8", "--parallel", "2", "--no-follow")[0] == 0
-    api_server.namespaces["team-vision"]["sweep-lr-8"]["status"] = {
+    api_server.namespaces["team-vision"]["sweep-lr"]["status"] = {
         "conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "2026-12-05T12:00:00Z"}]
     }
     status, out, err = eks_sweep(teams_stack, capsys, "--trials", "8", "--parallel", "2", "--no-follow")
     assert status == 0, err
-    assert "submitted JobSet sweep-lr-8 again (the last one failed; the study resumes)" in out
-    assert [(d["name"], d["namespace"]) for d in api_server.deletions] == [("sweep-lr-8", "team-vision")]
-    assert len(api_server.received) == 2 and list(api_server.namespaces["team-vision"]) == ["sweep-lr-8"]
+    assert "submitted JobSet sweep-lr again (the last one failed; the study resumes)" in out
+    assert [(d["name"], d["namespace"]) for d in api_server.deletions] == [("sweep-lr", "team-vision")]
+    assert len(api_server.received) == 2 and list(api_server.namespaces["team-vision"]) == ["sweep-lr"]
+
+
+def test_a_live_eks_sweep_with_another_cap_is_refused_and_an_ended_one_continues(
+    teams_stack,  # noqa: F811
+    api_server,  # noqa: F811
+    capsys,
+):
+    argv = ("--trials", "8", "--parallel", "2", "--no-follow")
+    assert eks_sweep(teams_stack, capsys, *argv, "--max-dollars", "100")[0] == 0
+    status, _, err = eks_sweep(teams_stack, capsys, *argv, "--max-dollars", "200")
+    assert status == 2
+    assert (
+        "NAME=lr: sweep-lr (sweep-lr) is SUBMITTED on this study with TRIALS=8, MAX_DOLLARS=100; this asks for "
+        "TRIALS=8, MAX_DOLLARS=200"
+    ) in err, err
+    assert "make cancel STACK=test TEAM=vision JOB=sweep-lr" in err
+    assert len(api_server.received) == 1 and api_server.deletions == []
+    api_server.namespaces["team-vision"]["sweep-lr"]["status"] = {
+        "conditions": [{"type": "Completed", "status": "True", "lastTransitionTime": "2026-12-05T12:00:00Z"}]
+    }
+    status, out, _ = eks_sweep(teams_stack, capsys, *argv, "--max-dollars", "100")
+    assert status == 0 and "sweep-lr (sweep-lr) already ended: SUCCEEDED" in out
+    assert len(api_server.received) == 1
+    # A higher cap: the ended JobSet (its name stays taken) is deleted and the study's JobSet created again.
+    status, out, err = eks_sweep(teams_stack, capsys, *argv, "--max-dollars", "200")
+    assert status == 0, err
+    assert "submitted JobSet sweep-lr again (the last one ended with another TRIALS or cap" in out
+    assert [(d["name"], d["namespace"]) for d in api_server.deletions] == [("sweep-lr", "team-vision")]
+    pod = api_server.received[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"][-2:] == ["--max-dollars", "200"]
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--name", "LR"), "NAME='LR': the sweep's JobSet is named 'sweep-LR-12', which EKS refuses"),
+        (("--name", "LR"), "NAME='LR': the sweep's JobSet is named 'sweep-LR', which EKS refuses"),
         (("--team", "audio"), "TEAM=audio: not a team of stack 'test'"),
         (("--parallel", "13"), "PARALLEL=13: give 1 to 12"),
         (("--image", "fedcba987654"), "IMAGE=fedcba987654: no such tag"),

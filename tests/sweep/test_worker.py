@@ -90,6 +90,24 @@ def test_the_dollar_cap_stops_new_trials(tmp_path):
     assert again == reason and len(_trials(directory, "capped")) == 3
 
 
+def test_what_is_left_of_the_cap_is_read_once_per_trial(tmp_path, monkeypatch):
+    """Another worker's trial writes its ledger between two reads of the spend: $9.995 spent when the cap is
+    checked, $10.50 a moment later. The worker reads it once, so no trial starts on what is left ($0.005, under
+    a trial's minimum) and none gets a negative budget.max_dollars, which the trainer refuses (the trial FAILs)."""
+    from trainer.sweep import worker as module
+
+    sweep_path = write_sweep(tmp_path)
+    directory = tmp_path / "study"
+    reads = iter([9.995, 10.5, 10.5, 10.5])
+    monkeypatch.setattr(module, "spent", lambda _: next(reads))
+    command = objective_command("dollars_per_trial=1")
+    reason = work(sweep_path, "raced", directory, 8, quiet(), max_dollars=10.0, command=command)
+    assert reason == (
+        "budget.max_dollars = 10: $0.0050 left (spent $9.9950), under a trial's minimum of $0.01"
+    )
+    assert _trials(directory, "raced") == []
+
+
 def test_a_worker_takes_back_only_its_own_interrupted_trial(tmp_path):
     sweep_path = write_sweep(tmp_path)
     directory = tmp_path / "study"
@@ -143,3 +161,41 @@ def test_sigterm_stops_the_worker_and_its_trial_and_leaves_the_trial_to_take_bac
     assert metrics.stat().st_size == size
     [trial] = _trials(directory, "stopped")
     assert trial.state == TrialState.RUNNING and trial.user_attrs[WORKER] == 0
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "nan", "inf", "ten"])
+def test_the_worker_refuses_a_cap_that_is_not_a_positive_finite_number(text):
+    import argparse
+
+    from trainer.sweep.worker import positive_dollars
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_dollars(text)
+    assert positive_dollars("12.5") == 12.5
+
+
+def test_a_workers_trials_are_logged_to_mlflow_as_the_local_sweeps_are(tmp_path):
+    """`sweep-worker --mlflow URI` (a stack's MLFLOW=): each trial it decides is an MLflow run of the experiment
+    named after the sweep, through the local sweep's own tracker (trainer/sweep/command.py trial_tracker)."""
+    from mlflow import MlflowClient
+
+    sweep_path = write_sweep(tmp_path)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    work(
+        sweep_path,
+        "tracked",
+        tmp_path / "study",
+        2,
+        quiet(),
+        worker=1,
+        command=objective_command(),
+        mlflow=store,
+    )
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tracked")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(run.info.run_name for run in runs) == ["tracked-t0000", "tracked-t0001"]
+    for run in runs:
+        assert run.data.tags["sweep"] == "tracked" and run.data.tags["state"] in ("complete", "pruned")
+        assert "optimizer.lr" in run.data.params and "val_loss" in run.data.metrics

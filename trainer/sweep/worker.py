@@ -4,17 +4,19 @@ reports it, and repeats until the study holds the sweep's trials or the sweep's 
 says why it stopped and exits 0.
 
     python -m trainer sweep-worker --sweep trainer/configs/local-sweep.yaml --name NAME --dir /fsx/.../sweeps/NAME \
-        --trials 32 [--max-dollars 500] [--worker N]
+        --trials 32 [--max-dollars 500] [--worker N] [--mlflow URI]
 
 The cap is the ledger's (trainer/cost/ledger.py cap_reached): what every trial's ledger.json in the study's
 directory says it spent, summed; no trial starts once it is reached, and each trial runs with
-`budget.max_dollars` set to what remained when it started, so its trainer stops itself there. Trials that run in
+`budget.max_dollars` set to what remained when it started (read once: other workers' trials write their ledgers
+meanwhile), so its trainer stops itself there; under a cent left, the worker stops as at the cap. Trials that run in
 parallel each get that remainder: the sweep can spend up to its workers' count of remainders past the cap's last
 check, never a new trial's."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -32,9 +34,19 @@ from trainer.config.schema import BudgetConfig
 from trainer.contract.container import ARRAY_INDEX_ENV
 from trainer.contract.jobset import COMPLETION_INDEX_ENV
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
+from trainer.sweep.command import trial_tracker
 from trainer.sweep.space import load_sweep
 from trainer.sweep.study import Command, finished, open_study, trial_objective
 from trainer.sweep.trial import TrialFailed, train_command
+
+
+def positive_dollars(text: str) -> float:
+    """A dollar cap: a number above 0 (positive_float, which refuses nan too) and finite, since `inf` caps nothing
+    and would be handed to each trial as its budget.max_dollars."""
+    value = positive_float(text)
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number of US dollars")
+    return value
 
 
 def worker_index(env: Mapping[str, str]) -> int:
@@ -48,16 +60,33 @@ def spent(directory: Path) -> float:
     return sum(ledger.dollars for ledger in ledgers if ledger is not None)
 
 
-def stop_reason(study: optuna.Study, directory: Path, trials: int, max_dollars: float | None) -> str | None:
-    """Why no new trial may start: the study holds its trials (finished or running), or the cap is reached."""
+# A trial's least meaningful budget: the ledger counts dollars in cents (trainer/cost/ledger.py cost_report), and a
+# trial started with less would stop at its first step having learned nothing.
+MIN_TRIAL_DOLLARS = 0.01
+
+
+def stop_reason(study: optuna.Study, trials: int) -> str | None:
+    """Why no new trial may start for the sweep's count: the study holds its trials (finished or running)."""
     running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     done = finished(study)
     if done + running >= trials:
         return f"{done} of {trials} trials finished" + (f", {running} still running" if running else "")
-    if max_dollars is not None:
-        total = Ledger(dollars=spent(directory))
-        return cap_reached(BudgetConfig(max_dollars=max_dollars), total)
     return None
+
+
+def dollars_left(directory: Path, max_dollars: float) -> tuple[float, str | None]:
+    """What remains of the cap, read once (other workers' trials write their ledgers meanwhile, so two reads could
+    disagree), and why no trial may start on it: the cap is reached, or less than a trial's minimum is left."""
+    total = Ledger(dollars=spent(directory))
+    left = max_dollars - total.dollars
+    if reached := cap_reached(BudgetConfig(max_dollars=max_dollars), total):
+        return left, reached
+    if left < MIN_TRIAL_DOLLARS:
+        return left, (
+            f"budget.max_dollars = {max_dollars:g}: ${left:.4f} left (spent ${total.dollars:,.4f}), under a "
+            f"trial's minimum of ${MIN_TRIAL_DOLLARS:.2f}"
+        )
+    return left, None
 
 
 def work(
@@ -72,13 +101,20 @@ def work(
     overrides: tuple[str, ...] = (),
     command: Command = train_command,
     timeout_s: float | None = None,
+    mlflow: str | None = None,
 ) -> str:
-    """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped."""
+    """Run trials of the shared study until it holds `trials` or the cap is reached; why it stopped. With `mlflow`
+    (a tracking URI), each trial this worker decides is logged there as the local sweep logs its trials."""
     sweep = load_sweep(sweep_path, overrides)
     study = open_study(sweep, name, directory, worker=worker)
-    while (reason := stop_reason(study, directory, trials, max_dollars)) is None:
-        remaining = None if max_dollars is None else max_dollars - spent(directory)
-        extra = [] if remaining is None else [f"budget.max_dollars={remaining:.6g}"]
+    track = trial_tracker(sweep, name, mlflow, console) if mlflow else None
+    while True:
+        extra = []
+        if (reason := stop_reason(study, trials)) is None and max_dollars is not None:
+            left, reason = dollars_left(directory, max_dollars)
+            extra = [f"budget.max_dollars={left:.6g}"]
+        if reason is not None:
+            break
         objective = trial_objective(
             sweep, name, directory, console, command, timeout_s, worker=worker, extra=extra
         )
@@ -87,7 +123,8 @@ def work(
             n_trials=1,
             catch=(TrialFailed,),
             callbacks=[
-                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}")
+                lambda _, t: console.print(f"worker {worker}: trial {t.number} {t.state.name.lower()}"),
+                *([lambda _, t: track(t)] if track else []),
             ],
         )
     console.print(f"worker {worker}: sweep {name} stops: {reason}")
@@ -114,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", required=True, type=positive_int, help="trials the sweep runs in all")
     parser.add_argument(
-        "--max-dollars", type=positive_float, help="the sweep's one dollar cap across its trials"
+        "--max-dollars", type=positive_dollars, help="the sweep's one dollar cap across its trials"
     )
     parser.add_argument(
         "--worker",
@@ -123,6 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--trial-timeout", type=positive_int, help="seconds a trial may run")
+    parser.add_argument("--mlflow", metavar="URI", help="log each trial to this MLflow tracking URI")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -140,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
             worker=worker,
             overrides=tuple(args.overrides),
             timeout_s=args.trial_timeout,
+            mlflow=args.mlflow,
         )
     except ConfigError as error:
         Console(stderr=True).print(f"[bold red]sweep-worker:[/] {escape(str(error))}")
