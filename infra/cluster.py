@@ -32,7 +32,7 @@ from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
 from infra.node_bootstrap import node_user_data
 from trainer.contract.catalog import InstanceType
-from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT
+from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT, PURCHASE_OPTION_ENV
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 
@@ -108,13 +108,8 @@ def efa_network_interfaces(
     return [{**primary, "associate_public_ip_address": "false"}, *efa_only]
 
 
-# What the run's ledger prices its node-hours at (trainer/cost/ledger.py local_rate, one of trainer/cost/pricing.py
-# PURCHASE_OPTIONS; unset it assumes on-demand): each job definition says what its compute environment buys.
-PURCHASE_OPTION_ENV = "TRAINSTACK_PURCHASE_OPTION"
-
-
 def main_purchase_option(cfg: StackConfig) -> str:
-    """What the GPU environment's nodes are bought as: its launch template's Capacity Block (market type
+    """What the GPU environment's nodes (an EKS stack's GPU nodes alike: infra/eks.py) are bought as: its launch template's Capacity Block (market type
     capacity-block) or On-Demand Capacity Reservation (_reserved_capacity), else On-Demand (type EC2: "EC2 On-Demand
     Instances", Batch User Guide, "Managed compute environments")."""
     if cfg.capacity_reservation_id is None:

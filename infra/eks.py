@@ -36,7 +36,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import karpenter
-from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, root_volume
+from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, main_purchase_option, root_volume
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import EKS_ADDONS, KUBERNETES_MINOR, OBSERVABILITY
@@ -324,6 +324,7 @@ class Eks(pulumi.ComponentResource):
             "eks_cluster_ca": self.cluster.certificate_authority.apply(lambda ca: ca["data"] if ca else None),
             "efa_devices_per_node": efa_devices(eks_network_interfaces(cfg.instance, [])),
             "log_group": self.log_groups["application"].name,
+            "purchase_option": main_purchase_option(cfg),  # EKS_PRICING_OUTPUTS: for the JobSets' ledgers
         }
         # What the cluster's software needs to make GPU nodes (infra/cluster_software.py), not stack outputs.
         self.gpu_subnet_id = args.network.cluster_subnet.id

@@ -74,3 +74,10 @@ def test_an_eks_stack_has_no_spot_capacity():
 
     config = load_stack_config("eks-dev")
     assert config.spot is False and "spot" not in capacity_types(config)
+
+
+def test_an_eks_stack_exports_what_its_gpu_nodes_are_bought_as(variant):
+    """Its JobSets' pods hand it to their ledgers (trainer/jobs/jobset.py; tests/jobs/test_jobset.py)."""
+    assert planned("eks-dev").plan.outputs["purchase_option"] == "on-demand"
+    changes = {"trainstack:capacityReservationId": BLOCK, "trainstack:capacityBlock": True}
+    assert variant("eks-dev", **changes).plan.outputs["purchase_option"] == "capacity-block"

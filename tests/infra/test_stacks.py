@@ -17,6 +17,7 @@ from trainer.contract.outputs import (
     BATCH_OUTPUTS,
     DATA_OUTPUTS,
     EKS_OUTPUTS,
+    EKS_PRICING_OUTPUTS,
     EKS_TEAM_OUTPUTS,
     GOVERNANCE_OUTPUTS,
     MONITORING_OUTPUTS,
@@ -559,6 +560,7 @@ def test_stack_exports_the_outputs_the_submit_tool_reads(stack):
         *(SPOT_OUTPUTS if stack.config.spot else ()),
         *(TEAM_OUTPUTS if stack.config.teams else ()),
         *(EKS_TEAM_OUTPUTS if stack.config.teams and eks else ()),
+        *(EKS_PRICING_OUTPUTS if eks else ()),
         *(SERVING_OUTPUTS if stack.config.serving is not None else ()),
     }
     assert set(stack.plan.outputs) == expected

@@ -9,11 +9,13 @@ import json
 import pytest
 
 from trainer.aws.outputs import StackOutputs
+from trainer.config.schema import BudgetConfig
 from trainer.contract.catalog import instance_type
 from trainer.contract.container import FSX_MOUNT, STOP_GRACE_SECONDS
 from trainer.contract.image import efa_environment
 from trainer.contract.jobset import leader_host
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
+from trainer.cost.ledger import local_rate
 from trainer.jobs.jobset import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -194,3 +196,14 @@ def test_a_run_name_the_jobset_webhook_accepts_renders(run, nodes):
     pod = f"{run}-node-0-{nodes - 1}-abcde"
     assert len(pod) <= 63
     assert render(run=run, nodes=nodes)["metadata"]["name"] == run
+
+
+@pytest.mark.parametrize("option", ["reservation", "capacity-block", "on-demand"])
+def test_the_pods_ledgers_price_what_the_stacks_gpu_nodes_are_bought_as(option):
+    """The stack's purchase_option output (infra/eks.py), else On-Demand for a stack from before it."""
+    container = pod_spec(render(stack=outputs(purchase_option=option)))["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRAINSTACK_PURCHASE_OPTION"] == option
+    assert local_rate(BudgetConfig(price_per_hour=10.0), {**env, "JOBSET_NAME": "llama-8b"}).option == option
+    before = {e["name"]: e.get("value") for e in pod_spec(render())["containers"][0]["env"]}
+    assert before["TRAINSTACK_PURCHASE_OPTION"] == "on-demand"

@@ -19,15 +19,21 @@ def _job(job_id: str):
     return batch_backends["123456789012"][REGION]._jobs[job_id]
 
 
-def _running(stack: Stack) -> str:
-    """The one submitted job, made RUNNING: moto's Batch ends a job at once, so it is held there once it has."""
-    (job_id,) = [j["jobId"] for j in stack.jobs()]
+def hold_running(job_id: str):
+    """The job made RUNNING: moto's Batch ends a job at once, so it is held there once it has."""
     job = _job(job_id)
     deadline = time.monotonic() + 30
     while job.status != "SUCCEEDED":
         assert time.monotonic() < deadline, job.status
         time.sleep(0.05)
     job.status, job.job_stopped = "RUNNING", False
+    return job
+
+
+def _running(stack: Stack) -> str:
+    """The one submitted job, made RUNNING."""
+    (job_id,) = [j["jobId"] for j in stack.jobs()]
+    hold_running(job_id)
     return job_id
 
 

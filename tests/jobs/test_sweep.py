@@ -17,7 +17,7 @@ from trainer.jobs.sweep import follow
 from .conftest import IMAGE_TAG, Stack, add_container_queue
 from .jobset_schema import jobset_errors
 from .test_eks import ApiServer, api_server, eks_stack, teams_stack, trainer  # noqa: F401  (fixtures)
-from .test_one_job_per_run import _job
+from .test_one_job_per_run import hold_running
 
 # The workers' arguments for team vision's sweep `lr` of 32 trials under a $500 cap: the node's one process (not a
 # torchrun rank: each of its trials trains on the node's GPUs), the shared study under the team's prefix.
@@ -50,14 +50,8 @@ def request_job_id(stack: Stack, name: str) -> str:
 
 
 def held_running(stack: Stack, name: str):
-    """The job named `name`, made RUNNING: moto ends a job at once, so it is held there once it has."""
-    job = _job(request_job_id(stack, name))
-    deadline = time.monotonic() + 30
-    while job.status != "SUCCEEDED":
-        assert time.monotonic() < deadline, job.status
-        time.sleep(0.05)
-    job.status, job.job_stopped = "RUNNING", False
-    return job
+    """The job named `name`, made RUNNING (moto ends a job at once)."""
+    return hold_running(request_job_id(stack, name))
 
 
 @pytest.fixture

@@ -35,3 +35,7 @@ STOP_TIMEOUT_MARGIN_SECONDS = 60
 # submit tool sets (the launcher's rendezvous, the ledger's node-hours).
 JOBSET_NAME_ENV = "JOBSET_NAME"
 NUM_NODES_ENV = "TRAINSTACK_NUM_NODES"
+# What the run's ledger prices its node-hours at (trainer/cost/ledger.py local_rate, one of trainer/cost/pricing.py
+# PURCHASE_OPTIONS; unset it assumes on-demand): a Batch job definition says what its compute environment buys
+# (infra/cluster.py), a JobSet's pods what the EKS stack's GPU nodes are bought as (its purchase_option output).
+PURCHASE_OPTION_ENV = "TRAINSTACK_PURCHASE_OPTION"

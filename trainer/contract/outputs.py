@@ -39,6 +39,11 @@ MONITORING_OUTPUTS: tuple[str, ...] = ("alarm_topic_arn", "dashboard_name")
 GOVERNANCE_OUTPUTS: tuple[str, ...] = ("audit_trail", "audit_bucket", "allowed_regions")
 # Only with `trainstack:teams`: the team names (share identifiers), each team's role and GPU quota.
 TEAM_OUTPUTS: tuple[str, ...] = ("teams", "team_role_arns", "team_gpu_quotas")
+# Only EKS stacks export this (infra/eks.py; a Batch stack's job definitions carry it instead): what its GPU nodes are
+# bought as (infra/cluster.py main_purchase_option), which a JobSet's pods hand their ledgers (trainer/jobs/jobset.py).
+# A stack from before the output prices at On-Demand, as the ledger does when nothing is said.
+PURCHASE_OPTION_OUTPUT = "purchase_option"
+EKS_PRICING_OUTPUTS: tuple[str, ...] = (PURCHASE_OPTION_OUTPUT,)
 # And on an EKS stack with teams: each team's namespace (infra/eks_teams.py), where its JobSets go.
 EKS_TEAM_OUTPUTS: tuple[str, ...] = ("team_namespaces",)
 

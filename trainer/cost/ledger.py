@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer.config.schema import BudgetConfig
 from trainer.contract.catalog import INSTANCE_TYPES
-from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV, SUBMITTED_AT_ENV
+from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV, PURCHASE_OPTION_ENV, SUBMITTED_AT_ENV
 from trainer.cost import energy
 from trainer.cost.pricing import PURCHASE_OPTIONS, hourly_price
 from trainer.cost.resilience import INTERRUPTIONS_PER_GPU_HOUR, expected_lost_seconds
@@ -227,10 +227,10 @@ def local_rate(budget: BudgetConfig, environ: dict[str, str] | None = None) -> R
         return Rate(LOCAL, 1, price, "budget.price_per_hour" if price is not None else "unpriced")
     nodes = int(environ.get("AWS_BATCH_JOB_NUM_NODES") or environ.get(NUM_NODES_ENV) or "1")
     # Batch multi-node jobs cannot run on Spot (Batch User Guide, "Multi-node parallel jobs").
-    option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
+    option = environ.get(PURCHASE_OPTION_ENV, "on-demand")
     options = {o: o for o in PURCHASE_OPTIONS}
     if option not in options:
-        raise ValueError(f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}")
+        raise ValueError(f"{PURCHASE_OPTION_ENV} = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}")
     instance = environ["TRAINSTACK_INSTANCE_TYPE"]
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION", "")
     if budget.price_per_hour is not None:
@@ -250,9 +250,9 @@ def budget_problems(budget: BudgetConfig, environ: dict[str, str] | None = None)
             "budget.price_per_hour (US dollars per node-hour, e.g. --set budget.price_per_hour=2.5), or use "
             "budget.max_hours for a cap in paid hours"
         ]
-    option = environ.get("TRAINSTACK_PURCHASE_OPTION", "on-demand")
+    option = environ.get(PURCHASE_OPTION_ENV, "on-demand")
     if on_a_stack(environ) and option not in PURCHASE_OPTIONS:
-        return [f"TRAINSTACK_PURCHASE_OPTION = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}"]
+        return [f"{PURCHASE_OPTION_ENV} = {option!r}: use one of {', '.join(PURCHASE_OPTIONS)}"]
     return []
 
 

@@ -21,6 +21,7 @@ from trainer.contract.container import (
     FSX_MOUNT,
     JOBSET_NAME_ENV,
     NUM_NODES_ENV,
+    PURCHASE_OPTION_ENV,
     STOP_TIMEOUT_MARGIN_SECONDS,
 )
 from trainer.contract.gpu_nodes import GPU_TOLERATION
@@ -32,6 +33,7 @@ from trainer.contract.jobset import (
     REPLICATED_JOB_ENV,
     REPLICATED_JOB_KEY,
 )
+from trainer.contract.outputs import PURCHASE_OPTION_OUTPUT
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG
 from trainer.jobs.teams import job_namespace
@@ -131,6 +133,8 @@ def jobset_manifest(
         NUM_NODES_ENV: str(nodes),
         "AWS_REGION": outputs.region,  # the SDKs' Region (and the ledger's price and grid, trainer/cost/ledger.py)
         JOB_QUEUE_ENV: outputs["kueue_local_queue"],  # the metrics' JobQueue dimension, as Batch's queue name
+        # What the ledger prices node-hours at: the stack's GPU nodes (EKS_PRICING_OUTPUTS), else On-Demand
+        PURCHASE_OPTION_ENV: str(outputs.values.get(PURCHASE_OPTION_OUTPUT, "on-demand")),
         **environment,
     }
     # The team under Batch's `team` tag key (trainer/contract/teams.py TEAM_TAG); a job of no team has none, the
