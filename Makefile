@@ -123,8 +123,9 @@ serve: $(VENV)/.dev-installed ## Serve a model version (MODEL=<tag or version>) 
 # TRIALS how many finished trials to reach, NAME the study (runs/sweeps/<name>/; the same NAME again resumes),
 # REGISTER=<tag> points a model tag at the best trial's checkpoint, MLFLOW=1 logs each trial to MLflow (runs/mlflow.db;
 # MLFLOW=<uri> another store), ARGS passes more (e.g. --set ...). STACK=<env> runs it on that stack (trainer/jobs/sweep.py):
-# PARALLEL workers as one Batch array job sharing the study on FSx, MAX_DOLLARS the sweep's one cap, TEAM, IMAGE.
-SWEEP    ?= trainer/configs/local-sweep.yaml
+# PARALLEL workers as one Batch array job sharing the study on FSx, MAX_DOLLARS the sweep's one cap, TEAM, IMAGE;
+# there SWEEP defaults to llama3-8b-sweep.yaml (a trial a GPU node; local-sweep.yaml's tiny shape fits no 8-GPU node).
+SWEEP    ?= $(if $(STACK),trainer/configs/llama3-8b-sweep.yaml,trainer/configs/local-sweep.yaml)
 TRIALS   ?=
 NAME     ?=
 REGISTER ?=

@@ -224,6 +224,15 @@ ROWS = {
         on_eks(),
         target="sweep",
     ),
+    # The trials train on a node's GPUs (one process each), not on this machine: local-sweep.yaml's tiny shape fits
+    # none of a p5's 8.
+    "sweep-stack-shape-fits-no-node": Row(
+        ("IMAGE=0123456789ab", "SWEEP=trainer/configs/local-sweep.yaml", "PARALLEL=2"),
+        "space.schedule.global_batch_size = 8: schedule.global_batch_size = 8 is not divisible by "
+        "schedule.micro_batch_size x data parallel size = 8 x 8 (a trial's 8 cuda process(es))",
+        single_node_queue,
+        target="sweep",
+    ),
     "sweep-stack-outside-the-image": Row(
         ("IMAGE=0123456789ab", "SWEEP=/tmp/s.yaml", "PARALLEL=2"),
         "SWEEP=/tmp/s.yaml: the image carries trainer/ only; put the sweep YAML beside its recipe under "

@@ -22,7 +22,7 @@ from .test_one_job_per_run import hold_running
 # The workers' arguments for team vision's sweep `lr` of 32 trials under a $500 cap: the node's one process (not a
 # torchrun rank: each of its trials trains on the node's GPUs), the shared study under the team's prefix.
 VISION_LR_WORKER = [
-    *("--direct", "sweep-worker", "--sweep", "trainer/configs/local-sweep.yaml", "--name", "lr"),
+    *("--direct", "sweep-worker", "--sweep", "trainer/configs/llama3-8b-sweep.yaml", "--name", "lr"),
     *("--dir", "/fsx/checkpoints/teams/vision/sweeps/lr", "--trials", "32", "--max-dollars", "500"),
 ]
 TEAMS = {"teams": ["vision", "speech"], "team_gpu_quotas": {"vision": 32, "speech": 32}}
@@ -216,7 +216,7 @@ def test_a_stack_without_a_single_node_queue_is_refused(stack):
 
 
 # On EKS: the same sweep as one JobSet in the team's namespace.
-EKS_SWEEP = ("--sweep", "trainer/configs/local-sweep.yaml", "--name", "lr", "--image", IMAGE_TAG)
+EKS_SWEEP = ("--sweep", "trainer/configs/llama3-8b-sweep.yaml", "--name", "lr", "--image", IMAGE_TAG)
 
 
 def eks_sweep(stack: Stack, capsys, *argv: str) -> tuple[int, str, str]:
@@ -330,7 +330,7 @@ def test_a_live_eks_sweep_with_another_cap_is_refused_and_an_ended_one_continues
     [
         (("--name", "LR"), "NAME='LR': the sweep's JobSet is named 'sweep-LR', which EKS refuses"),
         (("--team", "audio"), "TEAM=audio: not a team of stack 'test'"),
-        (("--parallel", "13"), "PARALLEL=13: give 1 to 12"),
+        (("--parallel", "33"), "PARALLEL=33: give 1 to 32"),
         (("--image", "fedcba987654"), "IMAGE=fedcba987654: no such tag"),
     ],
 )

@@ -444,7 +444,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         out["finetune"] = run_verb(finetune)
         out["finetune-stages"] = run_verb(finetune)  # moto's Batch ended the training job SUCCEEDED
         out["sweep"] = run_verb(
-            ["sweep-stack", *stack, "--sweep", "trainer/configs/local-sweep.yaml", "--team", "vision", "--parallel",
+            ["sweep-stack", *stack, "--sweep", "trainer/configs/llama3-8b-sweep.yaml", "--team", "vision", "--parallel",
              "2", "--image", IMAGE_TAG, "--no-follow"]
         )  # fmt: skip
     world = World(
@@ -557,7 +557,7 @@ def test_the_team_workflow_runs_under_the_team_role_and_every_call_is_allowed(wo
     assert "report later: make smoke STACK=prod TEAM=vision JOB=" in workflow.out["smoke"]
     assert workflow.out["finetune"].startswith("train: submitted (job ")
     assert "stages: submitted (job " in workflow.out["finetune-stages"]
-    assert "teams/vision/sweeps/local-sweep/" in workflow.out["sweep"]
+    assert "teams/vision/sweeps/llama3-8b-sweep/" in workflow.out["sweep"]
     sweeps = [
         c.params for c in workflow.calls if str(c) == "batch.SubmitJob" and c.params["jobQueue"] == SPOT_QUEUE
     ]

@@ -183,7 +183,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
         }
         out["finetune-stages"] = run_verb(finetune)
         out["sweep"] = run_verb(
-            ["sweep-stack", *stack, "--sweep", "trainer/configs/local-sweep.yaml", "--parallel", "2",
+            ["sweep-stack", *stack, "--sweep", "trainer/configs/llama3-8b-sweep.yaml", "--parallel", "2",
              "--image", IMAGE_TAG, "--no-follow", *team]
         )  # fmt: skip
     world = World(REGION, ACCOUNT_ID, outputs["kms_key_arn"], lambda job: {})
@@ -203,7 +203,7 @@ def test_the_eks_team_workflow_runs_as_the_team_role_and_every_aws_call_is_allow
     assert "report later: make smoke STACK=eks-dev TEAM=vision JOB=" in out["smoke"]
     assert out["finetune"].startswith("train: submitted (job sft-v)")
     assert "stages: submitted (job sft-v-stages)" in out["finetune-stages"]
-    assert "teams/vision/sweeps/local-sweep/" in out["sweep"]
+    assert "teams/vision/sweeps/llama3-8b-sweep/" in out["sweep"]
     wanted = {
         "eks.DescribeCluster",
         "ecr.DescribeImages",

@@ -10,8 +10,8 @@ from mlflow import MlflowClient
 from rich.console import Console
 
 from tests.sweep.conftest import objective_command, quiet, sweep_of
-from trainer.sweep.command import trial_tracker
 from trainer.sweep.study import run_sweep
+from trainer.sweep.tracking import trial_tracker
 from trainer.tracking.mlflow_runs import (
     MODEL_VERSION_TAG,
     RUN_DIR_TAG,

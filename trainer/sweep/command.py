@@ -13,7 +13,6 @@ import argparse
 import re
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -22,13 +21,13 @@ from rich.markup import escape
 
 from trainer.arguments import positive_int
 from trainer.config import ConfigError
-from trainer.config.load import read_raw
 from trainer.models.registry import LocalStore, Registry, RegistryError
 from trainer.sweep.report import best_trial, failures, trials_table, write_best, write_plots
-from trainer.sweep.space import Sweep, load_sweep
+from trainer.sweep.space import load_sweep
 from trainer.sweep.study import RUN_DIR, SWEEPS, run_sweep
+from trainer.sweep.tracking import trial_tracker
 from trainer.sweep.worker import stop_on_sigterm
-from trainer.tracking.mlflow_runs import DEFAULT_URI, flatten, log_run
+from trainer.tracking.mlflow_runs import DEFAULT_URI
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -110,38 +109,6 @@ def main(args: argparse.Namespace) -> int:
             errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
             return 2
     return 0
-
-
-def trial_tracker(
-    sweep: Sweep, name: str, uri: str, console: Console
-) -> Callable[[optuna.trial.FrozenTrial], None]:
-    """Each decided trial as an MLflow run of the experiment named after the sweep: its whole config, its
-    validation losses by step, its state and, where it published one, its model version. A store that fails is
-    a warning for that trial, as in the trainer (trainer/train.py _track), not the end of the sweep: the trials and
-    the study are already on disk."""
-
-    def track(trial: optuna.trial.FrozenTrial) -> None:
-        if RUN_DIR not in trial.user_attrs:
-            return  # failed before it ran
-        config = read_raw(sweep.recipe, sweep.overrides(trial.params))
-        try:
-            run_id = log_run(
-                Path(trial.user_attrs[RUN_DIR]),
-                uri=uri,
-                experiment=name,
-                run_name=f"{name}-t{trial.number:04d}",
-                params=flatten(config),
-                tags={"sweep": name, "trial": str(trial.number), "state": trial.state.name.lower()},
-            )
-        except Exception as error:  # any failure of the store or its client
-            problem = f"{type(error).__name__}: {error}"
-            console.print(
-                f"  [yellow]tracking:[/] trial {trial.number} not logged to {escape(uri)}: {escape(problem)}"
-            )
-            return
-        console.print(f"  trial {trial.number}: MLflow run {run_id}")
-
-    return track
 
 
 def register(study: optuna.Study, runs: Path, tag: str) -> str:

@@ -189,9 +189,18 @@ class Sweep:
         """A trial's parameters as --set lines."""
         return [f"{key}={_text(value)}" for key, value in params.items()]
 
+    def first_ends(self) -> dict[str, Any]:
+        """Each dimension at its first end: with the shared shape a config the trainer takes (load_sweep checks
+        it), where the recipe alone may not be (its warm-up longer than the trials' runs)."""
+        return {key: dimension.ends()[0] for key, dimension in self.spec.space.items()}
+
+    def trial_config(self, more: Sequence[str] = ()) -> TrainConfig:
+        """A trial's config: the shared shape at the first ends, then `more` overrides (a trial's parameters)."""
+        return load_config(self.recipe, [*self.overrides(self.first_ends()), *more])
+
     def train_iters(self, more: Sequence[str] = ()) -> int:
-        """The trial's train_iters: the shared shape's, or with `more` overrides (a trial's parameters)."""
-        return load_config(self.recipe, [*self.shared, *more]).schedule.train_iters
+        """The trial's train_iters (see trial_config)."""
+        return self.trial_config(more).schedule.train_iters
 
     @property
     def recipe_fingerprint(self) -> str:
@@ -235,7 +244,7 @@ def load_sweep(path: str | Path, extra: tuple[str, ...] = (), world: World | Non
     sweep = Sweep(path, spec.model_copy(update={"space": integer_space}), extra)
     # The recipe with the shared shape, then each dimension at each of its ends: the trainer's own checks, and
     # its layout checks at the world size a trial runs on.
-    base = {key: dim.ends()[0] for key, dim in sweep.spec.space.items()}
+    base = sweep.first_ends()
     for key, dimension in sweep.spec.space.items():
         for end in dimension.ends():
             try:
@@ -309,7 +318,7 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
     pruner = sweep.spec.pruner
     if pruner.kind == "none":
         return []
-    schedule = load_config(sweep.recipe, sweep.shared).schedule
+    schedule = sweep.trial_config().schedule
     problems = []
     if pruner.min_resource >= schedule.train_iters:
         problems.append(

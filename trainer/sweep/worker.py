@@ -34,9 +34,9 @@ from trainer.config.schema import BudgetConfig
 from trainer.contract.container import ARRAY_INDEX_ENV
 from trainer.contract.jobset import COMPLETION_INDEX_ENV
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
-from trainer.sweep.command import trial_tracker
 from trainer.sweep.space import load_sweep
 from trainer.sweep.study import Command, finished, open_study, trial_objective
+from trainer.sweep.tracking import trial_tracker
 from trainer.sweep.trial import TrialFailed, train_command
 
 
