@@ -26,17 +26,17 @@ def _worker(sweep_path: Path, directory: Path, trials: int, index: int) -> None:
 
 
 def _stoppable_worker(sweep_path: Path, directory: Path) -> None:
-    stop_on_sigterm()
     # Trials of 100,000 steps (a validation loss every 10, 0.05 s apart): still running when SIGTERM comes.
-    work(
-        sweep_path,
-        "stopped",
-        directory,
-        4,
-        quiet(),
-        overrides=("schedule.train_iters=100000", "schedule.lr_decay_iters=100000"),
-        command=objective_command(),
-    )
+    with stop_on_sigterm():
+        work(
+            sweep_path,
+            "stopped",
+            directory,
+            4,
+            quiet(),
+            overrides=("schedule.train_iters=100000", "schedule.lr_decay_iters=100000"),
+            command=objective_command(),
+        )
 
 
 def _trials(directory: Path, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -161,6 +161,29 @@ def test_sigterm_stops_the_worker_and_its_trial_and_leaves_the_trial_to_take_bac
     assert metrics.stat().st_size == size
     [trial] = _trials(directory, "stopped")
     assert trial.state == TrialState.RUNNING and trial.user_attrs[WORKER] == 0
+
+
+def test_the_driver_and_the_worker_put_back_the_signal_handlers_they_found(tmp_path):
+    """Their SIGTERM (and the driver's SIGHUP) handler lasts as long as they run: one left behind in a process that
+    called them (a test's) would be inherited by its forked children, which then outlive a SIGTERM while blocked in
+    C (trainer/data/prepare.py's pool hung a test run so)."""
+    from trainer.__main__ import main as trainer_main
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    with stop_on_sigterm(signal.SIGHUP):
+        assert (
+            signal.getsignal(signal.SIGTERM) not in before and signal.getsignal(signal.SIGHUP) not in before
+        )
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+    missing = str(tmp_path / "none.yaml")
+    assert trainer_main(["sweep", "--sweep", missing, "--runs", str(tmp_path)]) == 2
+    assert (
+        trainer_main(
+            ["sweep-worker", "--sweep", missing, "--name", "s", "--dir", str(tmp_path), "--trials", "1"]
+        )
+        == 2
+    )
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
 
 
 @pytest.mark.parametrize("text", ["0", "-5", "nan", "inf", "ten"])

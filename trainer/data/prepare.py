@@ -16,6 +16,8 @@ import functools
 import multiprocessing
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -356,9 +358,16 @@ def _batch_mapper(workers: int) -> Iterator[BatchMapper]:
         return
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # inherited by the forked workers only
+    # The workers fork with SIGTERM's default action, whatever this process handles it with: a Python handler
+    # runs only between bytecodes, so a worker blocked in C would outlive the pool's terminate() (SIGTERM) and its
+    # join would wait for ever.
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGTERM, signal.SIG_DFL) if main_thread else None
     try:
         pool = multiprocessing.get_context("fork").Pool(workers)
     finally:
+        if handler is not None:  # None: set from C, not ours to put back
+            signal.signal(signal.SIGTERM, handler)
         if previous is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:

@@ -71,8 +71,11 @@ def main(args: argparse.Namespace) -> int:
     # SIGTERM and SIGHUP (a closed terminal) end the driver as Ctrl-C does: the running trial's trainer, in a
     # session of its own that no terminal signal reaches, is killed (trial.py run_trial) and the trial runs again
     # when the sweep is resumed. The worker's handler: SystemExit(128 + signal).
-    stop_on_sigterm()
-    signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))
+    with stop_on_sigterm(signal.SIGHUP):
+        return _sweep(args, name, console, errors)
+
+
+def _sweep(args: argparse.Namespace, name: str, console: Console, errors: Console) -> int:
     try:
         sweep = load_sweep(args.sweep, tuple(args.overrides))
         directory = args.runs / SWEEPS.relative_to("runs") / name

@@ -16,11 +16,12 @@ check, never a new trial's."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import optuna
@@ -131,16 +132,28 @@ def work(
     return reason
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (Batch stopping the container, a pod's deletion or a node going away) ends the worker at once: the
-    trial it runs is killed (trainer/sweep/trial.py run_trial) and left running in the study, so the worker of
-    the same index takes it back when it starts again (study.py open_study). The worker is often the container's
-    PID 1, for which a signal without a handler does nothing (signal(7), "the init process" in kill(2))."""
+@contextlib.contextmanager
+def stop_on_sigterm(*more: signal.Signals) -> Iterator[None]:
+    """While it lasts, SIGTERM (Batch stopping the container, a pod's deletion or a node going away), and `more`
+    (the local driver's SIGHUP), end the process at once with SystemExit(128 + signal): the trial it runs is killed
+    (trainer/sweep/trial.py run_trial) and runs again when the study is resumed (study.py open_study). The worker is
+    often the container's PID 1, for which a signal without a handler does nothing (signal(7), "the init process"
+    in kill(2)). The handlers before are put back after, so a caller in the same process (a test) keeps its own: a
+    Python handler left behind is inherited by forked children, which then cannot be stopped with SIGTERM while
+    blocked in C (multiprocessing's Pool.terminate)."""
 
     def stop(signum: int, _: object) -> None:
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
+    signals = (signal.SIGTERM, *more)
+    before = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in signals:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +179,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True, width=160)
     worker = args.worker if args.worker is not None else worker_index(os.environ)
-    stop_on_sigterm()
+    with stop_on_sigterm():
+        return _work(args, console, worker)
+
+
+def _work(args: argparse.Namespace, console: Console, worker: int) -> int:
     try:
         work(
             args.sweep,
