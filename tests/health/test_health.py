@@ -220,7 +220,7 @@ def test_a_slowed_rank_is_named_within_a_few_windows(tmp_path, tiny_config):
         "schedule.train_iters=8",
         "health.straggler_interval=2",
         "health.straggler_windows=2",
-        fault="slow step=1 rank=1 seconds=1",
+        fault="slow step=1 rank=1 seconds=2",  # 2 s, not 1: loaded shared cores slow every rank
         options=("--nproc", "3"),
     )
     status, output = run.wait()
