@@ -172,10 +172,12 @@ prometheus: monitoring ## A Prometheus on 127.0.0.1:PROM_PORT scraping `make tra
 	cd runs/monitoring && prometheus --config.file=prometheus.yml --storage.tsdb.path=data \
 	  --web.listen-address=127.0.0.1:$(PROM_PORT)
 
-# Tests run in parallel (pytest-xdist), a file per worker: many tests wait on processes, timers or servers, and the
-# session fixtures a file's tests share stay in one worker. TEST_WORKERS=1 runs them in this process, in order.
+# Tests run in parallel (pytest-xdist), a file per worker, the slowest files first (tests/durations.json, ordered by
+# tests/support/durations.py; xdist's own reorder by test count is off): many tests wait on processes, timers or
+# servers, and the session fixtures a file's tests share stay in one worker, while what many files read (the tiny
+# corpus, the shared launches) is built once per run (tests/support/shared.py). TEST_WORKERS=1 runs them in order.
 TEST_WORKERS ?= auto
-PYTEST = $(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile)
+PYTEST = $(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder)
 
 .PHONY: test
 test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)

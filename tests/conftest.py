@@ -120,3 +120,10 @@ def no_credentials(monkeypatch, tmp_path):
     clients_for.cache_clear()  # a Region's clients are found once per process
     yield
     clients_for.cache_clear()  # nor kept for the tests after this one
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest files first, so that xdist's workers end together (tests/support/durations.py)."""
+    from tests.support.durations import file_seconds, order_longest_first
+
+    order_longest_first(items, file_seconds())

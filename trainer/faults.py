@@ -11,6 +11,9 @@ The tests' way in is one environment variable, TRAINSTACK_FAULT, read here and n
     kill          SIGKILL this rank in step N (after its backward pass)
     hang          sleep `seconds` (default 600) in step N, leaving the other ranks waiting in a collective
     slow          sleep `seconds` (required) in step N and every later step: a straggler
+    clock         from step N on, every rank's step compute reads as `seconds` (required) on the straggler windows'
+                  clock, whatever it measured, and a `slow` fault adds its seconds to that reading instead of
+                  sleeping: a straggler whose ratio a loaded machine cannot stretch or shrink (rank= is ignored)
     nan-grad      make step N's gradients NaN
     sigterm       send SIGTERM to this rank in step N (as Batch's cancel or a Spot reclaim would)
     kill-in-save  SIGKILL this rank while it writes step N's checkpoint (after its first item is on disk)
@@ -142,7 +145,8 @@ def _module(filename: str) -> str:
 
 
 FAULT_ENV = "TRAINSTACK_FAULT"
-_STEP_FAULTS = ("kill", "hang", "nan-grad", "slow", "sigterm")
+_IN_STEP = ("kill", "hang", "nan-grad", "slow", "sigterm")  # what inject_in_step does
+_STEP_FAULTS = (*_IN_STEP, "clock")
 _SAVE_FAULTS = ("kill-in-save", "enospc")
 
 
@@ -167,9 +171,11 @@ class Fault:
         unknown = set(values) - {"step", "rank", "restart", "seconds"}
         if unknown or "step" not in values:
             raise ValueError(f"{FAULT_ENV}: {text!r} needs step=N and takes only rank=, restart=, seconds=")
-        if kind == "slow" and "seconds" not in values:
+        if kind in ("slow", "clock") and "seconds" not in values:
             raise ValueError(
                 f"{FAULT_ENV}: {text!r} needs seconds=S: how much longer each of the rank's steps takes"
+                if kind == "slow"
+                else f"{FAULT_ENV}: {text!r} needs seconds=S: what every rank's step compute reads as"
             )
         return cls(
             kind,
@@ -189,15 +195,26 @@ def _striking(kinds: tuple[str, ...], step: int) -> Fault | None:
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for fault in _requested():
-        strikes = step >= fault.step if fault.kind == "slow" else step == fault.step  # slow: from N on
-        if fault.kind in kinds and strikes and fault.rank == rank and fault.restart in (None, restart):
+        strikes = step >= fault.step if fault.kind in ("slow", "clock") else step == fault.step  # from N on
+        on_rank = fault.kind == "clock" or fault.rank == rank  # the clock is every rank's
+        if fault.kind in kinds and strikes and on_rank and fault.restart in (None, restart):
             return fault
     return None
 
 
+def step_compute(step: int, measured: float) -> float:
+    """Step N's compute time as the straggler windows see it: `measured`, or under a `clock` fault its reading
+    plus this rank's `slow` seconds."""
+    clock = _striking(("clock",), step)
+    if clock is None:
+        return measured
+    slow = _striking(("slow",), step)
+    return clock.seconds + (slow.seconds if slow is not None else 0.0)
+
+
 def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
     """TRAINSTACK_FAULT's step faults, between step N's backward pass and its optimizer step."""
-    fault = _striking(_STEP_FAULTS, step)
+    fault = _striking(_IN_STEP, step)
     if fault is None:
         return
     if fault.kind == "kill":
@@ -205,7 +222,8 @@ def inject_in_step(step: int, chunks: list[torch.nn.Module]) -> None:
     elif fault.kind == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
     elif fault.kind in ("hang", "slow"):
-        time.sleep(fault.seconds)
+        if fault.kind == "hang" or _striking(("clock",), step) is None:
+            time.sleep(fault.seconds)  # a slow rank on the clock only reads slower (step_compute)
     else:
         for chunk in chunks:
             for param in chunk.parameters():

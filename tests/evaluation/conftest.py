@@ -10,7 +10,7 @@ import pytest
 def exported_tp2_pp2(tp2_pp2, launcher) -> Path:
     """The TP=2 x PP=2 run's last checkpoint as a Hugging Face model."""
     out = launcher.base / "generate-export" / "hf"
-    launcher.run(
+    launcher.run_once(
         "generate-export",
         [
             sys.executable,

@@ -77,6 +77,22 @@ def test_slow_fault_needs_its_seconds():
     assert Fault.parse("slow step=2 rank=1 seconds=0.5") == Fault("slow", 2, rank=1, seconds=0.5)
     with pytest.raises(ValueError, match="needs seconds=S"):
         Fault.parse("slow step=2 rank=1")
+    with pytest.raises(ValueError, match="needs seconds=S: what every rank's step compute reads as"):
+        Fault.parse("clock step=1")
+
+
+def test_the_fault_clock_reads_every_rank_alike_and_adds_a_slow_ranks_seconds(monkeypatch):
+    from trainer import faults
+
+    monkeypatch.setenv(faults.FAULT_ENV, "clock step=3 seconds=1; slow step=4 rank=1 seconds=2")
+    faults._requested.cache_clear()
+    try:
+        for rank, readings in (("0", [0.25, 1.0, 1.0]), ("1", [0.25, 1.0, 3.0])):
+            monkeypatch.setenv("RANK", rank)
+            assert [faults.step_compute(step, 0.25) for step in (2, 3, 4)] == readings
+    finally:
+        monkeypatch.delenv(faults.FAULT_ENV)
+        faults._requested.cache_clear()
 
 
 # The instance id: IMDSv2's token flow against a real HTTP server playing IMDS.
@@ -220,7 +236,8 @@ def test_a_slowed_rank_is_named_within_a_few_windows(tmp_path, tiny_config):
         "schedule.train_iters=8",
         "health.straggler_interval=2",
         "health.straggler_windows=2",
-        fault="slow step=1 rank=1 seconds=2",  # 2 s, not 1: loaded shared cores slow every rank
+        # On the fault clock every rank's step compute reads 1 s and rank 1's 3 s, however loaded the machine.
+        fault="clock step=1 seconds=1; slow step=1 rank=1 seconds=2",
         options=("--nproc", "3"),
     )
     status, output = run.wait()
@@ -232,7 +249,7 @@ def test_a_slowed_rank_is_named_within_a_few_windows(tmp_path, tiny_config):
     for step in (4, 6, 8):
         (entry,) = records[step]["stragglers"]
         assert (entry["rank"], entry["host"], entry["windows"]) == (1, host, step // 2)
-        assert entry["ratio"] > 1.5
+        assert (entry["compute_s"], entry["median_s"], entry["ratio"]) == (3.0, 1.0, 3.0)
     health = json.loads((run.run_dir / "health.json").read_text())
     assert [r["rank"] for r in health["stragglers"]["ranks"]] == [1]
     assert f"health: stragglers at step 8: rank 1 on {host} (" in output  # the end-of-run line

@@ -1,7 +1,8 @@
 """The training fixtures every test folder may use (a pytest plugin, tests/conftest.py): a tiny prepared corpus,
 the tiny config (tiny.yaml beside this file), and multi-process runs of worker.py.
 
-A launch costs 10-20 s on 2 cores, so each layout runs once per session and tests compare the results.
+A launch costs 10-20 s on 2 cores, so each layout runs once per pytest run, whichever xdist worker asks first
+(tests/support/shared.py), and tests compare the results; they read them only.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from tests.conftest import ROOT
+from tests.support.shared import build_once, run_root
 
 TIMEOUT_S = 300
 
@@ -35,16 +38,20 @@ def tiny_corpus(tmp_path_factory) -> str:
     """The email package's sources, tokenized with a 512-token BPE; returns the dataset prefix."""
     from trainer.data.prepare import prepare_dataset
 
-    prefix = str(tmp_path_factory.mktemp("corpus") / "email")
-    prepare_dataset([str(Path(email.__file__).parent)], prefix, vocab_size=512, globs=["*.py"], workers=1)
-    return prefix
+    def prepare(directory: Path) -> None:
+        prefix = str(directory / "email")
+        prepare_dataset([str(Path(email.__file__).parent)], prefix, vocab_size=512, globs=["*.py"], workers=1)
+
+    return str(build_once(tmp_path_factory, "corpus", prepare) / "email")
 
 
 @pytest.fixture(scope="session")
 def tiny_config(tmp_path_factory, tiny_corpus) -> Path:
-    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
-    path.write_text(Path(__file__).with_name("tiny.yaml").read_text().replace("PREFIX", tiny_corpus))
-    return path
+    def write(directory: Path) -> None:
+        text = Path(__file__).with_name("tiny.yaml").read_text().replace("PREFIX", tiny_corpus)
+        (directory / "tiny.yaml").write_text(text)
+
+    return build_once(tmp_path_factory, "config", write) / "tiny.yaml"
 
 
 @pytest.fixture
@@ -111,9 +118,20 @@ class Launcher:
     def launch(
         self, name: str, nproc: int, *overrides: str, mode: str = "train", checkpoint: Path | None = None
     ):
-        """Run the worker once per session under this name; later calls return the first result."""
+        """Run the worker once per pytest run under this name (in whichever worker asks first; the others wait for
+        it and read what it left); later calls return the first result."""
         if name in self.results:
             return self.results[name]
+        with FileLock(str(self.base / f"{name}.lock")):
+            if not (self.base / f"{name}.done").exists():
+                self._launch(name, nproc, overrides, mode, checkpoint)
+                (self.base / f"{name}.done").touch()
+        self.results[name] = Result(self.run_dir(name), self.base / name / "out")
+        return self.results[name]
+
+    def _launch(
+        self, name: str, nproc: int, overrides: tuple[str, ...], mode: str, checkpoint: Path | None
+    ) -> None:
         out = self.base / name / "out"
         out.mkdir(parents=True, exist_ok=True)
         command = torchrun(
@@ -127,8 +145,14 @@ class Launcher:
         for override in (f"logging.run_dir={self.run_dir(name)}", *overrides):
             command += ["--set", override]
         self.run(name, command)
-        self.results[name] = Result(self.run_dir(name), out)
-        return self.results[name]
+
+    def run_once(self, name: str, command: list[str]) -> str:
+        """`run` once per pytest run, for a session fixture more than one file (so more than one worker) asks for."""
+        with FileLock(str(self.base / f"{name}.lock")):
+            if not (self.base / f"{name}.done").exists():
+                self.run(name, command)
+                (self.base / f"{name}.done").touch()
+        return (self.base / name / "log.txt").read_text()
 
     def run(self, name: str, command: list[str]) -> str:
         """Run a command (a torchrun launch, or a verb that starts one) to success; returns its output."""
@@ -155,7 +179,10 @@ class Launcher:
 
 @pytest.fixture(scope="session")
 def launcher(tmp_path_factory, tiny_config) -> Launcher:
-    return Launcher(tmp_path_factory.mktemp("runs"), tiny_config)
+    """Launches shared by every worker of the run (`launch`); `run` logs under the same directory."""
+    base = run_root(tmp_path_factory) / "runs"
+    base.mkdir(exist_ok=True)
+    return Launcher(base, tiny_config)
 
 
 @pytest.fixture(scope="session")

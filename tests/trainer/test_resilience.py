@@ -172,7 +172,10 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
     assert (checkpoints / LATEST).read_text() == "iter_0000004\n"
     assert damage(checkpoints / "iter_0000004") is None
     assert not (checkpoints / "iter_0000008").exists()
-    assert list((checkpoints / "iter_0000008.tmp").iterdir())  # what was written when it died
+    # What was written when it died stays as a .tmp directory, unless rank 0, stopping on the SIGTERM torchrun sends
+    # the survivors, staged its stop save first: store.stage sweeps unfinished saves (seen only on a loaded machine).
+    torn_write = checkpoints / "iter_0000008.tmp"
+    assert list(torn_write.iterdir()) if torn_write.exists() else any(checkpoints.glob("iter_*.tmp"))
     # A directory of garbage named like a checkpoint, and named by `latest` (a copy from elsewhere, cut short).
     garbage = checkpoints / "iter_0000006"
     garbage.mkdir()

@@ -34,6 +34,17 @@ def _of_run(run_dir) -> list[psutil.Process]:
     return found
 
 
+def _living(processes: list[psutil.Process]) -> tuple[list[psutil.Process], list[str]]:
+    """The processes still running and their command lines: a short-lived child (a writer's helper) that exited and
+    is not yet reaped has no command line left (psutil's ZombieProcess, a NoSuchProcess), seen on a loaded machine."""
+    living, commands = [], []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            commands.append(" ".join(process.cmdline()))
+            living.append(process)
+    return living, commands
+
+
 def _alive(processes: list[psutil.Process]) -> list[str]:
     alive = []
     for process in processes:
@@ -64,8 +75,7 @@ def test_a_killed_supervisor_leaves_no_rank_and_its_directory_admits_one_run_at_
         assert (first.run_dir / "metrics.jsonl").exists() and any(first.checkpoints.glob("iter_*"))
 
     # The supervisor killed as the out-of-memory killer would: nothing it started outlives it.
-    started = psutil.Process(first.process.pid).children(recursive=True)
-    commands = [" ".join(p.cmdline()) for p in started]
+    started, commands = _living(psutil.Process(first.process.pid).children(recursive=True))
     assert sum("trainer train" in c and "torchrun" not in c for c in commands) == 2, commands  # the ranks
     assert any("trainer.distributed.torchrun" in c for c in commands), commands
     assert sum("multiprocessing" in c for c in commands) >= 2, commands  # the writers (and resource trackers)

@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
+from trainer import faults
 from trainer.config import TrainConfig
 from trainer.distributed import parallel
 from trainer.health import report
@@ -74,7 +75,7 @@ class HealthMonitor:
     def step_done(self, step: int, step_time: float) -> list[dict[str, Any]]:
         """Count a completed step; at the end of a window, the stragglers (the same list on every rank)."""
         started = time.perf_counter() - step_time
-        compute = max(0.0, step_time - self.tracker.blocked_since(started))
+        compute = faults.step_compute(step, max(0.0, step_time - self.tracker.blocked_since(started)))
         if self.watchdog is not None:
             self.watchdog.step_done(step, step_time)
         self._window_compute += compute
