@@ -835,6 +835,8 @@ def no_launch(monkeypatch):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
 
     monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+    # train's supervised torchrun too: a row whose check stops working must fail here, not train in the cwd's runs/
+    monkeypatch.setattr(standalone, "run_torchrun", refuse)
 
 
 @pytest.fixture(autouse=True)
