@@ -4,6 +4,7 @@ By floor, bottom to top; a package imports only the floors below it (tests/test_
 
 contract    what infra/, image/ and the trainer share
 arguments   argument types shared by the verbs
+lock_file   a directory's flock(2) lock file, or why the directory cannot hold one
 aws         AWS clients with the project's retries, the instance metadata, a stack's outputs
 monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
 config      the typed config tree, its checks, the layout (ParallelDims), precision and the YAML/--set loader

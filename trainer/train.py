@@ -102,12 +102,13 @@ def main(args: argparse.Namespace) -> int:
         args.overrides.append("checkpoint.allow_schedule_change=true")
     # A restarted rank (torchrun's restart, Batch's next attempt) resumes: only the first attempt starts over.
     fresh = args.fresh and local.first_attempt()
-    lock = None
+    locks: list[run_lock.RunLock] = []
     try:
         cfg = load_config(args.config, args.overrides)
-        # One live run per run directory, held before anything is written there (--fresh's removal included): an
-        # existing directory at once, before the checks read its checkpoints; a new one once the checks pass.
-        lock = _hold_run_directory(cfg, worker) if cfg.run_dir.is_dir() else None
+        # One live run per run directory and checkpoint directory, held before anything is written there (--fresh's
+        # removal included): an existing run directory at once, before the checks read its checkpoints; a new
+        # one once the checks pass.
+        locks = _hold_run_directory(cfg, worker) if cfg.run_dir.is_dir() else []
         world_size = int(os.environ["WORLD_SIZE"]) if worker else local.processes(cfg, args.nproc)
         # Everything checked before a training process starts work: layout, data, engine settings, checkpoint.
         device = parallel.device_type()
@@ -126,10 +127,9 @@ def main(args: argparse.Namespace) -> int:
         problems += exporters.listen_problems(cfg.monitoring, device, world_size)
         if problems:
             raise ConfigError(problems)
-        lock = lock or _hold_run_directory(cfg, worker)
+        locks = locks or _hold_run_directory(cfg, worker)
     except (ConfigError, run_lock.RunHeld) as error:
-        if lock is not None:
-            lock.release()
+        run_lock.release(locks)
         console.print(f"[bold red]train:[/] {escape(str(error))}")
         return 2
     try:
@@ -145,20 +145,19 @@ def main(args: argparse.Namespace) -> int:
         assert stop is not None  # a torchrun worker made its StopRequest first thing
         return _work(cfg, ParallelDims.from_config(cfg.parallel, world_size), console, fresh=fresh, stop=stop)
     finally:
-        if lock is not None:
-            lock.release()
+        run_lock.release(locks)
 
 
-def _hold_run_directory(cfg: TrainConfig, worker: bool) -> run_lock.RunLock | None:
-    """Outside torchrun, the supervisor takes the run directory's lock and hands it to its ranks; under torchrun,
-    rank 0 takes it unless its supervisor holds it (a cluster's `launch`, a hand-started torchrun: no one does)."""
+def _hold_run_directory(cfg: TrainConfig, worker: bool) -> list[run_lock.RunLock]:
+    """Outside torchrun, the supervisor takes the run's locks and hands them to its ranks; under torchrun, rank 0
+    takes them unless its supervisor holds them (a cluster's `launch`, a hand-started torchrun: no one does)."""
     if not worker:
-        lock = run_lock.acquire(cfg.run_dir)
-        run_lock.hand_to_ranks(lock)
-        return lock
+        locks = run_lock.hold(cfg.run_dir, cfg.checkpoint_dir)
+        run_lock.hand_to_ranks(locks[0])
+        return locks
     if int(os.environ.get("RANK", "0")) == 0 and not run_lock.held_by_supervisor(cfg.run_dir):
-        return run_lock.acquire(cfg.run_dir)
-    return None
+        return run_lock.hold(cfg.run_dir, cfg.checkpoint_dir)
+    return []
 
 
 def _work(
@@ -397,7 +396,15 @@ def _max_over_ranks(value: float) -> float:
 
 
 def _remove_run_outputs(cfg: TrainConfig) -> None:
-    shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+    """--fresh, with this run's locks held: its checkpoints, metrics, TensorBoard events, ledger and health go; the
+    locks stay (checkpoint.dir may be the run directory itself, whose run.lock this run holds)."""
+    for entry in cfg.checkpoint_dir.iterdir() if cfg.checkpoint_dir.is_dir() else ():
+        if entry.name == run_lock.LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
     shutil.rmtree(cfg.run_dir / "tensorboard", ignore_errors=True)
     (cfg.run_dir / "metrics.jsonl").unlink(missing_ok=True)
     (cfg.run_dir / LEDGER_FILE).unlink(missing_ok=True)

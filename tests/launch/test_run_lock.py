@@ -128,3 +128,77 @@ def test_a_file_system_without_flock_refuses_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", no_flock)
     with pytest.raises(RunHeld, match=r"refuses flock\(2\).*mount with `-o flock`"):
         acquire(tmp_path)
+
+
+# Holds a run's locks (run directory argv[1], checkpoint directory argv[2]) until its stdin closes, as a run would.
+RUN_HOLDER = """
+import sys
+from pathlib import Path
+from trainer.launch import run_lock
+locks = run_lock.hold(Path(sys.argv[1]), Path(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("shared", ["elsewhere", "first/checkpoints"])
+def test_a_run_whose_checkpoint_directory_a_live_run_holds_is_refused_and_keeps_no_lock(tmp_path, shared):
+    checkpoints = tmp_path / shared  # checkpoint.dir elsewhere, or the first run's own checkpoints
+    holder = subprocess.Popen(
+        [sys.executable, "-c", RUN_HOLDER, str(tmp_path / "first"), str(checkpoints)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(RunHeld) as refused:
+            run_lock.hold(tmp_path / "second", checkpoints)
+        message = str(refused.value)
+        assert f"checkpoint directory {checkpoints} is in use by another run: pid {holder.pid} on" in message
+        assert "(--set checkpoint.dir=...)" in message
+        assert not (
+            tmp_path / "second" / "run.lock"
+        ).exists()  # all or none: its run directory's was released
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait()
+    run_lock.release(
+        run_lock.hold(tmp_path / "second", checkpoints)
+    )  # the kernel dropped both with the holder
+
+
+def test_a_checkpoint_directory_that_is_the_run_directory_is_one_lock(tmp_path):
+    locks = run_lock.hold(tmp_path, tmp_path)
+    assert [lock.path for lock in locks] == [tmp_path / "run.lock"]
+    run_lock.release(locks)
+    assert not (tmp_path / "run.lock").exists()
+
+
+@pytest.mark.parametrize("checkpoint_dir", ["run", "run/checkpoints"])
+def test_fresh_removes_the_checkpoints_but_never_a_lock_it_holds(tmp_path, checkpoint_dir):
+    from trainer.config import load_config
+    from trainer.train import _remove_run_outputs
+
+    run_dir, checkpoints = tmp_path / "run", tmp_path / checkpoint_dir
+    cfg = load_config(
+        ROOT / "trainer/configs/local.yaml",
+        [f"logging.run_dir={run_dir}", f"checkpoint.dir={checkpoints}", "precision=fp32"],
+    )
+    locks = run_lock.hold(cfg.run_dir, cfg.checkpoint_dir)
+    (checkpoints / "iter_0000090").mkdir(parents=True)
+    (checkpoints / "iter_0000090" / "metadata.json").write_text("{}")
+    (checkpoints / "latest").write_text("iter_0000090\n")
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    try:
+        _remove_run_outputs(cfg)
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["run.lock"]
+        assert not (run_dir / "metrics.jsonl").exists()
+        for lock in locks:  # still the files this run holds, so a second run is still refused
+            assert os.path.samestat(os.fstat(lock.fd), os.stat(lock.path))
+        with pytest.raises(RunHeld, match="is in use by another run"):
+            run_lock.hold(cfg.run_dir, cfg.checkpoint_dir)
+    finally:
+        run_lock.release(locks)

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,50 @@ def run_in_use(paths: Paths) -> None:
     HELD.append(run_lock.acquire(Path(paths["tmp"]) / "run"))
 
 
+def checkpoints_in_use(paths: Paths) -> None:
+    """{tmp}/run with a checkpoint of its own, its run and checkpoint directories held by a live run."""
+    from trainer.launch import run_lock
+
+    run_with_own_checkpoint(paths)
+    HELD.extend(run_lock.hold(Path(paths["tmp"]) / "run", Path(paths["tmp"]) / "run" / "checkpoints"))
+
+
+def a_file(name: str) -> Callable[[Paths], None]:
+    """A setup that writes a regular file {tmp}/<name>."""
+    return lambda paths: Path(paths["tmp"], name).write_text("not a directory\n")
+
+
+class _Writable:
+    """Undoes `unwritable`, once the row has run (pytest must be able to remove {tmp})."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def release(self) -> None:
+        subprocess.run(["chattr", "-i", str(self.path)], capture_output=True)
+        self.path.chmod(0o755)
+
+
+def unwritable(paths: Paths) -> None:
+    """{tmp}/run, an existing run directory in which nothing can be created: immutable (chattr +i refuses root
+    too, whom a read-only mode does not stop), or read-only where this user may not make it immutable."""
+    run_dir = Path(paths["tmp"], "run")
+    run_dir.mkdir()
+    HELD.append(_Writable(run_dir))
+    if subprocess.run(["chattr", "+i", str(run_dir)], capture_output=True).returncode != 0:
+        run_dir.chmod(0o555)
+
+
+def lock_file_is_a_directory(paths: Paths) -> None:
+    Path(paths["tmp"], "run", "run.lock").mkdir(parents=True)
+
+
+def config_with_a_key_twice(paths: Paths) -> None:
+    Path(paths["tmp"], "twice.yaml").write_text(
+        "model:\n  num_layers: 2\noptimizer:\n  lr: 0.001\n  weight_decay: 0.1\n  lr: 0.01\n"
+    )
+
+
 def yaml_with_a_typo(paths: Paths) -> None:
     text = Path(paths["config"]).read_text().replace("micro_batch_size:", "micro_batch_sise:")
     Path(paths["tmp"], "typo.yaml").write_text(text)
@@ -246,6 +291,21 @@ ROWS: dict[str, Row] = {
     "train-unknown-key-in-set": Row(
         f"{TRAIN} --set schedule.train_iter=5",
         ("unknown key 'schedule.train_iter'; did you mean 'schedule.train_iters'?",),
+    ),
+    "train-key-given-twice-in-yaml": Row(
+        "train --config {tmp}/twice.yaml",
+        (
+            "optimizer.lr is given twice, on line 4 and on line 6: YAML keys must be unique; keep the one you mean "
+            "and delete the other",
+        ),
+        config_with_a_key_twice,
+    ),
+    "train-learning-rate-infinite": Row(
+        f"{TRAIN} --set optimizer.lr=inf", ("optimizer.lr = 'inf': must be a finite number > 0",)
+    ),
+    "train-beta-not-a-number": Row(
+        f"{TRAIN} --set optimizer.adam_beta2=.nan",
+        ("optimizer.adam_beta2 = nan: must be a finite number >= 0 and < 1",),
     ),
     "train-unknown-key-in-yaml": Row(
         "train --config {tmp}/typo.yaml",
@@ -433,6 +493,48 @@ ROWS: dict[str, Row] = {
         ("run directory {tmp}/run is in use by another run: pid", "stop it with kill -TERM"),
         run_in_use,
     ),
+    "train-checkpoint-directory-in-use": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/other --set checkpoint.dir={{tmp}}/run/checkpoints",
+        (
+            "checkpoint directory {tmp}/run/checkpoints is in use by another run: pid",
+            "stop it with kill -TERM",
+        ),
+        checkpoints_in_use,
+    ),
+    "train-fresh-on-a-checkpoint-directory-in-use": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/other --set checkpoint.dir={{tmp}}/run/checkpoints --fresh",
+        (
+            "checkpoint directory {tmp}/run/checkpoints is in use by another run: pid",
+            "--set checkpoint.dir=...",
+        ),
+        checkpoints_in_use,
+    ),
+    "train-run-directory-is-a-file": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run",
+        (
+            "run directory cannot be used: {tmp}/run is a file, not a directory. Choose a run directory that is a "
+            "writable directory (--set logging.run_dir=...)",
+        ),
+        a_file("run"),
+    ),
+    "train-run-directory-under-a-file": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/file/run",
+        ("run directory cannot be used: {tmp}/file/run cannot be a directory: {tmp}/file is a file",),
+        a_file("file"),
+    ),
+    "train-run-directory-unwritable": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run",
+        (
+            "run directory cannot be used: cannot open {tmp}/run/run.lock for writing (",
+            "): the directory or the file is read-only for this user, or immutable (lsattr shows an i)",
+        ),
+        unwritable,
+    ),
+    "train-run-lock-cannot-be-opened": Row(
+        f"{TRAIN} --set logging.run_dir={{tmp}}/run",
+        ("run directory cannot be used: {tmp}/run/run.lock is a directory, so it cannot be the lock file",),
+        lock_file_is_a_directory,
+    ),
     "checkpoint-load-with-another-data-split": Row(
         f"{TRAIN} --set checkpoint.load={{checkpoints}} --set data.split=70,30,0",
         (
@@ -615,6 +717,25 @@ ROWS: dict[str, Row] = {
         ),
         sweep_driver_running,
     ),
+    "sweep-study-directory-is-a-file": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "the study's directory cannot be used: {tmp}/runs/sweeps/s is a file, not a directory. Give this sweep "
+            "another --name, or --runs a writable directory",
+        ),
+        lambda paths: (
+            sweep_file("pruner: {{kind: none}}\nspace: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}")(paths),
+            Path(paths["tmp"], "runs", "sweeps").mkdir(parents=True),
+            Path(paths["tmp"], "runs", "sweeps", "s").write_text(""),
+        ),
+    ),
+    "sweep-key-given-twice": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        ("invalid sweep ({tmp}/s.yaml)", "space.optimizer.lr is given twice, on line 3 and on line 4"),
+        sweep_file(
+            "space:\n  optimizer.lr: {{low: 0.001, high: 0.01}}\n  optimizer.lr: {{low: 0.01, high: 0.1}}"
+        ),
+    ),
     "sweep-name-invalid": Row(
         "sweep --sweep trainer/configs/local-sweep.yaml --name ../x --runs {tmp}/runs",
         ("--name '../x': use letters, digits, '.', '-' and '_'",),
@@ -714,6 +835,8 @@ def no_launch(monkeypatch):
         raise AssertionError("the verb passed its checks and tried to start torchrun")
 
     monkeypatch.setattr(standalone, "exec_torchrun", refuse)
+    # train's supervised torchrun too: a row whose check stops working must fail here, not train in the cwd's runs/
+    monkeypatch.setattr(standalone, "run_torchrun", refuse)
 
 
 @pytest.fixture(autouse=True)

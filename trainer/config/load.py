@@ -6,9 +6,9 @@ and what would be valid.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -103,7 +103,7 @@ def read_raw(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
     """The YAML with the overrides applied, before validation: what a derived config file writes out."""
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} not found"])
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(
             [f"the top level must be a mapping of sections, got {type(raw).__name__}"], str(path)
@@ -115,6 +115,59 @@ def read_raw(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
     except ConfigError as e:
         raise ConfigError(e.problems, str(path)) from None
     return raw
+
+
+def read_yaml(path: Path, what: str = "trainer config") -> Any:
+    """The YAML document in `path`, refused (ConfigError) when it is not YAML or a mapping repeats a key. YAML's
+    mapping keys are unique (YAML 1.2.2 spec, https://yaml.org/spec/1.2.2/#mapping), but PyYAML keeps the last
+    value silently (yaml/pyyaml#165, open: merge keys make a fix in the constructor hard), so repeated keys are
+    looked for on the composed nodes, before construction, where each key still has its line."""
+    try:
+        loader = yaml.SafeLoader(path.read_text())
+    except yaml.YAMLError as error:  # characters YAML does not allow
+        raise ConfigError([_yaml_problem(error)], str(path), what=what) from None
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if problems := list(_repeated_keys(node, ())):
+            raise ConfigError(problems, str(path), what=what)
+        return loader.construct_document(node)
+    except yaml.YAMLError as error:
+        raise ConfigError([_yaml_problem(error)], str(path), what=what) from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return "not valid YAML: " + " ".join(str(error).split())
+    mark = error.problem_mark
+    what = " ".join(part for part in (error.context, error.problem) if part)
+    return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {what}"
+
+
+def _repeated_keys(node: yaml.Node, at: tuple[str, ...]) -> Iterator[str]:
+    """Each key that a mapping under `node` repeats, by its dotted key and both lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _repeated_keys(item, (*at, str(index)))
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
+            continue  # `<<: *defaults`: merged keys may be overridden, by design
+        line = key.start_mark.line + 1
+        dotted = ".".join((*at, key.value))
+        if (key.tag, key.value) in first:
+            yield (
+                f"{dotted} is given twice, on line {first[key.tag, key.value]} and on line {line}: "
+                "YAML keys must be unique; keep the one you mean and delete the other"
+            )
+        else:
+            first[key.tag, key.value] = line
+        yield from _repeated_keys(value, (*at, key.value))
 
 
 def _auto_keys(raw: dict[str, Any]) -> list[str]:
@@ -186,4 +239,40 @@ def _describe(error: ErrorDetails) -> str:
     if error["type"] == "missing":
         return f"{dotted} is required but missing"
     message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "finite_number":  # inf or nan where the schema wants a number: say which numbers
+        message = f"must be a finite number{_bounds(loc)}"
     return f"{dotted} = {error['input']!r}: {message}"
+
+
+def _bounds(loc: tuple[int | str, ...]) -> str:
+    """The bounds the schema sets on the number at `loc` (' > 0', ' >= 0 and < 1'), or ''."""
+    model: type[BaseModel] = TrainConfig
+    field = None
+    for part in loc:
+        if field is not None:  # inside a list's items: the items' own annotation holds the bounds
+            break
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return ""
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model, field = annotation, None
+    if field is None:
+        return ""
+    metadata = [*field.metadata, *_nested_metadata(field.annotation)]
+    signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [
+        f"{sign} {getattr(m, name):g}" for m in metadata for name, sign in signs.items() if hasattr(m, name)
+    ]
+    return " " + " and ".join(bounds) if bounds else ""
+
+
+def _nested_metadata(annotation: Any) -> list[Any]:
+    """The constraints inside an annotation: `PositiveFloat | None` and `list[PositiveFloat]` keep theirs there."""
+    found: list[Any] = []
+    for arg in get_args(annotation):
+        if get_origin(arg) is Annotated:
+            found.extend(get_args(arg)[1:])
+        else:
+            found.extend(_nested_metadata(arg))
+    return found

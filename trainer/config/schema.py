@@ -37,7 +37,9 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every number finite: no setting gives infinity a meaning, and an lr of inf trained until five non-finite
+    # steps in a row stopped the run.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelConfig(_Section):

@@ -102,7 +102,7 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     environment[retry.EXIT_REQUEST_ENV] = str(exit_request)
     _adopt_orphans()
     torchrun = subprocess.Popen(command, env=environment)
-    stopping = threading.Event()
+    stopping, killed_here = threading.Event(), threading.Event()
 
     def signal_all(processes: list[psutil.Process], sig: signal.Signals) -> None:
         for process in processes:
@@ -125,6 +125,7 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
                 flush=True,
             )
             descendants = tree(recursive=True)
+            killed_here.set()
             signal_all([psutil.Process(torchrun.pid), *descendants], signal.SIGKILL)
 
     def on_sigterm(signum: int, frame: object) -> None:
@@ -147,6 +148,8 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     threading.Thread(target=_reap_orphans, args=(torchrun, finished), daemon=True).start()
     status = torchrun.wait()
     finished.set()
+    if status < 0 and not killed_here.is_set():
+        print(_killed_message(torchrun.pid, -status), file=sys.stderr, flush=True)
     # What is left is orphaned: a killed rank's children (its checkpoint writer).
     leftovers = psutil.Process().children(recursive=True)
     signal_all(leftovers, signal.SIGKILL)
@@ -154,6 +157,25 @@ def supervise(command: list[str], stop_grace_seconds: float) -> int:
     status = retry.supervised_status(status if status >= 0 else 128 - status, exit_request)
     shutil.rmtree(exit_request.parent, ignore_errors=True)
     return status
+
+
+def _killed_message(pid: int, signum: int) -> str:
+    """Why the run ends when torchrun died of a signal this supervisor did not send (it forwards SIGTERM to the
+    ranks, and kills only after the grace, which it says): someone else's kill, or the kernel's OOM killer."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    cause = (
+        "by the kernel's out-of-memory killer (then dmesg shows it) or a `kill -9` of its pid"
+        if signum == signal.SIGKILL
+        else f"by a {name} sent to torchrun itself, not to this supervisor"
+    )
+    return (
+        f"launch: torchrun (pid {pid}) was killed by {name}, {cause}; its ranks ended without saving what was "
+        f"in flight (the newest complete checkpoint stands). Exiting {128 + signum}; to stop a run with a save, "
+        "send SIGTERM to this supervising process (`train`, or `launch` on a cluster)"
+    )
 
 
 # How often the supervisor looks for processes orphaned by a dead rank.

@@ -1,4 +1,6 @@
-"""One live run per run directory: the run holds an exclusive lock on `<run_dir>/run.lock` while it lives.
+"""One live run per run directory and per checkpoint directory: the run holds an exclusive lock on
+`<run_dir>/run.lock` while it lives, and one on `<checkpoint directory>/run.lock` (its run directory's
+`checkpoints/`, or wherever checkpoint.dir points), so that no two live runs write into the same checkpoints.
 
 `train` takes it before anything else is written to the run directory (and so before `--fresh` removes anything):
 outside torchrun the supervisor takes it and tells its ranks (HELD_ENV); a rank 0 with no supervisor of ours holding
@@ -19,8 +21,6 @@ it (trainer/preflight/storage.py). A file system that refuses flock refuses the 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import shlex
@@ -30,9 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer import lock_file
 from trainer.contract.container import JOBSET_NAME_ENV
 
 LOCK_FILE = "run.lock"
+RUN_DIRECTORY, CHECKPOINT_DIRECTORY = "run directory", "checkpoint directory"
+_SETTING = {RUN_DIRECTORY: "--set logging.run_dir=...", CHECKPOINT_DIRECTORY: "--set checkpoint.dir=..."}
 # Set by a supervisor that holds its run's lock, for its ranks: the lock file's path.
 HELD_ENV = "TRAINSTACK_RUN_LOCK"
 # Batch sets it in every job container (AWS Batch User Guide, "Job environment variables").
@@ -66,24 +69,17 @@ def lock_path(run_dir: Path) -> Path:
     return Path(os.path.abspath(run_dir / LOCK_FILE))
 
 
-def acquire(run_dir: Path) -> RunLock:
-    """Take the run directory's lock, or raise RunHeld naming its holder. Creates the directory if need be."""
+def acquire(run_dir: Path, what: str = RUN_DIRECTORY) -> RunLock:
+    """Take the lock of `run_dir` (a run directory, or `what` else: a checkpoint directory), or raise RunHeld naming
+    its holder or why the directory cannot be used. Creates the directory if need be."""
     path = lock_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated before the lock is ours
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise RunHeld(held_message(run_dir, _holder(path))) from None
-            raise RunHeld(
-                f"cannot lock {path} ({os.strerror(error.errno or 0)}): the file system refuses flock(2), so "
-                "nothing would stop a second run from writing into this run directory. On Lustre, mount with "
-                "`-o flock` (mount.lustre(8); the stack's nodes do: infra/node_bootstrap.py), or choose a "
-                "logging.run_dir on a file system that supports it"
-            ) from None
+            fd = lock_file.open_locked(path)  # never truncated before the lock is ours
+        except lock_file.LockBusy:
+            raise RunHeld(held_message(run_dir, _holder(path), what)) from None
+        except lock_file.LockUnusable as error:
+            raise RunHeld(_unusable_message(error, what)) from None
         if _same_file(fd, path):
             break
         os.close(
@@ -92,6 +88,25 @@ def acquire(run_dir: Path) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(_me()) + "\n").encode(), 0)
     return RunLock(path, fd)
+
+
+def hold(run_dir: Path, checkpoint_dir: Path) -> list[RunLock]:
+    """A run's locks: its run directory's and its checkpoint directory's (one lock where they are the same), so
+    that no two live runs share either, wherever checkpoint.dir points. All or none: RunHeld releases any taken."""
+    held: list[RunLock] = []
+    try:
+        for directory, what in ((run_dir, RUN_DIRECTORY), (checkpoint_dir, CHECKPOINT_DIRECTORY)):
+            if all(lock.path != lock_path(directory) for lock in held):
+                held.append(acquire(directory, what))
+    except RunHeld:
+        release(held)
+        raise
+    return held
+
+
+def release(locks: list[RunLock]) -> None:
+    for lock in reversed(locks):
+        lock.release()
 
 
 def held_by_supervisor(run_dir: Path) -> bool:
@@ -104,7 +119,7 @@ def hand_to_ranks(lock: RunLock) -> None:
     os.environ[HELD_ENV] = str(lock.path)
 
 
-def held_message(run_dir: Path, holder: dict) -> str:
+def held_message(run_dir: Path, holder: dict, what: str = RUN_DIRECTORY) -> str:
     """Why a second start is refused: who holds `run_dir`, and how to stop it."""
     pid, host = holder.get("pid", "?"), holder.get("host", "?")
     started = holder.get("started")
@@ -118,10 +133,20 @@ def held_message(run_dir: Path, holder: dict) -> str:
         where = "" if host == socket.gethostname() else f" on {host}"
         stop = f"stop it with kill -TERM {pid}{where} (it saves at the next step boundary, then exits)"
     return (
-        f"run directory {run_dir} is in use by another run: {who}. Wait for it to end, {stop}, or give this "
-        f"run another directory (--set logging.run_dir=...). The lock ({lock_path(run_dir)}) goes with that "
+        f"{what} {run_dir} is in use by another run: {who}. Wait for it to end, {stop}, or give this "
+        f"run another directory ({_SETTING[what]}). The lock ({lock_path(run_dir)}) goes with that "
         "process: a crash leaves none behind"
     )
+
+
+def _unusable_message(error: lock_file.LockUnusable, what: str) -> str:
+    if error.flock_refused:
+        return (
+            f"{error}, so nothing would stop a second run from writing into this {what}. On Lustre, mount with "
+            "`-o flock` (mount.lustre(8); the stack's nodes do: infra/node_bootstrap.py), or choose a "
+            f"{what} on a file system that supports it ({_SETTING[what]})"
+        )
+    return f"{what} cannot be used: {error}. Choose a {what} that is a writable directory ({_SETTING[what]})"
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -10,7 +10,7 @@ Switch = Literal["auto", "on", "off"]
 
 
 class MonitoringConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers, as every section's
 
     # Prometheus endpoint per process at prometheus_port + local rank; auto: on where CUDA GPUs are, off on CPU.
     prometheus: Switch = "auto"

@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from trainer.config import ConfigError, TrainConfig, layout_problems, load_config
-from trainer.config.load import read_raw
+from trainer.config.load import read_raw, read_yaml
 
 
 class SweepError(ConfigError):
@@ -222,7 +222,10 @@ def load_sweep(path: str | Path, extra: tuple[str, ...] = (), world: World | Non
     path = Path(path)
     if not path.is_file():
         raise SweepError([f"sweep file {str(path)!r} not found"])
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = read_yaml(path) or {}
+    except ConfigError as error:  # not YAML, or a repeated key
+        raise SweepError(error.problems, str(path)) from None
     if not isinstance(raw, dict):
         raise SweepError([f"the top level must be a mapping, got {type(raw).__name__}"], str(path))
     try:

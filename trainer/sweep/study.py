@@ -10,8 +10,6 @@ local driver at a time holds the study's directory (`hold`)."""
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -26,6 +24,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 from rich.console import Console
 
+from trainer import lock_file
 from trainer.sweep.space import Sweep, SweepError
 from trainer.sweep.trial import TrialFailed, run_trial, train_command
 
@@ -143,23 +142,20 @@ class DriverHeld(SweepError):
 @contextlib.contextmanager
 def hold(directory: Path) -> Iterator[None]:
     """One local driver per study: an exclusive flock(2) on <directory>/driver.lock while it runs, dropped by the
-    kernel at the holder's end however it ends, so no crash leaves a stale lock (as the trainer's run lock,
-    trainer/launch/run_lock.py, which sits on this package's floor and so cannot be imported here). A second
-    driver is refused at once, told who holds the study and how to stop it."""
-    directory.mkdir(parents=True, exist_ok=True)
+    kernel at the holder's end however it ends, so no crash leaves a stale lock (trainer/lock_file.py, as the
+    trainer's run lock). A second driver is refused at once, told who holds the study and how to stop it; a
+    directory that cannot hold the lock, told which path and why."""
     path = directory / DRIVER_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise DriverHeld(
-                    [
-                        f"cannot lock {path} ({os.strerror(error.errno or 0)}): put runs/ on a local file system"
-                    ]
-                ) from None
-            raise DriverHeld([_held_message(directory, path)]) from None
+        fd = lock_file.open_locked(path)
+    except lock_file.LockBusy:
+        raise DriverHeld([_held_message(directory, path)]) from None
+    except lock_file.LockUnusable as error:
+        problem = f"the study's directory cannot be used: {error}"
+        raise DriverHeld(
+            [f"{problem}. Give this sweep another --name, or --runs a writable directory"]
+        ) from None
+    try:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "argv": sys.argv}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
