@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
 import pytest
+from botocore.loaders import Loader
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
@@ -42,14 +44,21 @@ def answer_of(version: str) -> str:
     return f"the answer of {version}"
 
 
-def ready_runs(runs: Path, evaluate: bool = True, export: bool = True) -> list[str]:  # noqa: F811
-    """Each version of runs/tiny evaluated (a generation task with its smoke answer) and exported with its marker."""
+def ready_runs(
+    runs: Path,  # noqa: F811
+    evaluate: bool = True,
+    export: bool = True,
+    first_prompt: str = "2+2=",
+) -> list[str]:
+    """Each version of runs/tiny evaluated (a generation task with its smoke answer; the first version's for
+    `first_prompt`, the others' for 2+2=) and exported with its marker."""
     versions = []
     for checkpoint in sorted((runs / "tiny" / "checkpoints").glob("iter_*")):
         version = read_record(checkpoint).version
+        prompt = first_prompt if not versions else "2+2="
         versions.append(version)
         if evaluate:
-            smoke = {"prompt": "2+2=", "answer": answer_of(version), "max_new_tokens": 8, "stop": []}
+            smoke = {"prompt": prompt, "answer": answer_of(version), "max_new_tokens": 8, "stop": []}
             add_evaluation(checkpoint, "sft", {"generation": {"sum": {"exact_match": 1.0, "smoke": smoke}}})
         if export:
             out = runs / "tiny" / "export" / version
@@ -153,6 +162,7 @@ class Fake:
         variant: str | None = None,
         reason: str | None = None,
         instances: int | None = None,
+        pending: str | None = None,
     ):
         response = {
             "EndpointName": ENDPOINT,
@@ -170,6 +180,13 @@ class Fake:
             response["ProductionVariants"][0]["CurrentInstanceCount"] = instances
         if reason:
             response["FailureReason"] = reason
+        if pending:
+            # The deployment in progress, where the botocore model puts it (PENDING, checked against the model).
+            response["PendingDeploymentSummary"] = {
+                "EndpointConfigName": "new",
+                "ProductionVariants": [{"VariantName": "AllTraffic", "VariantStatus": [{"Status": pending}]}],
+                "StartTime": NOW,
+            }
         self.sm.add_response("describe_endpoint", response, {"EndpointName": ENDPOINT})
 
     def answers(self, text: str):
@@ -198,6 +215,36 @@ class Fake:
             self.sm.assert_no_pending_responses()
             self.rt.assert_no_pending_responses()
         return code
+
+
+def test_the_deployment_in_progress_is_where_botocores_model_puts_it():
+    """The stubbed DescribeEndpoint answers above are checked against this shape by the Stubber; the path the
+    rollout reads (PendingDeploymentSummary.ProductionVariants[].VariantStatus[].Status, Baking among its values)
+    is the model's."""
+    shapes = Loader().load_service_model("sagemaker", "service-2")["shapes"]
+    pending = shapes["DescribeEndpointOutput"]["members"]["PendingDeploymentSummary"]["shape"]
+    variants = shapes[shapes[pending]["members"]["ProductionVariants"]["shape"]]["member"]["shape"]
+    statuses = shapes[shapes[variants]["members"]["VariantStatus"]["shape"]]["member"]["shape"]
+    kinds = shapes[shapes[statuses]["members"]["Status"]["shape"]]["enum"]
+    assert "Baking" in kinds and "ActivatingTraffic" in kinds
+    assert (
+        "only returned when the endpoint is creating or updating"
+        in (shapes["DescribeEndpointOutput"]["members"]["PendingDeploymentSummary"]["documentation"])
+    )
+
+
+def smoke_points(fake: Fake) -> list[float]:
+    """The SmokeMismatch values the verb put (moto's CloudWatch)."""
+    stats = fake.clients.cloudwatch.get_metric_statistics(
+        Namespace=SMOKE_NAMESPACE,
+        MetricName=SMOKE_METRIC,
+        Dimensions=[{"Name": "EndpointName", "Value": ENDPOINT}],
+        StartTime=datetime(2020, 1, 1, tzinfo=UTC),
+        EndTime=datetime(2100, 1, 1, tzinfo=UTC),
+        Period=60,
+        Statistics=["Maximum"],
+    )["Datapoints"]
+    return [p["Maximum"] for p in stats]
 
 
 ANY_ARGS = {
@@ -232,7 +279,7 @@ def test_a_first_deploy_creates_the_endpoint_scales_it_and_records_it_live(world
     ]
     assert [
         (t["ResourceId"], t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"]) for t in targets
-    ] == [(scaling_resource_id(ENDPOINT), SCALABLE_DIMENSION, 1, 2)]
+    ] == [(scaling_resource_id(ENDPOINT), SCALABLE_DIMENSION, 2, 4)]
     [policy] = fake.clients.autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")[
         "ScalingPolicies"
     ]
@@ -262,8 +309,9 @@ def run_matching_config(fake: Fake, registry, version, rollback=False, model=Non
 
     def named(**kwargs):
         response = describe(**kwargs)
-        if response["EndpointConfigName"] == "new" and created:
-            response["EndpointConfigName"] = created["EndpointConfigName"]
+        for where in (response, response.get("PendingDeploymentSummary") or {}):
+            if where.get("EndpointConfigName") == "new" and created:
+                where["EndpointConfigName"] = created["EndpointConfigName"]
         return response
 
     fake.sagemaker.describe_endpoint = named  # type: ignore[method-assign]
@@ -279,8 +327,8 @@ def test_a_canary_rollout_that_bakes_clean_goes_live(world, capsys):
     fake, registry, (older, newest), _ = world
     fake.live(older)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="ActivatingTraffic")
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="ActivatingTraffic")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(older))  # the canary splits traffic: the blue fleet may answer
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
@@ -288,7 +336,7 @@ def test_a_canary_rollout_that_bakes_clean_goes_live(world, capsys):
     code = run_matching_config(fake, registry, newest)
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "10 % canary, 10 min bakes" in out.out and "Baking" in out.out
+    assert "a canary of 1 of 2 instances, 10 min bakes" in out.out and "Baking" in out.out
     [record] = ep.deployments(fake.clients, registry.versions, ENDPOINT)
     assert (record["version"], record["previous"]) == (newest, older)
 
@@ -297,7 +345,7 @@ def test_a_rollout_whose_smoke_answer_differs_rolls_back_and_names_the_alarm(wor
     fake, registry, (older, newest), _ = world
     fake.live(older)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers("something else entirely")
     fake.status("RollingBack", config="old-config")
     fake.status("InService", config="old-config")
@@ -311,17 +359,28 @@ def test_a_rollout_whose_smoke_answer_differs_rolls_back_and_names_the_alarm(wor
     err = capsys.readouterr().err
     assert code == 1
     assert f"rolled back to old-config: alarm {ALARMS[2]}" in err
-    stats = fake.clients.cloudwatch.get_metric_statistics(
-        Namespace=SMOKE_NAMESPACE,
-        MetricName=SMOKE_METRIC,
-        Dimensions=[{"Name": "EndpointName", "Value": ENDPOINT}],
-        StartTime=datetime(2020, 1, 1, tzinfo=UTC),
-        EndTime=datetime(2100, 1, 1, tzinfo=UTC),
-        Period=60,
-        Statistics=["Maximum"],
-    )["Datapoints"]
-    assert [p["Maximum"] for p in stats] == [1.0]
+    assert smoke_points(fake) == [1.0]
     assert ep.deployments(fake.clients, registry.versions, ENDPOINT) == []  # nothing went live
+
+
+def test_an_old_fleets_answer_is_not_judged_against_another_prompts_recorded_answer(bucket, runs, capsys):  # noqa: F811
+    """The live version recorded its smoke answer for another prompt: during the canary's bake an answer from its
+    fleet cannot be judged (before, it was compared with that other prompt's answer and rolled a healthy version
+    back); the final check, all traffic on the new fleet, judges the new version."""
+    s3, key = bucket
+    older, newest = ready_runs(runs, first_prompt="3+3=")
+    exported(s3, runs)
+    fake = Fake(s3, key)
+    registry = Registry(S3Store(s3, None, BUCKET, key))
+    fake.live(older)
+    fake.creates(update=True)
+    fake.status("Updating", config="old-config", pending="Baking")  # no invocation stubbed: none is made
+    fake.status("InService", config=ANY)
+    fake.answers(answer_of(newest))
+    fake.retires()
+    assert run_matching_config(fake, registry, newest) == 0, capsys.readouterr().err
+    assert "recorded another smoke request" in capsys.readouterr().out
+    assert smoke_points(fake) == [0.0]
 
 
 def test_deploying_the_live_version_does_nothing(world, capsys):
@@ -353,7 +412,7 @@ def test_rollback_returns_to_the_version_live_before(world, capsys):
     ep.record_live(fake.clients, fake.pool, found, NOW, older, "tester")
     fake.live(newest)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(older))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(older))
@@ -373,8 +432,8 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
     ready, missing = check(registry.find(newest), s3)
     assert missing == [] and ready is not None
     model = ep.model_request(fake.pool, ready, "m")
-    config = ep.endpoint_config_request(fake.pool, "m", "c", 1)
-    deployment = ep.deployment_config(fake.pool)
+    config = ep.endpoint_config_request(fake.pool, "m", "c", 2)
+    deployment = ep.deployment_config(fake.pool, 2)
     assert ep.request_problems(model, config, deployment) == []
     assert model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"] == {
         "S3Uri": f"s3://{BUCKET}/tiny/export/{newest}/",
@@ -383,9 +442,21 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
     }
     assert deployment["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
         "Type": "CANARY",
-        "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 10},
+        "CanarySize": {"Type": "INSTANCE_COUNT", "Value": 1},
         "WaitIntervalInSeconds": 600,
     }
+    # botocore: CanarySize "must be less than or equal to 50% of the variant's total instance count".
+    one = ep.endpoint_config_request(fake.pool, "m", "c", 1)
+    assert ep.request_problems(model, one, ep.deployment_config(fake.pool, 1)) == [
+        "the canary of 1 instance(s) is over half the green fleet of 1 (CanarySize): give the stack at least 2 "
+        "instances (minInstances) or canaryPercent 0"
+    ]
+    none = replace(fake.pool, canary_percent=0)
+    assert ep.deployment_config(none, 1)["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
+        "Type": "ALL_AT_ONCE",
+        "WaitIntervalInSeconds": 600,
+    }
+    assert ep.request_problems(model, one, ep.deployment_config(none, 1)) == []
     assert ep.request_problems({**model, "VpcConfig": {}}, {**config, "KmsKeyId": ""}, {}) == [
         "the endpoint configuration names no KMS key (KmsKeyId)",
         "the model runs outside the stack's VPC (VpcConfig)",
@@ -400,11 +471,11 @@ def test_status_names_the_live_version_its_instances_and_dollars(world):
     with fake.sm:
         line = ep.status_line(fake.clients, fake.pool)
         assert line.startswith(
-            f"endpoint {ENDPOINT}: InService, serving {newest}; 1..2 x ml.g5.2xlarge at $1.52"
+            f"endpoint {ENDPOINT}: InService, serving {newest}; 2..4 x ml.g5.2xlarge at $1.52"
         )
         assert "$3.04/hour now (2 in service)" in line
         assert ep.status_line(fake.clients, fake.pool).startswith(
-            f"endpoint {ENDPOINT}: none yet (make deploy STACK=test MODEL=<tag>); would cost 1..2 x ml.g5.2xlarge"
+            f"endpoint {ENDPOINT}: none yet (make deploy STACK=test MODEL=<tag>); would cost 2..4 x ml.g5.2xlarge"
         )
 
 
@@ -413,7 +484,7 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     ep.register_scaling(fake.clients, fake.pool)  # as the first deploy left it
     fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(newest))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
@@ -426,7 +497,7 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     targets = fake.clients.autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")[
         "ScalableTargets"
     ]
-    assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(1, 2)]  # registered again
+    assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(2, 4)]  # registered again
 
 
 def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rollback_can_leave_it(

@@ -147,6 +147,14 @@ ROWS = {
         {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 2, "maxInstances": 1}},
         ("maxInstances = 1 is below minInstances = 2; raise it",),
     ),
+    "stack-serving-canary-over-half-the-fleet": Row(
+        "prod",
+        {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 1, "canaryPercent": 10}},
+        (
+            "canaryPercent = 10: a 10 % canary of 1 instance(s) is 1 instance(s), over the 50 % of the fleet "
+            "SageMaker allows (CanarySize)",
+        ),
+    ),
     "stack-serving-unknown-instance-type": Row(
         "prod",
         {"trainstack:serving": {"instanceType": "ml.g9.huge"}},

@@ -64,6 +64,15 @@ def test_the_role_pulls_the_pinned_image_and_manages_enis_in_the_private_subnets
     assert found["WriteEndpointLogs"]["Action"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
 
 
+def test_the_role_reads_the_rollback_alarms_deployment_guardrails_watch(stack):
+    """SageMaker Developer Guide, "Auto-Rollback Configuration and Monitoring": the execution role needs
+    cloudwatch:DescribeAlarms on the auto-rollback alarms; exactly those the outputs name."""
+    found = statements(stack)["ReadRollbackAlarms"]
+    region, alarms = stack.config.region, stack.plan.outputs["serving_alarms"]
+    assert found["Action"] == ["cloudwatch:DescribeAlarms"]
+    assert found["Resource"] == [f"arn:aws:cloudwatch:{region}:123456789012:alarm:{name}" for name in alarms]
+
+
 def test_the_endpoints_log_group_is_the_stacks_with_its_retention_and_key(stack):
     group = stack.one("cloudwatch.LogGroup", stack.config.serving_endpoint_name).inputs
     assert group["name"] == f"/aws/sagemaker/Endpoints/{stack.config.serving_endpoint_name}"

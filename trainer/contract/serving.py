@@ -52,6 +52,29 @@ SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 SCALING_METRIC = "SageMakerVariantInvocationsPerInstance"
 
 
+# botocore sagemaker service-2.json TrafficRoutingConfig.CanarySize: "Value must be less than or equal to 50% of
+# the variant's total instance count" (also SageMaker Developer Guide, "Use canary traffic shifting"). The canary is
+# sent as an instance count, so no rounding of a percentage is left to guess: at least 1 instance, at most half.
+MAX_CANARY_SHARE = 0.5
+
+
+def canary_instances(percent: int, fleet: int) -> int | None:
+    """The canary's instances for `percent` of a green fleet of `fleet` (None: no canary, percent 0)."""
+    return None if percent == 0 else max(1, fleet * percent // 100)
+
+
+def canary_problem(percent: int, fleet: int) -> str | None:
+    """Why a canary of `percent` cannot run on a green fleet of `fleet` instances, or None when it can."""
+    count = canary_instances(percent, fleet)
+    if count is None or count <= fleet * MAX_CANARY_SHARE:
+        return None
+    return (
+        f"a {percent} % canary of {fleet} instance(s) is {count} instance(s), over the 50 % of the fleet SageMaker "
+        "allows (CanarySize): give at least 2 instances (minInstances) or canaryPercent 0 (no canary: all "
+        "traffic at once, still baked and rolled back on the alarms)"
+    )
+
+
 def scaling_resource_id(endpoint: str) -> str:
     return f"endpoint/{endpoint}/variant/{VARIANT}"
 

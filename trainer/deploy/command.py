@@ -12,6 +12,7 @@ import sys
 from datetime import UTC, datetime
 
 from trainer.checkpoint.version import RecordError
+from trainer.contract.serving import canary_instances
 from trainer.deploy import endpoint as ep
 from trainer.deploy.readiness import check, smoke_of
 from trainer.models.registry import Registry, S3Store
@@ -100,7 +101,7 @@ def deploy(
     model_request = ep.model_request(pool, ready, name)
     instances = ep.update_instances(pool, now) if now is not None else pool.min_instances
     config_request = ep.endpoint_config_request(pool, name, name, instances)
-    deployment = ep.deployment_config(pool) if live is not None else None
+    deployment = ep.deployment_config(pool, instances) if live is not None else None
     if problems := ep.request_problems(model_request, config_request, deployment):
         print(f"deploy: refused: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -113,7 +114,7 @@ def deploy(
         )
     else:
         print(
-            f"deploy: blue/green from {live}: {instances} x {pool.instance_type}, {pool.canary_percent} % canary, "
+            f"deploy: blue/green from {live}: {instances} x {pool.instance_type}, {ep.canary_words(pool, instances)}, "
             f"{pool.bake_minutes} min bakes, rollback on {', '.join(pool.alarms)}"
         )
         if now.instance_type != pool.instance_type:
@@ -124,7 +125,8 @@ def deploy(
         clients.sagemaker.update_endpoint(
             EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
         )
-    rollout = ep.Rollout(clients, pool, name, ready.smoke, old_smoke, poll_s=poll_s)
+    split = canary_instances(pool.canary_percent, instances) is not None
+    rollout = ep.Rollout(clients, pool, name, ready.smoke, old_smoke, poll_s=poll_s, split=split)
     if sleep is not None:
         rollout.sleep = sleep
     try:

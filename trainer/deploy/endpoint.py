@@ -3,8 +3,9 @@
 Request shapes: botocore's SageMaker model (data/sagemaker/2017-07-24/service-2.json): CreateModel,
 CreateEndpointConfig, CreateEndpoint, UpdateEndpoint with DeploymentConfig (BlueGreenUpdatePolicy:
 TrafficRoutingConfiguration CANARY with CanarySize and WaitIntervalInSeconds; AutoRollbackConfiguration.Alarms),
-DescribeEndpoint (EndpointStatus; ProductionVariants[].VariantStatus: Creating, Updating, ActivatingTraffic,
-Baking). A blue/green update keeps the variant's name and rolls back to the blue fleet when an alarm fires
+DescribeEndpoint (EndpointStatus; the in-progress deployment under PendingDeploymentSummary, "only returned when
+the endpoint is creating or updating with a new endpoint configuration", its ProductionVariants[].VariantStatus:
+Creating, Updating, Deleting, ActivatingTraffic, Baking). A blue/green update keeps the variant's name and rolls back to the blue fleet when an alarm fires
 during a baking period (SageMaker Developer Guide, "Blue/Green Deployments", "Exclusions").
 
 While the green fleet bakes, the smoke check invokes the endpoint with the prompt recorded at evaluation and puts
@@ -30,11 +31,13 @@ from botocore.exceptions import ClientError
 
 from trainer.contract.serving import (
     LMI_ENVIRONMENT,
+    MAX_CANARY_SHARE,
     SCALABLE_DIMENSION,
     SCALING_METRIC,
     SMOKE_METRIC,
     SMOKE_NAMESPACE,
     VARIANT,
+    canary_instances,
     scaling_resource_id,
 )
 from trainer.cost.pricing import pool_cost
@@ -169,21 +172,28 @@ def endpoint_config_request(pool: Pool, model: str, name: str, instances: int) -
     }
 
 
-def deployment_config(pool: Pool) -> dict[str, Any]:
-    """Blue/green with a canary: `canaryPercent` of the capacity first, baked `bakeMinutes`, then all of it,
-    baked again; any rollback alarm during either bake returns all traffic to the blue fleet."""
+def deployment_config(pool: Pool, instances: int) -> dict[str, Any]:
+    """Blue/green with a canary: `canaryPercent` of the green fleet of `instances` first, as an instance count
+    (trainer/contract/serving.py canary_instances), baked `bakeMinutes`, then all of it, baked again; with
+    canaryPercent 0 all traffic at once, baked. Any rollback alarm during a bake returns all traffic to the blue
+    fleet (botocore sagemaker TrafficRoutingConfig: Type ALL_AT_ONCE, CANARY or LINEAR)."""
+    canary = canary_instances(pool.canary_percent, instances)
+    routing: dict[str, Any] = {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": pool.bake_minutes * 60}
+    if canary is not None:
+        routing.update(Type="CANARY", CanarySize={"Type": "INSTANCE_COUNT", "Value": canary})
     return {
         "BlueGreenUpdatePolicy": {
-            "TrafficRoutingConfiguration": {
-                "Type": "CANARY",
-                "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": pool.canary_percent},
-                "WaitIntervalInSeconds": pool.bake_minutes * 60,
-            },
+            "TrafficRoutingConfiguration": routing,
             "TerminationWaitInSeconds": TERMINATION_WAIT_S,
             "MaximumExecutionTimeoutInSeconds": MAX_EXECUTION_S,
         },
         "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": name} for name in pool.alarms]},
     }
+
+
+def canary_words(pool: Pool, instances: int) -> str:
+    canary = canary_instances(pool.canary_percent, instances)
+    return "no canary (all at once)" if canary is None else f"a canary of {canary} of {instances} instances"
 
 
 def request_problems(
@@ -198,6 +208,14 @@ def request_problems(
         problems.append("the model runs outside the stack's VPC (VpcConfig)")
     if deployment is not None and not deployment.get("AutoRollbackConfiguration", {}).get("Alarms"):
         problems.append("the update has no rollback alarms (AutoRollbackConfiguration.Alarms)")
+    routing = (deployment or {}).get("BlueGreenUpdatePolicy", {}).get("TrafficRoutingConfiguration", {})
+    canary = routing.get("CanarySize", {}).get("Value")
+    fleet = config["ProductionVariants"][0]["InitialInstanceCount"]
+    if canary is not None and canary > fleet * MAX_CANARY_SHARE:
+        problems.append(
+            f"the canary of {canary} instance(s) is over half the green fleet of {fleet} (CanarySize): give the "
+            "stack at least 2 instances (minInstances) or canaryPercent 0"
+        )
     return problems
 
 
@@ -280,6 +298,8 @@ class Rollout:
     say: Callable[[str], None] = print
     poll_s: float = 30.0
     sleep: Callable[[float], None] = time.sleep
+    split: bool = True  # a canary: both fleets answer during the bakes
+    unjudged: bool = False
 
     def follow(self) -> None:
         """Returns when the endpoint serves the new configuration; raises DeployError on a rollback or failure."""
@@ -287,9 +307,13 @@ class Rollout:
         while True:
             endpoint = self.clients.sagemaker.describe_endpoint(EndpointName=self.pool.endpoint)
             status = endpoint["EndpointStatus"]
+            # The new configuration's fleet, while it is deployed, is the pending deployment's (botocore sagemaker
+            # DescribeEndpointOutput.PendingDeploymentSummary), not the serving ProductionVariants'.
+            pending = endpoint.get("PendingDeploymentSummary") or {}
+            ours = pending.get("EndpointConfigName") == self.new_config
             variants = [
                 f"{s['Status']}" + (f" ({s['StatusMessage']})" if s.get("StatusMessage") else "")
-                for v in endpoint.get("ProductionVariants", [])
+                for v in (pending.get("ProductionVariants", []) if ours else [])
                 for s in v.get("VariantStatus", [])
             ]
             state = f"{status}" + (f": {', '.join(variants)}" if variants else "")
@@ -311,13 +335,27 @@ class Rollout:
                 self._smoke(final=False)
             self.sleep(self.poll_s)
 
+    def _known(self, final: bool) -> list[str] | None:
+        """The answers the endpoint may rightly give now: the new version's; during a canary's bakes also the live
+        version's, when it recorded the same request (another prompt's answer says nothing), else None: an answer
+        of the old fleet cannot be judged, so the bake puts nothing and the final check judges the new fleet."""
+        if final or self.old_smoke is None or not self.split:
+            return [self.smoke.answer]
+        old, new = self.old_smoke, self.smoke
+        if (old.prompt, old.max_new_tokens, old.stop) == (new.prompt, new.max_new_tokens, new.stop):
+            return [new.answer, old.answer]
+        return None
+
     def _smoke(self, final: bool) -> None:
+        known = self._known(final)
+        if known is None:
+            if not self.unjudged:
+                self.say(
+                    "  the live version recorded another smoke request: judged once the new fleet has it all"
+                )
+                self.unjudged = True
+            return
         answer = smoke_answer(self.clients, self.pool, self.smoke)
-        known = (
-            [self.smoke.answer]
-            if final or self.old_smoke is None
-            else [self.smoke.answer, self.old_smoke.answer]
-        )
         mismatch = not any(_same(answer, k) for k in known)
         put_smoke(self.clients, self.pool, mismatch)
         if mismatch and final:
