@@ -28,8 +28,10 @@ from trainer.contract.serving import (
     DEFAULT_MAX_INSTANCES,
     DEFAULT_MIN_INSTANCES,
     DEFAULT_SERVING_INSTANCE,
+    LMI_ACCOUNTS,
     SERVING_INSTANCES,
     canary_problem,
+    lmi_problem,
 )
 from trainer.contract.stack import (
     DEFAULT_INSTANCE_TYPE,
@@ -441,6 +443,7 @@ class StackConfig(BaseModel):
             *self._capacity_problems(),
             *self._governance_problems(),
             *self._orchestrator_problems(),
+            *self._serving_problems(),
         ]
         if problems:
             raise _problem("\n".join(problems))
@@ -587,6 +590,12 @@ class StackConfig(BaseModel):
             and len(permission_set_name(self.stack, t.name)) > MAX_PERMISSION_SET_NAME
         ]
         return problems
+
+    def _serving_problems(self) -> list[str]:
+        """The inference pool's image must exist in the stack's region (trainer/contract/serving.py LMI_ACCOUNTS)."""
+        if self.serving is None or self.region in LMI_ACCOUNTS:
+            return []
+        return [f"{_key('serving')}: {lmi_problem(self.region)}"]
 
     def _orchestrator_problems(self) -> list[str]:
         """Keys that belong to one orchestrator, and what EKS needs that Batch does not."""

@@ -37,11 +37,11 @@ from infra.iam import (
 )
 from infra.network import Network, https_out_group
 from trainer.contract.serving import (
-    LMI_ACCOUNT,
     LMI_REPOSITORY,
     SMOKE_METRIC,
     SMOKE_NAMESPACE,
     VARIANT,
+    lmi_account,
     lmi_image,
 )
 
@@ -212,7 +212,7 @@ class Serving(pulumi.ComponentResource):
             allow(
                 "PullLmiImage",
                 ECR_PULL_ACTIONS,
-                [f"arn:aws:ecr:{region}:{LMI_ACCOUNT}:repository/{LMI_REPOSITORY}"],
+                [f"arn:aws:ecr:{region}:{lmi_account(region)}:repository/{LMI_REPOSITORY}"],
             ),
             allow("EndpointNetworkInterfaces", ENI_ACTIONS, [*subnets, interfaces, group]),
             # SageMaker Developer Guide, "Auto-Rollback Configuration and Monitoring": the execution role needs

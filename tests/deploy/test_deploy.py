@@ -500,6 +500,39 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(2, 4)]  # registered again
 
 
+def scalable_targets(fake: Fake) -> list[tuple[int, int]]:
+    targets = fake.clients.autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")[
+        "ScalableTargets"
+    ]
+    return [(t["MinCapacity"], t["MaxCapacity"]) for t in targets]
+
+
+def test_an_update_endpoint_error_after_autoscaling_was_paused_registers_it_again(world, capsys):
+    fake, registry, (older, newest), _ = world
+    ep.register_scaling(fake.clients, fake.pool)  # as the first deploy left it
+    fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:"
+    fake.sm.add_response("create_model", {"ModelArn": arn + "model/m"}, None)
+    fake.sm.add_response("create_endpoint_config", {"EndpointConfigArn": arn + "endpoint-config/c"}, None)
+    fake.sm.add_client_error("update_endpoint", "ValidationException", "Cannot update in-progress endpoint")
+    fake.sm.add_response("delete_endpoint_config", {}, None)  # the new configuration, never used
+    fake.sm.add_response("delete_model", {}, None)
+    assert fake.run(registry, model=newest) == 1
+    assert "UpdateEndpoint refused" in capsys.readouterr().err
+    assert scalable_targets(fake) == [(2, 4)]
+
+
+def test_a_failed_rollout_registers_autoscaling_again(world, capsys):
+    fake, registry, (older, newest), _ = world
+    ep.register_scaling(fake.clients, fake.pool)
+    fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
+    fake.creates(update=True)
+    fake.status("Failed", config="old-config", reason="the model failed to start")
+    assert run_matching_config(fake, registry, newest) == 1
+    assert "is Failed: the model failed to start" in capsys.readouterr().err
+    assert scalable_targets(fake) == [(2, 4)]
+
+
 def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rollback_can_leave_it(
     world, capsys
 ):

@@ -155,6 +155,16 @@ ROWS = {
             "SageMaker allows (CanarySize)",
         ),
     ),
+    "stack-serving-region-without-lmi-image": Row(
+        "prod",
+        {
+            "aws:region": "ap-southeast-5",
+            "trainstack:availabilityZones": ["ap-southeast-5b", "ap-southeast-5c"],
+            "trainstack:allowedRegions": ["ap-southeast-5"],
+            "trainstack:serving": {"instanceType": "ml.g5.2xlarge"},
+        },
+        ("trainstack:serving: no source names the account that hosts the LMI image in ap-southeast-5",),
+    ),
     "stack-serving-unknown-instance-type": Row(
         "prod",
         {"trainstack:serving": {"instanceType": "ml.g9.huge"}},

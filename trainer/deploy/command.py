@@ -11,6 +11,8 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
+from botocore.exceptions import ClientError
+
 from trainer.checkpoint.version import RecordError
 from trainer.contract.serving import canary_instances
 from trainer.deploy import endpoint as ep
@@ -122,9 +124,16 @@ def deploy(
                 f"deploy: {now.instance_type} -> {pool.instance_type}: autoscaling paused during the rollout"
             )
             ep.deregister_scaling(clients, pool)
-        clients.sagemaker.update_endpoint(
-            EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
-        )
+        try:
+            clients.sagemaker.update_endpoint(
+                EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
+            )
+        except ClientError as error:
+            # Nothing changed on the endpoint: its fleet is scaled again as before, the new resources go.
+            print(f"deploy: UpdateEndpoint refused: {error}", file=sys.stderr)
+            ep.register_scaling(clients, pool)
+            ep.retire(clients, name, name)
+            return 1
     split = canary_instances(pool.canary_percent, instances) is not None
     rollout = ep.Rollout(clients, pool, name, ready.smoke, old_smoke, poll_s=poll_s, split=split)
     if sleep is not None:
@@ -133,11 +142,12 @@ def deploy(
         rollout.follow()
     except ep.DeployError as error:
         print(f"deploy: {error}", file=sys.stderr)
-        if isinstance(error, ep.RolledBack):
-            # the blue fleet serves on, scaled as before; the green one is gone
-            ep.register_scaling(clients, pool)
-            ep.retire(clients, name, name)
         if not isinstance(error, ep.LiveButWrong):
+            # Rolled back or failed: whatever fleet serves is scaled as before (deregister_scaling may have
+            # paused it); after a rollback the green fleet's Model and EndpointConfig go.
+            ep.register_scaling(clients, pool)
+            if isinstance(error, ep.RolledBack):
+                ep.retire(clients, name, name)
             return 1
         wrong: ep.DeployError | None = error
     else:

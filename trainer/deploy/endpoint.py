@@ -167,6 +167,8 @@ def endpoint_config_request(pool: Pool, model: str, name: str, instances: int) -
                 "ModelDataDownloadTimeoutInSeconds": STARTUP_TIMEOUT_S,
             }
         ],
+        # Accepted for instance types with local NVMe too (ml.g5, ml.p4d): botocore 1.44.8 sagemaker
+        # CreateEndpointConfig KmsKeyId, "does not encrypt instance local storage" (the instance's hardware does).
         "KmsKeyId": pool.kms_key_arn,
         "Tags": [{"Key": "stack", "Value": pool.stack}],
     }
