@@ -20,9 +20,16 @@ from botocore.stub import ANY, Stubber
 
 from tests.models.test_registry import BUCKET, REGION, bucket, exported, lineage, runs  # noqa: F401
 from trainer.checkpoint.version import add_evaluation, read_record
-from trainer.contract.serving import SCALABLE_DIMENSION, SMOKE_METRIC, SMOKE_NAMESPACE, scaling_resource_id
+from trainer.contract.serving import (
+    SCALABLE_DIMENSION,
+    SERVING_INSTANCES,
+    SMOKE_METRIC,
+    SMOKE_NAMESPACE,
+    scaling_resource_id,
+)
 from trainer.deploy import endpoint as ep
 from trainer.deploy.command import deploy
+from trainer.deploy.readiness import max_model_len
 from trainer.models.pipeline import write_marker
 from trainer.models.registry import Registry, S3Store
 
@@ -31,6 +38,27 @@ from .outputs import pool_outputs
 ENDPOINT = "trainstack-test-serving"
 ALARMS = [f"{ENDPOINT}-errors", f"{ENDPOINT}-latency", f"{ENDPOINT}-smoke"]
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
+# The exports' config.json: a tiny Llama, whose KV cache fits any pool instance at its whole context.
+TINY_CONFIG = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "dtype": "float32",
+}
+# meta-llama/Llama-3.1-8B's config.json (Hugging Face hub): 32 layers, 8 KV heads of 128, a 131,072 context, bf16;
+# 8,030,261,248 parameters.
+LLAMA_31_8B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_31_8B_WEIGHTS = 8_030_261_248 * 2
 
 
 def pool(key: str) -> ep.Pool:
@@ -63,7 +91,7 @@ def ready_runs(
         if export:
             out = runs / "tiny" / "export" / version
             out.mkdir(parents=True)
-            (out / "config.json").write_text("{}")
+            (out / "config.json").write_text(json.dumps(TINY_CONFIG))
             (out / "model.safetensors").write_bytes(b"\0" * 64)
             write_marker(runs / "tiny" / "export", version)
     return versions
@@ -435,6 +463,9 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
     config = ep.endpoint_config_request(fake.pool, "m", "c", 2)
     deployment = ep.deployment_config(fake.pool, 2)
     assert ep.request_problems(model, config, deployment) == []
+    assert (
+        model["PrimaryContainer"]["Environment"]["OPTION_MAX_MODEL_LEN"] == "2048"
+    )  # the whole context fits
     assert model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"] == {
         "S3Uri": f"s3://{BUCKET}/tiny/export/{newest}/",
         "S3DataType": "S3Prefix",
@@ -461,6 +492,33 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
         "the endpoint configuration names no KMS key (KmsKeyId)",
         "the model runs outside the stack's VPC (VpcConfig)",
         "the update has no rollback alarms (AutoRollbackConfiguration.Alarms)",
+    ]
+
+
+def test_the_served_length_is_what_the_kv_cache_holds_beside_the_weights():
+    """Llama 3.1 8B on one A10G (24 GiB): 90 % of it (vLLM's gpu_memory_utilization), less 2 GiB, less 16 GB of
+    weights, leaves room for about 38,000 tokens at 128 KiB each (2 x 32 layers x 8 heads x 128 x 2 bytes), not
+    the 131,072 its config would give vLLM, which then refuses to start. Eight A100s of 40 GiB hold all of it."""
+    g5, p4d = SERVING_INSTANCES["ml.g5.2xlarge"], SERVING_INSTANCES["ml.p4d.24xlarge"]
+    on_g5 = max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, g5.gpus, g5.gpu_memory_gib)
+    assert on_g5 == int((24 * 2**30 * 0.9 - 2 * 2**30 - LLAMA_31_8B_WEIGHTS) // (2 * 32 * 8 * 128 * 2))
+    assert 30_000 < on_g5 < 131_072
+    assert max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, p4d.gpus, p4d.gpu_memory_gib) == 131_072
+    # 70B's weights (140 GB) do not fit an A10G at all: the deploy is refused before any call.
+    assert max_model_len(LLAMA_31_8B, 140 * 10**9, g5.gpus, g5.gpu_memory_gib) == 0
+
+
+def test_a_model_too_large_for_the_instance_type_is_refused_before_any_call(world):
+    fake, registry, (_, newest), s3 = world
+    from trainer.deploy.readiness import check
+
+    ready, _ = check(registry.find(newest), s3)
+    assert ready is not None
+    huge = replace(ready, model_config=LLAMA_31_8B, weight_bytes=140 * 10**9)
+    model = ep.model_request(fake.pool, huge, "m")
+    assert ep.request_problems(model, ep.endpoint_config_request(fake.pool, "m", "c", 2), None) == [
+        "the model's weights leave no room for a KV cache on ml.g5.2xlarge (90% of its GPU memory, less 2 GiB a "
+        "GPU): pick a larger instance type"
     ]
 
 

@@ -34,6 +34,7 @@ from trainer.contract.serving import (
     MAX_CANARY_SHARE,
     SCALABLE_DIMENSION,
     SCALING_METRIC,
+    SERVING_INSTANCES,
     SMOKE_METRIC,
     SMOKE_NAMESPACE,
     VARIANT,
@@ -41,7 +42,7 @@ from trainer.contract.serving import (
     scaling_resource_id,
 )
 from trainer.cost.pricing import pool_cost
-from trainer.deploy.readiness import Ready, Smoke
+from trainer.deploy.readiness import GPU_MEMORY_UTILIZATION, Ready, Smoke, max_model_len
 from trainer.models.registry import Found
 
 DEPLOYMENTS = "deployments"
@@ -133,7 +134,16 @@ def resource_name(endpoint: str, version: str, at: datetime) -> str:
     return f"{endpoint}-{at.strftime('%Y%m%d%H%M%S')}-{version.rsplit('-', 1)[-1]}"[:63]
 
 
+def model_length(pool: Pool, ready: Ready) -> int:
+    """OPTION_MAX_MODEL_LEN for the pool's instance type (trainer/deploy/readiness.py max_model_len)."""
+    instance = SERVING_INSTANCES[pool.instance_type]
+    return max_model_len(ready.model_config, ready.weight_bytes, instance.gpus, instance.gpu_memory_gib)
+
+
 def model_request(pool: Pool, ready: Ready, name: str) -> dict[str, Any]:
+    """CreateModel's request; the served length is the one that fits (LMI's OPTION_MAX_MODEL_LEN, vLLM's
+    --max-model-len: djl-serving serving/docs/lmi/user_guides/vllm_user_guide.md)."""
+    length = model_length(pool, ready)
     return {
         "ModelName": name,
         "ExecutionRoleArn": pool.role_arn,
@@ -147,7 +157,11 @@ def model_request(pool: Pool, ready: Ready, name: str) -> dict[str, Any]:
                     "CompressionType": "None",
                 }
             },
-            "Environment": {**LMI_ENVIRONMENT, VERSION_ENV: ready.version},
+            "Environment": {
+                **LMI_ENVIRONMENT,
+                "OPTION_MAX_MODEL_LEN": str(length),
+                VERSION_ENV: ready.version,
+            },
         },
         "VpcConfig": {"SecurityGroupIds": [pool.security_group], "Subnets": pool.subnets},
         "Tags": [{"Key": "stack", "Value": pool.stack}, {"Key": "model-version", "Value": ready.version}],
@@ -201,8 +215,14 @@ def canary_words(pool: Pool, instances: int) -> str:
 def request_problems(
     model: dict[str, Any], config: dict[str, Any], deployment: dict[str, Any] | None
 ) -> list[str]:
-    """The policy pack's endpoint-guarded rules (policy/serving.py) on this verb's own requests."""
+    """The policy pack's endpoint-guarded rules (policy/serving.py) on this verb's own requests, the canary's
+    size, and a model that fits its instance type."""
     problems = []
+    if model["PrimaryContainer"]["Environment"].get("OPTION_MAX_MODEL_LEN") == "0":
+        problems.append(
+            f"the model's weights leave no room for a KV cache on {config['ProductionVariants'][0]['InstanceType']}"
+            f" ({GPU_MEMORY_UTILIZATION:.0%} of its GPU memory, less 2 GiB a GPU): pick a larger instance type"
+        )
     if not config.get("KmsKeyId"):
         problems.append("the endpoint configuration names no KMS key (KmsKeyId)")
     vpc = model.get("VpcConfig") or {}
