@@ -110,7 +110,7 @@ else
 endif
 
 # make serve: a model version (MODEL=<tag or version>, default the fine-tune's tag) with an OpenAI-compatible API on
-# PORT (default 8000) of 127.0.0.1 until Ctrl-C: transformers serve over its export, made once where missing
+# PORT (default 8000) of 127.0.0.1 until Ctrl-C: trainer/serving/ over its export, made once where missing
 # (docs/serving.md). DIR: where the versions and their tags are (default make finetune's run, which holds its tag).
 MODEL ?= $(FINETUNE_TAG)
 PORT  ?= 8000

@@ -28,7 +28,10 @@ from trainer.contract.serving import (
     DEFAULT_MAX_INSTANCES,
     DEFAULT_MIN_INSTANCES,
     DEFAULT_SERVING_INSTANCE,
+    LMI_ACCOUNTS,
     SERVING_INSTANCES,
+    canary_problem,
+    lmi_problem,
 )
 from trainer.contract.stack import (
     DEFAULT_INSTANCE_TYPE,
@@ -195,7 +198,9 @@ class ServingConfig(BaseModel):
     # Rollback alarms (trainer/deploy/ rolls back when any fires during the canary's baking time).
     error_rate_alarm_percent: float = Field(default=1.0, gt=0, le=100)
     latency_p99_alarm_ms: int = Field(default=10_000, ge=1)
-    canary_percent: int = Field(default=10, ge=1, le=50)
+    # 0: no canary (all traffic at once, still baked and rolled back on the alarms); else a share of the green fleet,
+    # which must hold at most half of it (trainer/contract/serving.py canary_problem).
+    canary_percent: int = Field(default=0, ge=0, le=50)
     bake_minutes: int = Field(default=10, ge=1, le=60)
 
     @field_validator("instance_type")
@@ -221,6 +226,9 @@ class ServingConfig(BaseModel):
             raise _problem(
                 f"maxInstances = {self.max_instances} is below minInstances = {self.min_instances}; raise it"
             )
+        # The green fleet is as large as the blue one, never smaller than minInstances (trainer/deploy/endpoint.py).
+        if problem := canary_problem(self.canary_percent, self.min_instances):
+            raise _problem(f"canaryPercent = {self.canary_percent}: {problem}")
         return self
 
 
@@ -435,6 +443,7 @@ class StackConfig(BaseModel):
             *self._capacity_problems(),
             *self._governance_problems(),
             *self._orchestrator_problems(),
+            *self._serving_problems(),
         ]
         if problems:
             raise _problem("\n".join(problems))
@@ -581,6 +590,12 @@ class StackConfig(BaseModel):
             and len(permission_set_name(self.stack, t.name)) > MAX_PERMISSION_SET_NAME
         ]
         return problems
+
+    def _serving_problems(self) -> list[str]:
+        """The inference pool's image must exist in the stack's region (trainer/contract/serving.py LMI_ACCOUNTS)."""
+        if self.serving is None or self.region in LMI_ACCOUNTS:
+            return []
+        return [f"{_key('serving')}: {lmi_problem(self.region)}"]
 
     def _orchestrator_problems(self) -> list[str]:
         """Keys that belong to one orchestrator, and what EKS needs that Batch does not."""

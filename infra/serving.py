@@ -37,11 +37,11 @@ from infra.iam import (
 )
 from infra.network import Network, https_out_group
 from trainer.contract.serving import (
-    LMI_ACCOUNT,
     LMI_REPOSITORY,
     SMOKE_METRIC,
     SMOKE_NAMESPACE,
     VARIANT,
+    lmi_account,
     lmi_image,
 )
 
@@ -88,10 +88,17 @@ class Serving(pulumi.ComponentResource):
     """The execution role, security group and rollback alarms of the stack's endpoint."""
 
     def __init__(self, name: str, args: ServingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("trainstack:serving:Serving", name, None, opts)
-        cfg, child = args.config, pulumi.ResourceOptions(parent=self)
-        assert cfg.serving is not None, "Serving is composed only for a stack with trainstack:serving"
-        serving, endpoint = cfg.serving, cfg.serving_endpoint_name
+        cfg, serving = args.config, args.config.serving
+        assert serving is not None, "Serving is composed only for a stack with trainstack:serving"
+        # The pool's fleet and canary as the component's inputs: the policy pack's serving-canary-fits reads them.
+        pool = {
+            "minInstances": serving.min_instances,
+            "maxInstances": serving.max_instances,
+            "canaryPercent": serving.canary_percent,
+        }
+        super().__init__("trainstack:serving:Serving", name, pool, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        endpoint = cfg.serving_endpoint_name
 
         self.security_group = https_out_group(
             endpoint,
@@ -205,9 +212,19 @@ class Serving(pulumi.ComponentResource):
             allow(
                 "PullLmiImage",
                 ECR_PULL_ACTIONS,
-                [f"arn:aws:ecr:{region}:{LMI_ACCOUNT}:repository/{LMI_REPOSITORY}"],
+                [f"arn:aws:ecr:{region}:{lmi_account(region)}:repository/{LMI_REPOSITORY}"],
             ),
             allow("EndpointNetworkInterfaces", ENI_ACTIONS, [*subnets, interfaces, group]),
+            # SageMaker Developer Guide, "Auto-Rollback Configuration and Monitoring": the execution role needs
+            # cloudwatch:DescribeAlarms on the auto-rollback alarms for deployment guardrails to watch them.
+            allow(
+                "ReadRollbackAlarms",
+                ["cloudwatch:DescribeAlarms"],
+                [
+                    pulumi.Output.concat("arn:aws:cloudwatch:", region, ":", account, ":alarm:", name)
+                    for name in alarm_names(cfg).values()
+                ],
+            ),
             allow(
                 "WriteEndpointLogs",
                 ENDPOINT_LOG_ACTIONS,

@@ -81,4 +81,5 @@ POLICIES: list[Policy] = [
     # The inference pool (policy/serving.py): encryption, VPC placement and rollback alarms on every endpoint.
     serving.endpoint_guarded,
     serving.serving_rollback_alarms,
+    serving.serving_canary_fits,
 ]

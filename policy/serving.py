@@ -8,6 +8,8 @@
   held to the same three rules before any call (trainer/deploy/endpoint.py `request_problems`).
 - `serving-rollback-alarms`, over a stack with the inference pool (infra/serving.py): the alarms `make deploy`
   names as rollback alarms exist and page someone: the 5XX error rate, the ModelLatency p99 and the smoke check.
+- `serving-canary-fits`, over the pool's fleet and canary (the component's inputs): a canary holds at most half
+  of the smallest green fleet (botocore sagemaker TrafficRoutingConfig.CanarySize), or there is none (0).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pulumi_policy.proxy import UnknownValueError
 
 from policy import aws_types
 from policy.resources import as_list, is_customer_managed_key, of_type
-from trainer.contract.serving import SMOKE_NAMESPACE
+from trainer.contract.serving import SMOKE_NAMESPACE, canary_problem
 
 SERVING_COMPONENT = "trainstack:serving:Serving"
 
@@ -127,4 +129,22 @@ serving_rollback_alarms = StackValidationPolicy(
         "latency, smoke check), each paging the stack's topic."
     ),
     validate=validate_serving_rollback_alarms,
+)
+
+
+def validate_serving_canary_fits(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for component in of_type(args.resources, [SERVING_COMPONENT]):
+        percent, fleet = _get(component.props, "canaryPercent"), _get(component.props, "minInstances")
+        known = isinstance(percent, (int, float)) and isinstance(fleet, (int, float))
+        if known and (problem := canary_problem(int(percent), int(fleet))):
+            report_violation(f"the inference pool's {problem}", component.urn)
+
+
+serving_canary_fits = StackValidationPolicy(
+    name="serving-canary-fits",
+    description=(
+        "An inference pool's canary is at most half of its smallest green fleet (SageMaker's CanarySize), or the "
+        "pool has no canary."
+    ),
+    validate=validate_serving_canary_fits,
 )

@@ -9,6 +9,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from tests.data.conftest import TINY_VOCAB, documents, write_jsonl, write_text_corpus
+from tests.support.llama3_export import llama3_style_tokenizer as llama3_tokenizer
 from trainer.__main__ import main as trainer_main
 from trainer.data import prepare as prepare_module
 from trainer.data.manifest import DatasetFiles, read_manifest
@@ -86,31 +87,8 @@ def test_given_tokenizer_encodes_the_documents_and_is_kept_beside_the_data(text_
 
 
 def llama3_style_tokenizer(path: Path, texts: list[str]) -> Tokenizer:
-    """A byte-level BPE with Llama 3's special tokens and post-processor: ByteLevel, then a template that puts
-    <|begin_of_text|> before the text (transformers src/transformers/models/llama/convert_llama_weights_to_hf.py,
-    Llama3Converter.update_post_processor, which writes upstream Llama 3's tokenizer.json)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.train_from_iterator(
-        texts,
-        trainers.BpeTrainer(
-            vocab_size=TINY_VOCAB,
-            special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    bos = tokenizer.token_to_id("<|begin_of_text|>")
-    tokenizer.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(
-                single="<|begin_of_text|> $A",
-                pair="<|begin_of_text|>:0 $A:0 <|begin_of_text|>:1 $B:1",
-                special_tokens=[("<|begin_of_text|>", bos)],
-            ),
-        ]
-    )
+    """Llama 3's special tokens and post-processor on a tiny BPE (tests/support/llama3_export.py), saved."""
+    tokenizer = llama3_tokenizer(texts, TINY_VOCAB)
     tokenizer.save(str(path))
     return tokenizer
 

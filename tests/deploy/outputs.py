@@ -14,10 +14,10 @@ def pool_outputs(endpoint: str, region: str) -> dict[str, object]:
         "serving_subnets": ["subnet-0123456789abcdef0"],
         "serving_image": lmi_image(region),
         "serving_instance_type": "ml.g5.2xlarge",
-        "serving_min_instances": 1,
-        "serving_max_instances": 2,
+        "serving_min_instances": 2,
+        "serving_max_instances": 4,
         "serving_invocations_per_instance": 60,
-        "serving_canary_percent": 10,
+        "serving_canary_percent": 50,
         "serving_bake_minutes": 10,
         "serving_alarms": [f"{endpoint}-errors", f"{endpoint}-latency", f"{endpoint}-smoke"],
     }

@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
 import pytest
+from botocore.loaders import Loader
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
 from tests.models.test_registry import BUCKET, REGION, bucket, exported, lineage, runs  # noqa: F401
 from trainer.checkpoint.version import add_evaluation, read_record
-from trainer.contract.serving import SCALABLE_DIMENSION, SMOKE_METRIC, SMOKE_NAMESPACE, scaling_resource_id
+from trainer.contract.serving import (
+    SCALABLE_DIMENSION,
+    SERVING_INSTANCES,
+    SMOKE_METRIC,
+    SMOKE_NAMESPACE,
+    scaling_resource_id,
+)
 from trainer.deploy import endpoint as ep
 from trainer.deploy.command import deploy
+from trainer.deploy.readiness import max_model_len
 from trainer.models.pipeline import write_marker
 from trainer.models.registry import Registry, S3Store
 
@@ -29,6 +38,27 @@ from .outputs import pool_outputs
 ENDPOINT = "trainstack-test-serving"
 ALARMS = [f"{ENDPOINT}-errors", f"{ENDPOINT}-latency", f"{ENDPOINT}-smoke"]
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
+# The exports' config.json: a tiny Llama, whose KV cache fits any pool instance at its whole context.
+TINY_CONFIG = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "dtype": "float32",
+}
+# meta-llama/Llama-3.1-8B's config.json (Hugging Face hub): 32 layers, 8 KV heads of 128, a 131,072 context, bf16;
+# 8,030,261,248 parameters.
+LLAMA_31_8B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_31_8B_WEIGHTS = 8_030_261_248 * 2
 
 
 def pool(key: str) -> ep.Pool:
@@ -42,19 +72,26 @@ def answer_of(version: str) -> str:
     return f"the answer of {version}"
 
 
-def ready_runs(runs: Path, evaluate: bool = True, export: bool = True) -> list[str]:  # noqa: F811
-    """Each version of runs/tiny evaluated (a generation task with its smoke answer) and exported with its marker."""
+def ready_runs(
+    runs: Path,  # noqa: F811
+    evaluate: bool = True,
+    export: bool = True,
+    first_prompt: str = "2+2=",
+) -> list[str]:
+    """Each version of runs/tiny evaluated (a generation task with its smoke answer; the first version's for
+    `first_prompt`, the others' for 2+2=) and exported with its marker."""
     versions = []
     for checkpoint in sorted((runs / "tiny" / "checkpoints").glob("iter_*")):
         version = read_record(checkpoint).version
+        prompt = first_prompt if not versions else "2+2="
         versions.append(version)
         if evaluate:
-            smoke = {"prompt": "2+2=", "answer": answer_of(version), "max_new_tokens": 8, "stop": []}
+            smoke = {"prompt": prompt, "answer": answer_of(version), "max_new_tokens": 8, "stop": []}
             add_evaluation(checkpoint, "sft", {"generation": {"sum": {"exact_match": 1.0, "smoke": smoke}}})
         if export:
             out = runs / "tiny" / "export" / version
             out.mkdir(parents=True)
-            (out / "config.json").write_text("{}")
+            (out / "config.json").write_text(json.dumps(TINY_CONFIG))
             (out / "model.safetensors").write_bytes(b"\0" * 64)
             write_marker(runs / "tiny" / "export", version)
     return versions
@@ -153,6 +190,7 @@ class Fake:
         variant: str | None = None,
         reason: str | None = None,
         instances: int | None = None,
+        pending: str | None = None,
     ):
         response = {
             "EndpointName": ENDPOINT,
@@ -170,6 +208,13 @@ class Fake:
             response["ProductionVariants"][0]["CurrentInstanceCount"] = instances
         if reason:
             response["FailureReason"] = reason
+        if pending:
+            # The deployment in progress, where the botocore model puts it (PENDING, checked against the model).
+            response["PendingDeploymentSummary"] = {
+                "EndpointConfigName": "new",
+                "ProductionVariants": [{"VariantName": "AllTraffic", "VariantStatus": [{"Status": pending}]}],
+                "StartTime": NOW,
+            }
         self.sm.add_response("describe_endpoint", response, {"EndpointName": ENDPOINT})
 
     def answers(self, text: str):
@@ -198,6 +243,36 @@ class Fake:
             self.sm.assert_no_pending_responses()
             self.rt.assert_no_pending_responses()
         return code
+
+
+def test_the_deployment_in_progress_is_where_botocores_model_puts_it():
+    """The stubbed DescribeEndpoint answers above are checked against this shape by the Stubber; the path the
+    rollout reads (PendingDeploymentSummary.ProductionVariants[].VariantStatus[].Status, Baking among its values)
+    is the model's."""
+    shapes = Loader().load_service_model("sagemaker", "service-2")["shapes"]
+    pending = shapes["DescribeEndpointOutput"]["members"]["PendingDeploymentSummary"]["shape"]
+    variants = shapes[shapes[pending]["members"]["ProductionVariants"]["shape"]]["member"]["shape"]
+    statuses = shapes[shapes[variants]["members"]["VariantStatus"]["shape"]]["member"]["shape"]
+    kinds = shapes[shapes[statuses]["members"]["Status"]["shape"]]["enum"]
+    assert "Baking" in kinds and "ActivatingTraffic" in kinds
+    assert (
+        "only returned when the endpoint is creating or updating"
+        in (shapes["DescribeEndpointOutput"]["members"]["PendingDeploymentSummary"]["documentation"])
+    )
+
+
+def smoke_points(fake: Fake) -> list[float]:
+    """The SmokeMismatch values the verb put (moto's CloudWatch)."""
+    stats = fake.clients.cloudwatch.get_metric_statistics(
+        Namespace=SMOKE_NAMESPACE,
+        MetricName=SMOKE_METRIC,
+        Dimensions=[{"Name": "EndpointName", "Value": ENDPOINT}],
+        StartTime=datetime(2020, 1, 1, tzinfo=UTC),
+        EndTime=datetime(2100, 1, 1, tzinfo=UTC),
+        Period=60,
+        Statistics=["Maximum"],
+    )["Datapoints"]
+    return [p["Maximum"] for p in stats]
 
 
 ANY_ARGS = {
@@ -232,7 +307,7 @@ def test_a_first_deploy_creates_the_endpoint_scales_it_and_records_it_live(world
     ]
     assert [
         (t["ResourceId"], t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"]) for t in targets
-    ] == [(scaling_resource_id(ENDPOINT), SCALABLE_DIMENSION, 1, 2)]
+    ] == [(scaling_resource_id(ENDPOINT), SCALABLE_DIMENSION, 2, 4)]
     [policy] = fake.clients.autoscaling.describe_scaling_policies(ServiceNamespace="sagemaker")[
         "ScalingPolicies"
     ]
@@ -262,8 +337,9 @@ def run_matching_config(fake: Fake, registry, version, rollback=False, model=Non
 
     def named(**kwargs):
         response = describe(**kwargs)
-        if response["EndpointConfigName"] == "new" and created:
-            response["EndpointConfigName"] = created["EndpointConfigName"]
+        for where in (response, response.get("PendingDeploymentSummary") or {}):
+            if where.get("EndpointConfigName") == "new" and created:
+                where["EndpointConfigName"] = created["EndpointConfigName"]
         return response
 
     fake.sagemaker.describe_endpoint = named  # type: ignore[method-assign]
@@ -279,8 +355,8 @@ def test_a_canary_rollout_that_bakes_clean_goes_live(world, capsys):
     fake, registry, (older, newest), _ = world
     fake.live(older)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="ActivatingTraffic")
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="ActivatingTraffic")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(older))  # the canary splits traffic: the blue fleet may answer
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
@@ -288,7 +364,7 @@ def test_a_canary_rollout_that_bakes_clean_goes_live(world, capsys):
     code = run_matching_config(fake, registry, newest)
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "10 % canary, 10 min bakes" in out.out and "Baking" in out.out
+    assert "a canary of 1 of 2 instances, 10 min bakes" in out.out and "Baking" in out.out
     [record] = ep.deployments(fake.clients, registry.versions, ENDPOINT)
     assert (record["version"], record["previous"]) == (newest, older)
 
@@ -297,7 +373,7 @@ def test_a_rollout_whose_smoke_answer_differs_rolls_back_and_names_the_alarm(wor
     fake, registry, (older, newest), _ = world
     fake.live(older)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers("something else entirely")
     fake.status("RollingBack", config="old-config")
     fake.status("InService", config="old-config")
@@ -311,17 +387,28 @@ def test_a_rollout_whose_smoke_answer_differs_rolls_back_and_names_the_alarm(wor
     err = capsys.readouterr().err
     assert code == 1
     assert f"rolled back to old-config: alarm {ALARMS[2]}" in err
-    stats = fake.clients.cloudwatch.get_metric_statistics(
-        Namespace=SMOKE_NAMESPACE,
-        MetricName=SMOKE_METRIC,
-        Dimensions=[{"Name": "EndpointName", "Value": ENDPOINT}],
-        StartTime=datetime(2020, 1, 1, tzinfo=UTC),
-        EndTime=datetime(2100, 1, 1, tzinfo=UTC),
-        Period=60,
-        Statistics=["Maximum"],
-    )["Datapoints"]
-    assert [p["Maximum"] for p in stats] == [1.0]
+    assert smoke_points(fake) == [1.0]
     assert ep.deployments(fake.clients, registry.versions, ENDPOINT) == []  # nothing went live
+
+
+def test_an_old_fleets_answer_is_not_judged_against_another_prompts_recorded_answer(bucket, runs, capsys):  # noqa: F811
+    """The live version recorded its smoke answer for another prompt: during the canary's bake an answer from its
+    fleet cannot be judged (before, it was compared with that other prompt's answer and rolled a healthy version
+    back); the final check, all traffic on the new fleet, judges the new version."""
+    s3, key = bucket
+    older, newest = ready_runs(runs, first_prompt="3+3=")
+    exported(s3, runs)
+    fake = Fake(s3, key)
+    registry = Registry(S3Store(s3, None, BUCKET, key))
+    fake.live(older)
+    fake.creates(update=True)
+    fake.status("Updating", config="old-config", pending="Baking")  # no invocation stubbed: none is made
+    fake.status("InService", config=ANY)
+    fake.answers(answer_of(newest))
+    fake.retires()
+    assert run_matching_config(fake, registry, newest) == 0, capsys.readouterr().err
+    assert "recorded another smoke request" in capsys.readouterr().out
+    assert smoke_points(fake) == [0.0]
 
 
 def test_deploying_the_live_version_does_nothing(world, capsys):
@@ -353,7 +440,7 @@ def test_rollback_returns_to_the_version_live_before(world, capsys):
     ep.record_live(fake.clients, fake.pool, found, NOW, older, "tester")
     fake.live(newest)
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(older))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(older))
@@ -373,9 +460,12 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
     ready, missing = check(registry.find(newest), s3)
     assert missing == [] and ready is not None
     model = ep.model_request(fake.pool, ready, "m")
-    config = ep.endpoint_config_request(fake.pool, "m", "c", 1)
-    deployment = ep.deployment_config(fake.pool)
+    config = ep.endpoint_config_request(fake.pool, "m", "c", 2)
+    deployment = ep.deployment_config(fake.pool, 2)
     assert ep.request_problems(model, config, deployment) == []
+    assert (
+        model["PrimaryContainer"]["Environment"]["OPTION_MAX_MODEL_LEN"] == "2048"
+    )  # the whole context fits
     assert model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"] == {
         "S3Uri": f"s3://{BUCKET}/tiny/export/{newest}/",
         "S3DataType": "S3Prefix",
@@ -383,13 +473,52 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
     }
     assert deployment["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
         "Type": "CANARY",
-        "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 10},
+        "CanarySize": {"Type": "INSTANCE_COUNT", "Value": 1},
         "WaitIntervalInSeconds": 600,
     }
+    # botocore: CanarySize "must be less than or equal to 50% of the variant's total instance count".
+    one = ep.endpoint_config_request(fake.pool, "m", "c", 1)
+    assert ep.request_problems(model, one, ep.deployment_config(fake.pool, 1)) == [
+        "the canary of 1 instance(s) is over half the green fleet of 1 (CanarySize): give the stack at least 2 "
+        "instances (minInstances) or canaryPercent 0"
+    ]
+    none = replace(fake.pool, canary_percent=0)
+    assert ep.deployment_config(none, 1)["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"] == {
+        "Type": "ALL_AT_ONCE",
+        "WaitIntervalInSeconds": 600,
+    }
+    assert ep.request_problems(model, one, ep.deployment_config(none, 1)) == []
     assert ep.request_problems({**model, "VpcConfig": {}}, {**config, "KmsKeyId": ""}, {}) == [
         "the endpoint configuration names no KMS key (KmsKeyId)",
         "the model runs outside the stack's VPC (VpcConfig)",
         "the update has no rollback alarms (AutoRollbackConfiguration.Alarms)",
+    ]
+
+
+def test_the_served_length_is_what_the_kv_cache_holds_beside_the_weights():
+    """Llama 3.1 8B on one A10G (24 GiB): 90 % of it (vLLM's gpu_memory_utilization), less 2 GiB, less 16 GB of
+    weights, leaves room for about 38,000 tokens at 128 KiB each (2 x 32 layers x 8 heads x 128 x 2 bytes), not
+    the 131,072 its config would give vLLM, which then refuses to start. Eight A100s of 40 GiB hold all of it."""
+    g5, p4d = SERVING_INSTANCES["ml.g5.2xlarge"], SERVING_INSTANCES["ml.p4d.24xlarge"]
+    on_g5 = max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, g5.gpus, g5.gpu_memory_gib)
+    assert on_g5 == int((24 * 2**30 * 0.9 - 2 * 2**30 - LLAMA_31_8B_WEIGHTS) // (2 * 32 * 8 * 128 * 2))
+    assert 30_000 < on_g5 < 131_072
+    assert max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, p4d.gpus, p4d.gpu_memory_gib) == 131_072
+    # 70B's weights (140 GB) do not fit an A10G at all: the deploy is refused before any call.
+    assert max_model_len(LLAMA_31_8B, 140 * 10**9, g5.gpus, g5.gpu_memory_gib) == 0
+
+
+def test_a_model_too_large_for_the_instance_type_is_refused_before_any_call(world):
+    fake, registry, (_, newest), s3 = world
+    from trainer.deploy.readiness import check
+
+    ready, _ = check(registry.find(newest), s3)
+    assert ready is not None
+    huge = replace(ready, model_config=LLAMA_31_8B, weight_bytes=140 * 10**9)
+    model = ep.model_request(fake.pool, huge, "m")
+    assert ep.request_problems(model, ep.endpoint_config_request(fake.pool, "m", "c", 2), None) == [
+        "the model's weights leave no room for a KV cache on ml.g5.2xlarge (90% of its GPU memory, less 2 GiB a "
+        "GPU): pick a larger instance type"
     ]
 
 
@@ -400,11 +529,11 @@ def test_status_names_the_live_version_its_instances_and_dollars(world):
     with fake.sm:
         line = ep.status_line(fake.clients, fake.pool)
         assert line.startswith(
-            f"endpoint {ENDPOINT}: InService, serving {newest}; 1..2 x ml.g5.2xlarge at $1.52"
+            f"endpoint {ENDPOINT}: InService, serving {newest}; 2..4 x ml.g5.2xlarge at $1.52"
         )
         assert "$3.04/hour now (2 in service)" in line
         assert ep.status_line(fake.clients, fake.pool).startswith(
-            f"endpoint {ENDPOINT}: none yet (make deploy STACK=test MODEL=<tag>); would cost 1..2 x ml.g5.2xlarge"
+            f"endpoint {ENDPOINT}: none yet (make deploy STACK=test MODEL=<tag>); would cost 2..4 x ml.g5.2xlarge"
         )
 
 
@@ -413,7 +542,7 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     ep.register_scaling(fake.clients, fake.pool)  # as the first deploy left it
     fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
     fake.creates(update=True)
-    fake.status("Updating", config="old-config", variant="Baking")
+    fake.status("Updating", config="old-config", pending="Baking")
     fake.answers(answer_of(newest))
     fake.status("InService", config=ANY)
     fake.answers(answer_of(newest))
@@ -426,7 +555,40 @@ def test_an_update_to_another_instance_type_pauses_autoscaling_and_keeps_the_fle
     targets = fake.clients.autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")[
         "ScalableTargets"
     ]
-    assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(1, 2)]  # registered again
+    assert [(t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [(2, 4)]  # registered again
+
+
+def scalable_targets(fake: Fake) -> list[tuple[int, int]]:
+    targets = fake.clients.autoscaling.describe_scalable_targets(ServiceNamespace="sagemaker")[
+        "ScalableTargets"
+    ]
+    return [(t["MinCapacity"], t["MaxCapacity"]) for t in targets]
+
+
+def test_an_update_endpoint_error_after_autoscaling_was_paused_registers_it_again(world, capsys):
+    fake, registry, (older, newest), _ = world
+    ep.register_scaling(fake.clients, fake.pool)  # as the first deploy left it
+    fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
+    arn = "arn:aws:sagemaker:us-east-1:123456789012:"
+    fake.sm.add_response("create_model", {"ModelArn": arn + "model/m"}, None)
+    fake.sm.add_response("create_endpoint_config", {"EndpointConfigArn": arn + "endpoint-config/c"}, None)
+    fake.sm.add_client_error("update_endpoint", "ValidationException", "Cannot update in-progress endpoint")
+    fake.sm.add_response("delete_endpoint_config", {}, None)  # the new configuration, never used
+    fake.sm.add_response("delete_model", {}, None)
+    assert fake.run(registry, model=newest) == 1
+    assert "UpdateEndpoint refused" in capsys.readouterr().err
+    assert scalable_targets(fake) == [(2, 4)]
+
+
+def test_a_failed_rollout_registers_autoscaling_again(world, capsys):
+    fake, registry, (older, newest), _ = world
+    ep.register_scaling(fake.clients, fake.pool)
+    fake.live(older, instances=2, instance_type="ml.p4d.24xlarge")
+    fake.creates(update=True)
+    fake.status("Failed", config="old-config", reason="the model failed to start")
+    assert run_matching_config(fake, registry, newest) == 1
+    assert "is Failed: the model failed to start" in capsys.readouterr().err
+    assert scalable_targets(fake) == [(2, 4)]
 
 
 def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rollback_can_leave_it(

@@ -147,6 +147,24 @@ ROWS = {
         {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 2, "maxInstances": 1}},
         ("maxInstances = 1 is below minInstances = 2; raise it",),
     ),
+    "stack-serving-canary-over-half-the-fleet": Row(
+        "prod",
+        {"trainstack:serving": {"instanceType": "ml.g5.2xlarge", "minInstances": 1, "canaryPercent": 10}},
+        (
+            "canaryPercent = 10: a 10 % canary of 1 instance(s) is 1 instance(s), over the 50 % of the fleet "
+            "SageMaker allows (CanarySize)",
+        ),
+    ),
+    "stack-serving-region-without-lmi-image": Row(
+        "prod",
+        {
+            "aws:region": "ap-southeast-5",
+            "trainstack:availabilityZones": ["ap-southeast-5b", "ap-southeast-5c"],
+            "trainstack:allowedRegions": ["ap-southeast-5"],
+            "trainstack:serving": {"instanceType": "ml.g5.2xlarge"},
+        },
+        ("trainstack:serving: no source names the account that hosts the LMI image in ap-southeast-5",),
+    ),
     "stack-serving-unknown-instance-type": Row(
         "prod",
         {"trainstack:serving": {"instanceType": "ml.g9.huge"}},

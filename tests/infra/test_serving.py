@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from infra.serving import ENI_ACTIONS
-from trainer.contract.serving import LMI_ACCOUNT, SMOKE_METRIC, SMOKE_NAMESPACE, VARIANT, lmi_image
+from trainer.contract.serving import SMOKE_METRIC, SMOKE_NAMESPACE, VARIANT, lmi_image
 
 
 def statements(stack) -> dict[str, dict]:
@@ -53,7 +53,7 @@ def test_the_role_pulls_the_pinned_image_and_manages_enis_in_the_private_subnets
     found = statements(stack)
     region = stack.config.region
     assert found["PullLmiImage"]["Resource"] == [
-        f"arn:aws:ecr:{region}:{LMI_ACCOUNT}:repository/djl-inference"
+        f"arn:aws:ecr:{region}:763104351884:repository/djl-inference"  # the stacks' regions' (djl-lmi.json)
     ]
     private = [s.outputs["arn"] for s in stack.all("ec2.Subnet") if "-private-" in s.name]
     assert found["EndpointNetworkInterfaces"]["Action"] == ENI_ACTIONS
@@ -62,6 +62,15 @@ def test_the_role_pulls_the_pinned_image_and_manages_enis_in_the_private_subnets
         f":log-group:/aws/sagemaker/Endpoints/{stack.config.serving_endpoint_name}"
     )
     assert found["WriteEndpointLogs"]["Action"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
+
+
+def test_the_role_reads_the_rollback_alarms_deployment_guardrails_watch(stack):
+    """SageMaker Developer Guide, "Auto-Rollback Configuration and Monitoring": the execution role needs
+    cloudwatch:DescribeAlarms on the auto-rollback alarms; exactly those the outputs name."""
+    found = statements(stack)["ReadRollbackAlarms"]
+    region, alarms = stack.config.region, stack.plan.outputs["serving_alarms"]
+    assert found["Action"] == ["cloudwatch:DescribeAlarms"]
+    assert found["Resource"] == [f"arn:aws:cloudwatch:{region}:123456789012:alarm:{name}" for name in alarms]
 
 
 def test_the_endpoints_log_group_is_the_stacks_with_its_retention_and_key(stack):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy.serving import endpoint_guarded, serving_rollback_alarms
+from policy.serving import endpoint_guarded, serving_canary_fits, serving_rollback_alarms
 from trainer.contract.stack import stack_names
 
 KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -55,6 +55,27 @@ def test_every_stacks_pool_has_its_rollback_alarms(planned, violations, stack):
     assert any(r.resource_type == "trainstack:serving:Serving" for r in resources)
     assert violations(serving_rollback_alarms, *resources) == []
     assert violations(endpoint_guarded, *resources) == []
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_every_stacks_canary_fits_its_fleet_or_there_is_none(planned, violations, stack):
+    assert violations(serving_canary_fits, *planned(stack)) == []
+
+
+def test_a_canary_of_one_instance_out_of_one_is_a_violation(violations, resource):
+    pool = {"minInstances": 1, "maxInstances": 2, "canaryPercent": 10}
+    [(_, message)] = violations(
+        serving_canary_fits, resource("trainstack:serving:Serving", pool, name="pool")
+    )
+    assert "1 instance(s), over the 50 % of the fleet SageMaker allows (CanarySize)" in message
+    assert (
+        violations(serving_canary_fits, resource("trainstack:serving:Serving", {**pool, "canaryPercent": 0}))
+        == []
+    )
+    assert (
+        violations(serving_canary_fits, resource("trainstack:serving:Serving", {**pool, "minInstances": 2}))
+        == []
+    )
 
 
 def test_a_pool_without_its_alarms_is_a_violation(planned, violations):

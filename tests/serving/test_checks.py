@@ -1,80 +1,157 @@
-"""The request checks in front of transformers serve, without a server: each bad request refused with its 4xx and
-a message naming the field, a request without max_tokens given the rest of the context (vLLM's rule), counted with
-the same tokenizer and chat template the handler uses."""
+"""The request checks and the sampler without a server: each bad request refused with its 4xx and the field, the
+defaults vLLM gives, the one BOS rule, and the sampler's penalties and filters against their definitions."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from transformers import PreTrainedTokenizerFast
+import torch
 
-from trainer.data.chat_template import CHAT_TEMPLATE
-from trainer.data.tokenizer import EOD_TOKEN, train_bpe
-from trainer.serving.checks import CHAT, COMPLETIONS, Refusal, RequestChecks
-
-CONTEXT = 32
+from tests.serving.test_conformance import ROWS
+from trainer.data.tokenizer import encode_prompt
+from trainer.serving.checks import CHAT, COMPLETIONS, Refusal, check
+from trainer.serving.engine import Engine
+from trainer.serving.protocol import ChatCompletionRequest, CompletionRequest
+from trainer.serving.sampling import SamplingParams, penalized, sampling_distribution
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory) -> RequestChecks:
-    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    train_bpe(["the user asks and the assistant answers. " * 20], vocab_size=300).save(str(path))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOD_TOKEN)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return RequestChecks("tiny-s20-abcdef12", tokenizer, CONTEXT)
+def engine(llama3_export) -> Engine:
+    return Engine(llama3_export)
 
 
 def body(**fields) -> bytes:
-    return json.dumps({"model": "tiny-s20-abcdef12", **fields}).encode()
+    return json.dumps({"model": "llama3-tiny", **fields}).encode()
 
 
-def test_a_request_without_max_tokens_gets_the_rest_of_the_context(checks):
-    checked = checks.check(COMPLETIONS, body(prompt="the user asks"))
-    assert checked.prompt_tokens == len(checks.tokenizer("the user asks")["input_ids"])
-    assert json.loads(checked.body)["max_tokens"] == CONTEXT - checked.prompt_tokens
-    chat = checks.check(
-        CHAT, body(messages=[{"role": "user", "content": "the user asks"}], max_completion_tokens=3)
+def test_every_field_of_vllms_requests_has_a_conformance_row():
+    assert set(ROWS["completion"]) == set(CompletionRequest.model_fields)
+    assert set(ROWS["chat"]) == set(ChatCompletionRequest.model_fields)
+
+
+def test_defaults_are_vllms_a_completion_16_tokens_a_chat_the_rest_of_the_context(engine):
+    completion = check(COMPLETIONS, body(prompt="the tiger"), engine)
+    assert completion.params.max_tokens == 16 and completion.params.temperature == 1.0
+    chat = check(CHAT, body(messages=[{"role": "user", "content": "the tiger"}]), engine)
+    assert chat.params.max_tokens == engine.context - len(chat.prompt)
+    assert (
+        check(
+            CHAT, body(messages=[{"role": "user", "content": "x"}], max_completion_tokens=3), engine
+        ).params.max_tokens
+        == 3
     )
-    rendered = checks.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "the user asks"}], add_generation_prompt=True, tokenize=False
+
+
+def test_one_bos_rule_the_post_processors_bos_once(engine):
+    backend = engine.tokenizer.backend_tokenizer
+    bos = engine.tokenizer.convert_tokens_to_ids("<|begin_of_text|>")
+    plain = check(COMPLETIONS, body(prompt="the tiger"), engine).prompt
+    assert plain == [bos, *backend.encode("the tiger", add_special_tokens=False).ids]
+    assert plain == engine.tokenizer("the tiger")["input_ids"]  # transformers' tokenizer(text) agrees
+    messages = [{"role": "user", "content": "the tiger"}]
+    chat = check(CHAT, body(messages=messages), engine).prompt
+    rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert (
+        chat
+        == engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
     )
-    assert rendered == "<|user|>\nthe user asks\n<|assistant|>\n"
-    assert chat.prompt_tokens == len(checks.tokenizer(rendered)["input_ids"])
-    assert json.loads(chat.body)["max_completion_tokens"] == 3 and "max_tokens" not in json.loads(chat.body)
+    assert chat.count(bos) == 1
+    # A rendered chat sent as a completion: the template's BOS, not a second one; the same ids as the chat.
+    assert check(COMPLETIONS, body(prompt=rendered), engine).prompt == chat
+    assert encode_prompt(backend, rendered) == chat
 
 
 @pytest.mark.parametrize(
-    ("path", "raw", "status", "message"),
+    ("path", "raw", "status", "param", "message"),
     [
-        (COMPLETIONS, b"{", 400, "the request body is not JSON"),
-        (COMPLETIONS, b"[]", 400, "must be a JSON object, got list"),
-        (COMPLETIONS, json.dumps({"prompt": "x"}).encode(), 400, "'model' is required"),
+        (COMPLETIONS, b"{", 400, None, "the request body is not JSON"),
+        (COMPLETIONS, b"[]", 400, None, "must be a JSON object, got list"),
+        (COMPLETIONS, json.dumps({"prompt": "x"}).encode(), 400, "model", "'model' is required"),
         (
             COMPLETIONS,
             json.dumps({"model": "gpt-4", "prompt": "x"}).encode(),
             404,
-            "The model `gpt-4` does not exist",
+            "model",
+            "`gpt-4` does not exist",
         ),
-        (COMPLETIONS, body(prompt=""), 400, "'prompt' must be a non-empty string"),
-        (COMPLETIONS, body(prompt=["a", "b"]), 400, "'prompt' must be a non-empty string"),
-        (COMPLETIONS, body(prompt="x", max_tokens=0), 400, "'max_tokens' must be a positive integer, got 0"),
-        (COMPLETIONS, body(prompt="x", max_tokens="5"), 400, "'max_tokens' must be a positive integer"),
-        (COMPLETIONS, body(prompt="the " * 40), 400, "maximum context length is 32 tokens"),
-        (COMPLETIONS, body(prompt="the user", max_tokens=40), 400, "40 in the completion"),
-        (CHAT, body(), 400, "'messages' must be a non-empty list"),
+        (COMPLETIONS, body(prompt=""), 400, "prompt", "required, a non-empty string"),
+        (COMPLETIONS, body(prompt=["a", "b"]), 400, "prompt", "not a batch"),
+        (COMPLETIONS, body(prompt=[5, 100000]), 400, "prompt", "token id 100000 is out of vocabulary"),
+        (COMPLETIONS, body(prompt="x", max_tokens=0), 400, "max_tokens", "greater than or equal to 1"),
+        (COMPLETIONS, body(prompt="x", max_tokens="5"), 400, "max_tokens", "valid integer"),
+        (COMPLETIONS, body(prompt="the " * 80), 400, "prompt", "maximum context length is 64 tokens"),
+        (COMPLETIONS, body(prompt="the tiger", max_tokens=70), 400, "prompt", "70 in the completion"),
+        (COMPLETIONS, body(prompt="x", temperature=-1), 400, "temperature", "greater than or equal to 0"),
+        (COMPLETIONS, body(prompt="x", temperature="hot"), 400, "temperature", 'valid number, got "hot"'),
+        (COMPLETIONS, body(prompt="x", top_p=2), 400, "top_p", "less than or equal to 1"),
+        (COMPLETIONS, body(prompt="x", stop=5), 400, "stop", "valid string"),
+        (COMPLETIONS, body(prompt="x", logit_bias={"the": 1}), 400, "logit_bias", "keys are token ids"),
+        (COMPLETIONS, body(prompt="x", logit_bias={"5": 101}), 400, "logit_bias", "from -100 to 100"),
+        (
+            COMPLETIONS,
+            body(prompt="x", wibble=1),
+            400,
+            "wibble",
+            "'wibble' is not a field of /v1/completions",
+        ),
+        (COMPLETIONS, body(prompt="x", suffix="y"), 400, "suffix", "suffix is not currently supported"),
+        (
+            COMPLETIONS,
+            body(prompt="x", echo=True, logprobs=1),
+            400,
+            "echo with logprobs",
+            "prompt's logprobs",
+        ),
+        (CHAT, body(), 400, "messages", "Field required"),
+        (CHAT, body(messages=[{"role": "tool", "content": "x"}]), 400, "messages.0.role", "'system'"),
+        (CHAT, body(messages=[{"role": "user", "content": 5}]), 400, "messages.0.content", "valid string"),
         (
             CHAT,
-            body(messages=[{"role": "tool", "content": "x"}]),
+            body(messages=[{"role": "user", "content": "x"}], tools=[{}]),
             400,
-            "messages[0] must be an object with a 'role'",
+            "tools",
+            "no tool-call parser",
         ),
-        (CHAT, body(messages=[{"role": "user", "content": 5}]), 400, "messages[0]"),
+        (
+            CHAT,
+            body(messages=[{"role": "user", "content": "x"}], chat_template="{{ raise_exception('no') }}"),
+            400,
+            "messages",
+            "the chat template cannot render these messages",
+        ),
     ],
 )
-def test_bad_requests_are_refused_with_their_status_and_the_field(checks, path, raw, status, message):
+def test_bad_requests_are_refused_with_their_status_and_the_field(engine, path, raw, status, param, message):
     with pytest.raises(Refusal) as refused:
-        checks.check(path, raw)
-    assert refused.value.status == status and message in refused.value.message
+        check(path, raw, engine)
+    assert (
+        refused.value.status == status and refused.value.param == param and message in refused.value.message
+    )
     error = json.loads(refused.value.body())["error"]
     assert error["message"] == refused.value.message and set(error) == {"message", "type", "param", "code"}
+
+
+def test_frequency_and_presence_penalties_are_openais_additive_ones():
+    """OpenAI's definition (API reference, "Parameter details"): mu[j] - c[j] * alpha_frequency - (c[j] > 0) *
+    alpha_presence, over the tokens generated so far; repetition (vLLM's, CTRL's) divides positive logits and
+    multiplies negative ones of every token seen, prompt included."""
+    logits = torch.tensor([1.0, -1.0, 2.0, 0.5])
+    params = SamplingParams(max_tokens=1, frequency_penalty=0.5, presence_penalty=0.25)
+    got = penalized(logits.clone(), params, prompt=[3], output=[0, 0, 2])
+    assert got.tolist() == [1.0 - 2 * 0.5 - 0.25, -1.0, 2.0 - 0.5 - 0.25, 0.5]
+    repeated = penalized(logits.clone(), SamplingParams(max_tokens=1, repetition_penalty=2.0), [3], [1])
+    assert repeated.tolist() == [1.0, -2.0, 2.0, 0.25]
+
+
+def test_top_k_top_p_and_min_p_keep_the_tokens_their_definitions_keep():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = lambda **p: (sampling_distribution(logits, SamplingParams(max_tokens=1, **p)) > 0).tolist()  # noqa: E731
+    assert kept(top_k=2) == [True, True, False, False]
+    assert kept(top_p=0.8) == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8: the third is not needed
+    assert kept(top_p=0.81) == [True, True, True, False]
+    assert kept(min_p=0.35) == [True, True, False, False]  # 0.15 < 0.35 * 0.5
+    halved = sampling_distribution(logits, SamplingParams(max_tokens=1, temperature=0.5))
+    assert torch.allclose(halved, torch.softmax(logits / 0.5, dim=-1))

@@ -624,6 +624,14 @@ ROWS: dict[str, Row] = {
         "serve nope --dir {checkpoints}",
         ("serve: no model version or tag 'nope' in {checkpoints}; versions (newest): tiny-s",),
     ),
+    "serve-export-not-an-export": Row(
+        "serve --export {tmp}",
+        ("serve: --export {tmp}: not a Hugging Face export (no config.json, generation_config.json)",),
+    ),
+    "serve-version-and-export": Row(
+        "serve newest --export {tmp}",
+        ("serve: give a model version ('newest') or --export, not both",),
+    ),
     "plan-nowhere-to-run": Row(
         "plan --config trainer/configs/llama3-8b.yaml",
         ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),

@@ -1,4 +1,4 @@
-"""The local server (`trainer serve`, transformers serve behind the project's checks) against `trainer generate`
+"""The local server (`trainer serve`: the project's OpenAI-compatible server, trainer/serving/) against `trainer generate`
 (megatron-core's KV-cache decoding, in this process) on the same prompts, greedy, and a bounded load test of the
 server on 127.0.0.1 (issue 37 part 6; `--only serving` runs this alone).
 

@@ -21,14 +21,60 @@ from dataclasses import dataclass
 # deepjavalibrary/djl-serving serving/docs/lmi/release_notes.md, "LMI V18 (DJL-Serving 0.36.0)": vLLM 0.12.0.
 LMI_REPOSITORY = "djl-inference"
 LMI_TAG = "0.36.0-lmi18.0.0-cu128"
-# The account that hosts AWS's Deep Learning Containers in the commercial regions the stacks use
-# (aws/sagemaker-python-sdk src/sagemaker/image_uri_config/djl-lmi.json, "registries").
-LMI_ACCOUNT = "763104351884"
+# The account that hosts AWS's Deep Learning Containers (LMI among them) in each commercial region: aws/sagemaker-python-sdk
+# src/sagemaker/image_uri_config/djl-lmi.json "registries" (commit 0b73463; the same for every LMI version it lists).
+# The China and GovCloud partitions (other ARNs and ECR domains) are left out: the stacks are commercial-only.
+LMI_ACCOUNTS = {
+    **dict.fromkeys(
+        (
+            "ap-northeast-1",
+            "ap-northeast-2",
+            "ap-south-1",
+            "ap-southeast-1",
+            "ap-southeast-2",
+            "ca-central-1",
+            "eu-central-1",
+            "eu-north-1",
+            "eu-west-1",
+            "eu-west-2",
+            "eu-west-3",
+            "sa-east-1",
+            "us-east-1",
+            "us-east-2",
+            "us-west-1",
+            "us-west-2",
+        ),
+        "763104351884",
+    ),
+    "af-south-1": "626614931356",
+    "il-central-1": "780543022126",
+    "ap-east-1": "871362719292",
+    "ap-northeast-3": "364406365360",
+    "ap-southeast-3": "907027046896",
+    "eu-south-1": "692866216735",
+    "me-south-1": "217643126080",
+    "me-central-1": "914824155844",
+    "ca-west-1": "204538143572",
+}
+
+
+def lmi_problem(region: str) -> str:
+    return (
+        f"no source names the account that hosts the LMI image in {region} (aws/sagemaker-python-sdk "
+        f"image_uri_config/djl-lmi.json); the inference pool runs in {', '.join(sorted(LMI_ACCOUNTS))}"
+    )
+
+
+def lmi_account(region: str) -> str:
+    """The account of the LMI image in `region`; the stack config refuses a pool elsewhere first."""
+    if region not in LMI_ACCOUNTS:
+        raise ValueError(lmi_problem(region))
+    return LMI_ACCOUNTS[region]
 
 
 def lmi_image(region: str) -> str:
-    """The pinned LMI image in the stack's region."""
-    return f"{LMI_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{LMI_REPOSITORY}:{LMI_TAG}"
+    """The pinned LMI image in the stack's region (NoLmiImage for a region without one)."""
+    return f"{lmi_account(region)}.dkr.ecr.{region}.amazonaws.com/{LMI_REPOSITORY}:{LMI_TAG}"
 
 
 # Where SageMaker mounts an uncompressed S3 prefix (ModelDataSource.S3DataSource, CompressionType None), and the
@@ -50,6 +96,29 @@ VARIANT = "AllTraffic"
 # reference, RegisterScalableTarget ResourceId and ScalableDimension).
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 SCALING_METRIC = "SageMakerVariantInvocationsPerInstance"
+
+
+# botocore sagemaker service-2.json TrafficRoutingConfig.CanarySize: "Value must be less than or equal to 50% of
+# the variant's total instance count" (also SageMaker Developer Guide, "Use canary traffic shifting"). The canary is
+# sent as an instance count, so no rounding of a percentage is left to guess: at least 1 instance, at most half.
+MAX_CANARY_SHARE = 0.5
+
+
+def canary_instances(percent: int, fleet: int) -> int | None:
+    """The canary's instances for `percent` of a green fleet of `fleet` (None: no canary, percent 0)."""
+    return None if percent == 0 else max(1, fleet * percent // 100)
+
+
+def canary_problem(percent: int, fleet: int) -> str | None:
+    """Why a canary of `percent` cannot run on a green fleet of `fleet` instances, or None when it can."""
+    count = canary_instances(percent, fleet)
+    if count is None or count <= fleet * MAX_CANARY_SHARE:
+        return None
+    return (
+        f"a {percent} % canary of {fleet} instance(s) is {count} instance(s), over the 50 % of the fleet SageMaker "
+        "allows (CanarySize): give at least 2 instances (minInstances) or canaryPercent 0 (no canary: all "
+        "traffic at once, still baked and rolled back on the alarms)"
+    )
 
 
 def scaling_resource_id(endpoint: str) -> str:

@@ -68,11 +68,17 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of a prompt to continue, special-token text read as those tokens (a rendered chat's
-    <|endoftext|> or <|eot_id|> is one token, as training's chat data has it: trainer/data/chat.py
-    encode_conversation), nothing added: what transformers' tokenizer, vLLM and lm-eval give a prompt whose
-    tokenizer's post-processor adds nothing (the project's BPE)."""
-    return tokenizer.encode(text, add_special_tokens=False).ids
+    """Token ids of a prompt to continue: special-token text read as those tokens (a rendered chat's <|eot_id|> is
+    one token, as training's chat data has it: trainer/data/chat.py encode_conversation), then the tokenizer's
+    post-processor's tokens around it (Llama 3's puts <|begin_of_text|> first), as transformers' `tokenizer(text)`
+    and vLLM's /v1/completions give it (vllm entrypoints/openai/protocol.py CompletionRequest.add_special_tokens
+    defaults to True). One exception: a text that already begins with what the post-processor puts first (a chat
+    rendered with its template's bos_token) does not get it twice; vLLM would double it (vllm-project/vllm#16976,
+    closed unmerged), transformers' apply_chat_template avoids it by adding nothing (add_special_tokens=False)."""
+    own = tokenizer.encode(text, add_special_tokens=False).ids
+    template = document_template(tokenizer, "the prompt's tokenizer")
+    prefix = [] if own[: len(template.prefix)] == list(template.prefix) else list(template.prefix)
+    return [*prefix, *own, *template.suffix]
 
 
 def bos_token(tokenizer: Tokenizer) -> str | None:

@@ -11,7 +11,10 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
+from botocore.exceptions import ClientError
+
 from trainer.checkpoint.version import RecordError
+from trainer.contract.serving import canary_instances
 from trainer.deploy import endpoint as ep
 from trainer.deploy.readiness import check, smoke_of
 from trainer.models.registry import Registry, S3Store
@@ -100,7 +103,7 @@ def deploy(
     model_request = ep.model_request(pool, ready, name)
     instances = ep.update_instances(pool, now) if now is not None else pool.min_instances
     config_request = ep.endpoint_config_request(pool, name, name, instances)
-    deployment = ep.deployment_config(pool) if live is not None else None
+    deployment = ep.deployment_config(pool, instances) if live is not None else None
     if problems := ep.request_problems(model_request, config_request, deployment):
         print(f"deploy: refused: {'; '.join(problems)}", file=sys.stderr)
         return 2
@@ -113,7 +116,7 @@ def deploy(
         )
     else:
         print(
-            f"deploy: blue/green from {live}: {instances} x {pool.instance_type}, {pool.canary_percent} % canary, "
+            f"deploy: blue/green from {live}: {instances} x {pool.instance_type}, {ep.canary_words(pool, instances)}, "
             f"{pool.bake_minutes} min bakes, rollback on {', '.join(pool.alarms)}"
         )
         if now.instance_type != pool.instance_type:
@@ -121,21 +124,30 @@ def deploy(
                 f"deploy: {now.instance_type} -> {pool.instance_type}: autoscaling paused during the rollout"
             )
             ep.deregister_scaling(clients, pool)
-        clients.sagemaker.update_endpoint(
-            EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
-        )
-    rollout = ep.Rollout(clients, pool, name, ready.smoke, old_smoke, poll_s=poll_s)
+        try:
+            clients.sagemaker.update_endpoint(
+                EndpointName=pool.endpoint, EndpointConfigName=name, DeploymentConfig=deployment
+            )
+        except ClientError as error:
+            # Nothing changed on the endpoint: its fleet is scaled again as before, the new resources go.
+            print(f"deploy: UpdateEndpoint refused: {error}", file=sys.stderr)
+            ep.register_scaling(clients, pool)
+            ep.retire(clients, name, name)
+            return 1
+    split = canary_instances(pool.canary_percent, instances) is not None
+    rollout = ep.Rollout(clients, pool, name, ready.smoke, old_smoke, poll_s=poll_s, split=split)
     if sleep is not None:
         rollout.sleep = sleep
     try:
         rollout.follow()
     except ep.DeployError as error:
         print(f"deploy: {error}", file=sys.stderr)
-        if isinstance(error, ep.RolledBack):
-            # the blue fleet serves on, scaled as before; the green one is gone
-            ep.register_scaling(clients, pool)
-            ep.retire(clients, name, name)
         if not isinstance(error, ep.LiveButWrong):
+            # Rolled back or failed: whatever fleet serves is scaled as before (deregister_scaling may have
+            # paused it); after a rollback the green fleet's Model and EndpointConfig go.
+            ep.register_scaling(clients, pool)
+            if isinstance(error, ep.RolledBack):
+                ep.retire(clients, name, name)
             return 1
         wrong: ep.DeployError | None = error
     else:

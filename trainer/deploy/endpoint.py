@@ -3,8 +3,9 @@
 Request shapes: botocore's SageMaker model (data/sagemaker/2017-07-24/service-2.json): CreateModel,
 CreateEndpointConfig, CreateEndpoint, UpdateEndpoint with DeploymentConfig (BlueGreenUpdatePolicy:
 TrafficRoutingConfiguration CANARY with CanarySize and WaitIntervalInSeconds; AutoRollbackConfiguration.Alarms),
-DescribeEndpoint (EndpointStatus; ProductionVariants[].VariantStatus: Creating, Updating, ActivatingTraffic,
-Baking). A blue/green update keeps the variant's name and rolls back to the blue fleet when an alarm fires
+DescribeEndpoint (EndpointStatus; the in-progress deployment under PendingDeploymentSummary, "only returned when
+the endpoint is creating or updating with a new endpoint configuration", its ProductionVariants[].VariantStatus:
+Creating, Updating, Deleting, ActivatingTraffic, Baking). A blue/green update keeps the variant's name and rolls back to the blue fleet when an alarm fires
 during a baking period (SageMaker Developer Guide, "Blue/Green Deployments", "Exclusions").
 
 While the green fleet bakes, the smoke check invokes the endpoint with the prompt recorded at evaluation and puts
@@ -30,15 +31,18 @@ from botocore.exceptions import ClientError
 
 from trainer.contract.serving import (
     LMI_ENVIRONMENT,
+    MAX_CANARY_SHARE,
     SCALABLE_DIMENSION,
     SCALING_METRIC,
+    SERVING_INSTANCES,
     SMOKE_METRIC,
     SMOKE_NAMESPACE,
     VARIANT,
+    canary_instances,
     scaling_resource_id,
 )
 from trainer.cost.pricing import pool_cost
-from trainer.deploy.readiness import Ready, Smoke
+from trainer.deploy.readiness import GPU_MEMORY_UTILIZATION, Ready, Smoke, max_model_len
 from trainer.models.registry import Found
 
 DEPLOYMENTS = "deployments"
@@ -130,7 +134,16 @@ def resource_name(endpoint: str, version: str, at: datetime) -> str:
     return f"{endpoint}-{at.strftime('%Y%m%d%H%M%S')}-{version.rsplit('-', 1)[-1]}"[:63]
 
 
+def model_length(pool: Pool, ready: Ready) -> int:
+    """OPTION_MAX_MODEL_LEN for the pool's instance type (trainer/deploy/readiness.py max_model_len)."""
+    instance = SERVING_INSTANCES[pool.instance_type]
+    return max_model_len(ready.model_config, ready.weight_bytes, instance.gpus, instance.gpu_memory_gib)
+
+
 def model_request(pool: Pool, ready: Ready, name: str) -> dict[str, Any]:
+    """CreateModel's request; the served length is the one that fits (LMI's OPTION_MAX_MODEL_LEN, vLLM's
+    --max-model-len: djl-serving serving/docs/lmi/user_guides/vllm_user_guide.md)."""
+    length = model_length(pool, ready)
     return {
         "ModelName": name,
         "ExecutionRoleArn": pool.role_arn,
@@ -144,7 +157,11 @@ def model_request(pool: Pool, ready: Ready, name: str) -> dict[str, Any]:
                     "CompressionType": "None",
                 }
             },
-            "Environment": {**LMI_ENVIRONMENT, VERSION_ENV: ready.version},
+            "Environment": {
+                **LMI_ENVIRONMENT,
+                "OPTION_MAX_MODEL_LEN": str(length),
+                VERSION_ENV: ready.version,
+            },
         },
         "VpcConfig": {"SecurityGroupIds": [pool.security_group], "Subnets": pool.subnets},
         "Tags": [{"Key": "stack", "Value": pool.stack}, {"Key": "model-version", "Value": ready.version}],
@@ -164,21 +181,25 @@ def endpoint_config_request(pool: Pool, model: str, name: str, instances: int) -
                 "ModelDataDownloadTimeoutInSeconds": STARTUP_TIMEOUT_S,
             }
         ],
+        # Accepted for instance types with local NVMe too (ml.g5, ml.p4d): botocore 1.44.8 sagemaker
+        # CreateEndpointConfig KmsKeyId, "does not encrypt instance local storage" (the instance's hardware does).
         "KmsKeyId": pool.kms_key_arn,
         "Tags": [{"Key": "stack", "Value": pool.stack}],
     }
 
 
-def deployment_config(pool: Pool) -> dict[str, Any]:
-    """Blue/green with a canary: `canaryPercent` of the capacity first, baked `bakeMinutes`, then all of it,
-    baked again; any rollback alarm during either bake returns all traffic to the blue fleet."""
+def deployment_config(pool: Pool, instances: int) -> dict[str, Any]:
+    """Blue/green with a canary: `canaryPercent` of the green fleet of `instances` first, as an instance count
+    (trainer/contract/serving.py canary_instances), baked `bakeMinutes`, then all of it, baked again; with
+    canaryPercent 0 all traffic at once, baked. Any rollback alarm during a bake returns all traffic to the blue
+    fleet (botocore sagemaker TrafficRoutingConfig: Type ALL_AT_ONCE, CANARY or LINEAR)."""
+    canary = canary_instances(pool.canary_percent, instances)
+    routing: dict[str, Any] = {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": pool.bake_minutes * 60}
+    if canary is not None:
+        routing.update(Type="CANARY", CanarySize={"Type": "INSTANCE_COUNT", "Value": canary})
     return {
         "BlueGreenUpdatePolicy": {
-            "TrafficRoutingConfiguration": {
-                "Type": "CANARY",
-                "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": pool.canary_percent},
-                "WaitIntervalInSeconds": pool.bake_minutes * 60,
-            },
+            "TrafficRoutingConfiguration": routing,
             "TerminationWaitInSeconds": TERMINATION_WAIT_S,
             "MaximumExecutionTimeoutInSeconds": MAX_EXECUTION_S,
         },
@@ -186,11 +207,22 @@ def deployment_config(pool: Pool) -> dict[str, Any]:
     }
 
 
+def canary_words(pool: Pool, instances: int) -> str:
+    canary = canary_instances(pool.canary_percent, instances)
+    return "no canary (all at once)" if canary is None else f"a canary of {canary} of {instances} instances"
+
+
 def request_problems(
     model: dict[str, Any], config: dict[str, Any], deployment: dict[str, Any] | None
 ) -> list[str]:
-    """The policy pack's endpoint-guarded rules (policy/serving.py) on this verb's own requests."""
+    """The policy pack's endpoint-guarded rules (policy/serving.py) on this verb's own requests, the canary's
+    size, and a model that fits its instance type."""
     problems = []
+    if model["PrimaryContainer"]["Environment"].get("OPTION_MAX_MODEL_LEN") == "0":
+        problems.append(
+            f"the model's weights leave no room for a KV cache on {config['ProductionVariants'][0]['InstanceType']}"
+            f" ({GPU_MEMORY_UTILIZATION:.0%} of its GPU memory, less 2 GiB a GPU): pick a larger instance type"
+        )
     if not config.get("KmsKeyId"):
         problems.append("the endpoint configuration names no KMS key (KmsKeyId)")
     vpc = model.get("VpcConfig") or {}
@@ -198,6 +230,14 @@ def request_problems(
         problems.append("the model runs outside the stack's VPC (VpcConfig)")
     if deployment is not None and not deployment.get("AutoRollbackConfiguration", {}).get("Alarms"):
         problems.append("the update has no rollback alarms (AutoRollbackConfiguration.Alarms)")
+    routing = (deployment or {}).get("BlueGreenUpdatePolicy", {}).get("TrafficRoutingConfiguration", {})
+    canary = routing.get("CanarySize", {}).get("Value")
+    fleet = config["ProductionVariants"][0]["InitialInstanceCount"]
+    if canary is not None and canary > fleet * MAX_CANARY_SHARE:
+        problems.append(
+            f"the canary of {canary} instance(s) is over half the green fleet of {fleet} (CanarySize): give the "
+            "stack at least 2 instances (minInstances) or canaryPercent 0"
+        )
     return problems
 
 
@@ -280,6 +320,8 @@ class Rollout:
     say: Callable[[str], None] = print
     poll_s: float = 30.0
     sleep: Callable[[float], None] = time.sleep
+    split: bool = True  # a canary: both fleets answer during the bakes
+    unjudged: bool = False
 
     def follow(self) -> None:
         """Returns when the endpoint serves the new configuration; raises DeployError on a rollback or failure."""
@@ -287,9 +329,13 @@ class Rollout:
         while True:
             endpoint = self.clients.sagemaker.describe_endpoint(EndpointName=self.pool.endpoint)
             status = endpoint["EndpointStatus"]
+            # The new configuration's fleet, while it is deployed, is the pending deployment's (botocore sagemaker
+            # DescribeEndpointOutput.PendingDeploymentSummary), not the serving ProductionVariants'.
+            pending = endpoint.get("PendingDeploymentSummary") or {}
+            ours = pending.get("EndpointConfigName") == self.new_config
             variants = [
                 f"{s['Status']}" + (f" ({s['StatusMessage']})" if s.get("StatusMessage") else "")
-                for v in endpoint.get("ProductionVariants", [])
+                for v in (pending.get("ProductionVariants", []) if ours else [])
                 for s in v.get("VariantStatus", [])
             ]
             state = f"{status}" + (f": {', '.join(variants)}" if variants else "")
@@ -311,13 +357,27 @@ class Rollout:
                 self._smoke(final=False)
             self.sleep(self.poll_s)
 
+    def _known(self, final: bool) -> list[str] | None:
+        """The answers the endpoint may rightly give now: the new version's; during a canary's bakes also the live
+        version's, when it recorded the same request (another prompt's answer says nothing), else None: an answer
+        of the old fleet cannot be judged, so the bake puts nothing and the final check judges the new fleet."""
+        if final or self.old_smoke is None or not self.split:
+            return [self.smoke.answer]
+        old, new = self.old_smoke, self.smoke
+        if (old.prompt, old.max_new_tokens, old.stop) == (new.prompt, new.max_new_tokens, new.stop):
+            return [new.answer, old.answer]
+        return None
+
     def _smoke(self, final: bool) -> None:
+        known = self._known(final)
+        if known is None:
+            if not self.unjudged:
+                self.say(
+                    "  the live version recorded another smoke request: judged once the new fleet has it all"
+                )
+                self.unjudged = True
+            return
         answer = smoke_answer(self.clients, self.pool, self.smoke)
-        known = (
-            [self.smoke.answer]
-            if final or self.old_smoke is None
-            else [self.smoke.answer, self.old_smoke.answer]
-        )
         mismatch = not any(_same(answer, k) for k in known)
         put_smoke(self.clients, self.pool, mismatch)
         if mismatch and final:

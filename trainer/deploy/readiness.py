@@ -32,6 +32,36 @@ class Ready:
     export_uri: str  # s3://bucket/<run>/export/<version>/
     smoke: Smoke
     evaluation: dict[str, Any]
+    model_config: dict[str, Any]  # the export's config.json
+    weight_bytes: int  # its *.safetensors files, as the export's marker lists them
+
+
+# vLLM's default share of each GPU's memory for weights, activations and the KV cache (vllm/config CacheConfig
+# gpu_memory_utilization = 0.9; LMI passes OPTION_GPU_MEMORY_UTILIZATION through, unset here).
+GPU_MEMORY_UTILIZATION = 0.9
+# What this project keeps aside per GPU for the CUDA context, activations and CUDA graphs before the KV cache: a
+# margin of ours, not a published figure (vLLM measures it by profiling at start-up).
+RESERVE_BYTES_PER_GPU = 2 * 2**30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def max_model_len(config: dict[str, Any], weight_bytes: int, gpus: int, gpu_memory_gib: int) -> int:
+    """The longest sequence whose KV cache fits beside the weights on `gpus` GPUs (tensor parallel over all of
+    them), at most the model's context (max_position_embeddings). vLLM refuses to start when one sequence of its
+    max_model_len does not fit the KV cache ("larger than the maximum number of tokens that can be stored in KV
+    cache"), which an unset length (the model's 131,072 for Llama 3.1) does on an A10G. 0: the weights alone do
+    not fit."""
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    per_token = (
+        2 * int(config["num_hidden_layers"]) * int(config.get("num_key_value_heads", heads)) * head_dim
+    )
+    per_token *= DTYPE_BYTES.get(dtype, 2)
+    budget = gpus * (gpu_memory_gib * 2**30 * GPU_MEMORY_UTILIZATION - RESERVE_BYTES_PER_GPU) - weight_bytes
+    if budget <= 0:
+        return 0
+    return min(int(config["max_position_embeddings"]), int(budget // per_token))
 
 
 def run_prefix(found: Found) -> tuple[str, str]:
@@ -99,4 +129,6 @@ def check(found: Found, s3: Any) -> tuple[Ready | None, list[str]]:
     evaluation = evaluations[-1]
     smoke = smoke_of(evaluation)
     assert smoke is not None
-    return Ready(version, f"s3://{bucket}/{prefix}", smoke, evaluation), []
+    config = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}config.json")["Body"].read())
+    weights = sum(size for name, size in marker["files"].items() if name.endswith(".safetensors"))
+    return Ready(version, f"s3://{bucket}/{prefix}", smoke, evaluation, config, weights), []

@@ -1,7 +1,7 @@
 """The model server's Prometheus metrics at /metrics: the families trainer/contract/metrics.py defines
 (SERVING_METRICS) in their own registry, served by prometheus-client's ASGI app on the server's own port.
-`transformers serve` exposes none (transformers 5.24.0 cli/serving/server.py: /health and the API routes only),
-so the request path is measured here, around its application (trainer/serving/app.py)."""
+The request path is measured around the API (trainer/serving/app.py `Served`); the tokens are counted as the API
+generates them."""
 
 from __future__ import annotations
 
