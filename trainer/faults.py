@@ -13,7 +13,9 @@ The tests' way in is one environment variable, TRAINSTACK_FAULT, read here and n
     slow          sleep `seconds` (required) in step N and every later step: a straggler
     clock         from step N on, every rank's step compute reads as `seconds` (required) on the straggler windows'
                   clock, whatever it measured, and a `slow` fault adds its seconds to that reading instead of
-                  sleeping: a straggler whose ratio a loaded machine cannot stretch or shrink (rank= is ignored)
+                  sleeping: a straggler whose ratio a loaded machine cannot stretch or shrink (rank= is ignored);
+                  the cost ledger then pays `seconds` for each step and nothing for start-up, saves or evaluation,
+                  so a budget cap stops at a step that no machine's speed moves
     nan-grad      make step N's gradients NaN
     sigterm       send SIGTERM to this rank in step N (as Batch's cancel or a Spot reclaim would)
     kill-in-save  SIGKILL this rank while it writes step N's checkpoint (after its first item is on disk)
@@ -200,6 +202,14 @@ def _striking(kinds: tuple[str, ...], step: int) -> Fault | None:
         if fault.kind in kinds and strikes and on_rank and fault.restart in (None, restart):
             return fault
     return None
+
+
+def clock_seconds() -> float | None:
+    """The `clock` fault's seconds a step, where one is requested for this attempt (the cost ledger's clock)."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return next(
+        (f.seconds for f in _requested() if f.kind == "clock" and f.restart in (None, restart)), None
+    )
 
 
 def step_compute(step: int, measured: float) -> float:

@@ -189,6 +189,7 @@ def test_the_cost_report_shows_every_share_and_the_goodput():
 # --- the cap on a real CPU run (tests/support/training.py's tiny config, `python -m trainer train`) -------------
 
 PRICE = "budget.price_per_hour=36"  # one node at $0.01 a second
+CLOCK = "clock step=1 seconds=1"  # TRAINSTACK_FAULT: each step paid 1 s, nothing else (trainer/faults.py)
 
 
 def _ledger_lines(run: Training) -> list[dict]:
@@ -197,14 +198,22 @@ def _ledger_lines(run: Training) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_cap_stops_a_cpu_run_at_its_step_with_a_checkpoint_and_a_resume_counts_on(tmp_path, tiny_config):
-    settings = ("schedule.train_iters=2000", "checkpoint.save_interval=1000", PRICE)
-    run = Training(tmp_path, "capped", tiny_config, *settings, "budget.max_dollars=0.25")
+    # On the fault clock a step is paid 1 s ($0.01) and nothing else costs time: the cap's step is known in
+    # advance, however fast or loaded the machine (a wall clock made it 75 s of training and a loaded machine's
+    # start-up alone could pass the cap).
+    settings = ("schedule.train_iters=200", "checkpoint.save_interval=1000", PRICE)
+
+    def capped(cap: float) -> Training:
+        return Training(tmp_path, "capped", tiny_config, *settings, f"budget.max_dollars={cap}", fault=CLOCK)
+
+    run = capped(0.25)
     output = _completed(run)  # exit 0
     lines = _ledger_lines(run)
     stopped = lines[-1]["step"]
-    assert 0 < stopped < 2000
+    assert stopped in (25, 26)  # $0.01 a step: the 25th reaches $0.25, or the 26th where the float sum falls short
     # The right step: the first whose line reached the cap (the step before was under it).
-    assert lines[-1]["dollars"] >= 0.25 > (lines[-2]["dollars"] if len(lines) > 1 else 0)
+    assert lines[-1]["dollars"] >= 0.25 > lines[-2]["dollars"]
+    assert [line["step"] for line in lines] == list(range(1, stopped + 1))  # a line a step
     assert f"step {stopped}: budget.max_dollars = 0.25 reached: spent $" in output
     assert (run.checkpoints / LATEST).read_text() == f"iter_{stopped:07d}\n"
     checkpoint = run.checkpoints / f"iter_{stopped:07d}"
@@ -214,21 +223,21 @@ def test_the_cap_stops_a_cpu_run_at_its_step_with_a_checkpoint_and_a_resume_coun
     assert "cost: $" in output and "goodput" in output
 
     # The same cap again: already spent, nothing trained, still exit 0.
-    again = _completed(Training(tmp_path, "capped", tiny_config, *settings, "budget.max_dollars=0.25"))
+    again = _completed(capped(0.25))
     assert f"step {stopped}: budget.max_dollars = 0.25 reached: spent $" in again
     assert "before this run's first step" in again
     assert _ledger_lines(run)[-1]["step"] == stopped
 
-    # A higher cap, 50 s of paid time above what is spent now (start-up included): the resumed run counts on from
-    # the stored ledger, trains, and stops at its new cap.
+    # A higher cap, 50 steps' pay above what is spent now: the resumed run counts on from the stored ledger, trains
+    # 50 more steps, and stops at its new cap.
     spent = read_ledger(run.run_dir / LEDGER_FILE)
-    assert spent is not None and spent.dollars >= lines[-1]["dollars"]
+    assert spent is not None and spent.dollars == pytest.approx(lines[-1]["dollars"])
     cap = round(spent.dollars + 0.5, 2)
-    more = _completed(Training(tmp_path, "capped", tiny_config, *settings, f"budget.max_dollars={cap}"))
+    more = _completed(capped(cap))
     resumed = [r for r in _ledger_lines(run) if r["step"] > stopped]
     assert resumed and resumed[0]["dollars"] > spent.dollars  # counted on, not from zero
-    assert resumed[-1]["dollars"] >= cap > (resumed[-2]["dollars"] if len(resumed) > 1 else 0)
-    assert resumed[-1]["step"] < 2000 and f"budget.max_dollars = {cap:g} reached" in more
+    assert resumed[-1]["dollars"] >= cap > resumed[-2]["dollars"]
+    assert resumed[-1]["step"] - stopped in (49, 50, 51) and f"budget.max_dollars = {cap:g} reached" in more
     final = read_ledger(run.run_dir / LEDGER_FILE)
     assert final is not None and final.attempts == 3 and final.dollars >= cap
     assert math.isclose(sum(final.shares.values()), 1.0)
