@@ -207,9 +207,7 @@ def _striking(kinds: tuple[str, ...], step: int) -> Fault | None:
 def clock_seconds() -> float | None:
     """The `clock` fault's seconds a step, where one is requested for this attempt (the cost ledger's clock)."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    return next(
-        (f.seconds for f in _requested() if f.kind == "clock" and f.restart in (None, restart)), None
-    )
+    return next((f.seconds for f in _requested() if f.kind == "clock" and f.restart in (None, restart)), None)
 
 
 def step_compute(step: int, measured: float) -> float:

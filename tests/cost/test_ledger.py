@@ -210,7 +210,10 @@ def test_the_cap_stops_a_cpu_run_at_its_step_with_a_checkpoint_and_a_resume_coun
     output = _completed(run)  # exit 0
     lines = _ledger_lines(run)
     stopped = lines[-1]["step"]
-    assert stopped in (25, 26)  # $0.01 a step: the 25th reaches $0.25, or the 26th where the float sum falls short
+    assert stopped in (
+        25,
+        26,
+    )  # $0.01 a step: the 25th reaches $0.25, or the 26th where the float sum falls short
     # The right step: the first whose line reached the cap (the step before was under it).
     assert lines[-1]["dollars"] >= 0.25 > lines[-2]["dollars"]
     assert [line["step"] for line in lines] == list(range(1, stopped + 1))  # a line a step
