@@ -4,7 +4,8 @@ Each registration the mocks recorded becomes what the engine hands the analyzer:
 (behind pulumi-policy's unknown-checking proxy), the URN and `protect`; stack policies get every resource with its
 property dependencies and dependencies (`depends_on`) resolved to the resources they name. Parents are left out: no
 policy reads them. Violations print as the "Policies:" section of `pulumi preview --policy-pack policy`; the exit status
-is 1 when any violation is mandatory.
+is 1 when any violation is mandatory. Then the access check (policy/access.py) over the same preview: each failing row
+is printed, and any one fails the run too.
 
     python -m policy.offline --stack dev
 """
@@ -32,8 +33,9 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from infra.config import StackConfigError
+from infra.config import StackConfigError, load_stack_config
 from infra.preview import PROJECT, Plan, run_program
+from policy.access import access_rows
 from policy.pack import ENFORCEMENT_LEVEL, PACK_NAME, POLICIES
 
 PACK_DIR = Path(__file__).resolve().parent
@@ -123,12 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = run_program(args.stack)
+        cfg = load_stack_config(args.stack)
     except (StackConfigError, pulumi.RunError) as e:  # a missing stack file, or the program's config error
         print(f"error: {e}", file=sys.stderr)
         return 2
     violations = evaluate(policy_resources(plan), args.stack)
     print(render(violations, pack_version()))
-    return 1 if any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations) else 0
+    rows = access_rows(plan, cfg)
+    failing = [row for row in rows if not row.ok]
+    print(
+        f"Access: {len(rows)} rows, {len(failing)} failing (make access STACK={args.stack} prints them all)"
+    )
+    print("\n".join(f"    - {row.describe()}" for row in failing))
+    mandatory = any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations)
+    return 1 if mandatory or failing else 0
 
 
 if __name__ == "__main__":
