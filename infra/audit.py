@@ -272,13 +272,14 @@ class Audit(pulumi.ComponentResource):
             recording_group={"all_supported": True, "include_global_resource_types": False},
             opts=child,
         )
+        config_bucket, config_policy = self._config_bucket(cfg, account, keys)
         channel = aws.cfg.DeliveryChannel(
             f"{cfg.name_prefix}-config",
             name=cfg.name_prefix,
-            s3_bucket_name=self.bucket.id,
+            s3_bucket_name=config_bucket.id,
             s3_key_prefix=CONFIG_PREFIX,
             s3_kms_key_arn=keys.key.arn,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[recorder, self.bucket_policy]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[recorder, config_policy]),
         )
         aws.cfg.RecorderStatus(
             f"{cfg.name_prefix}-config",
@@ -286,6 +287,68 @@ class Audit(pulumi.ComponentResource):
             is_enabled=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[channel]),
         )
+
+    def _config_bucket(
+        self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys
+    ) -> tuple[aws.s3.Bucket, aws.s3.BucketPolicy]:
+        """AWS Config's own bucket, without Object Lock: "AWS Config does not support the delivery channel to an
+        Amazon S3 bucket where object lock is enabled" (CloudFormation reference, AWS::Config::DeliveryChannel; AWS
+        Config Developer Guide: "... with default retention enabled"), so not the audit log bucket (issue 46 item 8).
+        Versioned, under the stack key, private, TLS only, as every bucket of the stack (policy/s3.py)."""
+        name, child = f"{cfg.name_prefix}-config", pulumi.ResourceOptions(parent=self)
+        bucket = aws.s3.Bucket(
+            name,
+            force_destroy=not cfg.protect_data,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                protect=cfg.protect_data,
+                retain_on_delete=cfg.protect_data,
+                depends_on=[keys.key],
+            ),
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            name,
+            bucket=bucket.id,
+            rules=[
+                {
+                    "apply_server_side_encryption_by_default": {
+                        "sse_algorithm": "aws:kms",
+                        "kms_master_key_id": keys.key.arn,
+                    },
+                    "bucket_key_enabled": True,
+                }
+            ],
+            opts=child,
+        )
+        aws.s3.BucketVersioning(
+            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
+        )
+        public_access = aws.s3.BucketPublicAccessBlock(
+            name,
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        policy = aws.s3.BucketPolicy(
+            name,
+            bucket=bucket.id,
+            policy=policy_document(
+                {
+                    "Sid": "DenyInsecureTransport",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:*",
+                    "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                },
+                *config_bucket_statements(bucket.arn, account),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
+        )
+        return bucket, policy
 
     def _log_bucket(
         self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys, trail_arn: pulumi.Output[str]
@@ -360,7 +423,6 @@ class Audit(pulumi.ComponentResource):
                     "Resource": bucket.arn,
                     "Condition": {"StringEquals": {"aws:SourceArn": trail_arn}},
                 },
-                *(config_bucket_statements(bucket.arn, account) if cfg.security_hub else []),
                 {
                     "Sid": "CloudTrailWrite",
                     "Effect": "Allow",

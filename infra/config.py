@@ -560,9 +560,9 @@ class StackConfig(BaseModel):
             )
         if self.security_hub and self.organization_trail:
             problems.append(
-                f"{_key('security_hub')} = True: AWS Config delivers to the stack's own audit bucket, which a stack "
-                f"on the organisation trail ({_key('organization_trail')}) does not have; enable Security Hub and "
-                "Config from the organisation instead, or remove one of the keys"
+                f"{_key('security_hub')} = True: the stack's Security Hub and AWS Config belong with its own audit "
+                f"trail, which a stack on the organisation trail ({_key('organization_trail')}) does not have; "
+                "enable Security Hub and Config from the organisation instead, or remove one of the keys"
             )
         gpus = self.instance.gpus * self.node_count
         problems += [

@@ -41,6 +41,9 @@ KARPENTER_SOURCE = (
 )
 CLOUDTRAIL_SOURCE = 'CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail"'
 CLOUDTRAIL_S3_SOURCE = 'CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail"'
+CONFIG_SOURCE = (
+    'AWS Config Developer Guide, "Permissions for the Amazon S3 Bucket for the AWS Config Delivery Channel"'
+)
 LOGS_SOURCE = 'CloudWatch Logs User Guide, "Encrypt log data in CloudWatch Logs using AWS KMS"'
 SNS_SOURCE = 'SNS Developer Guide, "Encrypted topics: compatibility with event sources from AWS services"'
 S3_KMS_SOURCE = 'S3 User Guide, "Using server-side encryption with AWS KMS keys (SSE-KMS)": permissions'
@@ -236,6 +239,39 @@ def cloudtrail_needs(stack: StackPolicies) -> list[Need]:
                 {**source, **TLS, "s3:x-amz-acl": "bucket-owner-full-control"},
             ),
         ]
+    return needs
+
+
+def config_needs(stack: StackPolicies) -> list[Need]:
+    """AWS Config delivers snapshots to its channel's bucket under the stack key (AWS Config Developer Guide,
+    "Permissions for the Amazon S3 Bucket for the AWS Config Delivery Channel", "Permissions for the KMS Key")."""
+    needs: list[Need] = []
+    buckets = {r.id: r for r in stack.of_type("aws:s3/bucket:Bucket")}
+    for channel in stack.of_type("aws:cfg/deliveryChannel:DeliveryChannel"):
+        bucket = buckets[channel.inputs["s3BucketName"]].outputs["bucket"]
+        prefix = f"{channel.inputs['s3KeyPrefix']}/" if channel.inputs.get("s3KeyPrefix") else ""
+        source = {"aws:SourceAccount": stack.account, **TLS}
+        key = f"arn:aws:s3:::{bucket}/{prefix}AWSLogs/{stack.account}/Config/snapshot.json.gz"
+        needs += [
+            Need("config.amazonaws.com", "s3:GetBucketAcl", f"arn:aws:s3:::{bucket}", CONFIG_SOURCE, source),
+            Need(
+                "config.amazonaws.com",
+                "s3:PutObject",
+                key,
+                CONFIG_SOURCE,
+                {**source, "s3:x-amz-acl": "bucket-owner-full-control"},
+            ),
+        ]
+        if channel.inputs.get("s3KmsKeyArn") in stack.keys:
+            needs.append(
+                Need(
+                    "config.amazonaws.com",
+                    "kms:GenerateDataKey",
+                    channel.inputs["s3KmsKeyArn"],
+                    CONFIG_SOURCE,
+                    {"aws:SourceAccount": stack.account},
+                )
+            )
     return needs
 
 
@@ -462,7 +498,15 @@ def team_needs(stack: StackPolicies) -> list[Need]:
     return needs
 
 
-NEEDS = (karpenter_needs, cloudtrail_needs, log_group_needs, alarm_topic_needs, job_role_needs, team_needs)
+NEEDS = (
+    karpenter_needs,
+    cloudtrail_needs,
+    config_needs,
+    log_group_needs,
+    alarm_topic_needs,
+    job_role_needs,
+    team_needs,
+)
 
 
 def principal_of(stack: StackPolicies, actor: str) -> Principal:

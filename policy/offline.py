@@ -105,6 +105,11 @@ def evaluate(resources: Sequence[PolicyResource], stack: str) -> list[Violation]
     return violations
 
 
+def mandatory(violations: Sequence[Violation]) -> list[Violation]:
+    """The violations that stop `pulumi up` (advisory ones only warn)."""
+    return [v for v in violations if v.enforcement_level == EnforcementLevel.MANDATORY]
+
+
 def render(violations: Sequence[Violation], version: str) -> str:
     """The CLI's "Policies:" section: the pack, then each violation sorted by level, policy and URN."""
     mandatory = any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations)
@@ -137,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Access: {len(rows)} rows, {len(failing)} failing (make access STACK={args.stack} prints them all)"
     )
     print("\n".join(f"    - {row.describe()}" for row in failing))
-    mandatory = any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations)
-    return 1 if mandatory or failing else 0
+    return 1 if mandatory(violations) or failing else 0
 
 
 if __name__ == "__main__":

@@ -242,9 +242,9 @@ def test_a_stack_without_teams_stays_single_tenant(stack):
 
 
 def test_two_team_stack_passes_the_policy_pack(two_teams):
-    from policy.offline import evaluate, policy_resources
+    from policy.offline import evaluate, mandatory, policy_resources
 
-    assert evaluate(policy_resources(two_teams.plan), "prod") == []
+    assert mandatory(evaluate(policy_resources(two_teams.plan), "prod")) == []
 
 
 # --- IAM Identity Center groups -------------------------------------------------------------------------------
@@ -367,9 +367,9 @@ def test_teams_without_a_group_get_no_identity_center_resources(two_teams):
 
 
 def test_group_team_stack_passes_the_policy_pack(sso_teams):
-    from policy.offline import evaluate, policy_resources
+    from policy.offline import evaluate, mandatory, policy_resources
 
-    assert evaluate(policy_resources(sso_teams.plan), "prod") == []
+    assert mandatory(evaluate(policy_resources(sso_teams.plan), "prod")) == []
 
 
 GROUP_TEAM = SSO_TEAMS[0]

@@ -45,6 +45,13 @@ def test_every_checked_in_stack_passes_its_access_check(stack):
     assert rows and not failing(rows), "\n".join(row.describe() for row in failing(rows))
 
 
+def test_config_delivers_to_its_bucket_under_the_key():
+    rows = rows_of("prod", (("trainstack:securityHub", True),))
+    config = [row for row in rows if row.need.actor == "config.amazonaws.com"]
+    assert {row.need.action for row in config} == {"s3:GetBucketAcl", "s3:PutObject", "kms:GenerateDataKey"}
+    assert all(row.ok for row in config) and "trainstack-prod-config/" in config[1].need.resource
+
+
 def test_a_team_stack_checks_its_workflow_and_must_nots():
     rows = rows_of("prod", PROD_TEAMS)
     assert not failing(rows), "\n".join(row.describe() for row in failing(rows))

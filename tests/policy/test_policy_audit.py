@@ -13,6 +13,7 @@ from policy.audit import (
     cis_alarms_heard,
     cis_metric_filters,
     cloudtrail_key_policy,
+    config_recording,
     locked_logs_kept,
 )
 
@@ -191,4 +192,20 @@ def test_cis_alarms_without_a_subscriber_warn_on_each_alarm_and_pass_with_one(pl
             *planned("dev", **{"trainstack:alarmEmails": json.dumps(["oncall@example.com"])}),
         )
         == []
+    )
+
+
+def test_config_delivering_to_the_locked_audit_bucket_fails_and_its_own_bucket_passes(planned, violations):
+    """Issue 46 item 8: as the stack had it, the delivery channel pointed at the Object-Locked audit bucket."""
+    resources = planned("prod", **{"trainstack:securityHub": "true"})
+    assert violations(config_recording, *resources) == []
+    (audit,) = [
+        r for r in resources if r.name == "trainstack-prod-audit-logs" and r.resource_type.endswith("Bucket")
+    ]
+    (channel,) = [r for r in resources if r.resource_type == "aws:cfg/deliveryChannel:DeliveryChannel"]
+    as_before = copy.copy(channel)
+    as_before.property_dependencies = {**channel.property_dependencies, "s3BucketName": [audit]}
+    [(name, message)] = violations(config_recording, *[as_before if r is channel else r for r in resources])
+    assert (
+        name == "trainstack-prod-config" and "'trainstack-prod-audit-logs', which has Object Lock" in message
     )

@@ -193,8 +193,9 @@ CONTROLS: tuple[Control, ...] = (
         ("audit-trail-recorded",),
         (BUCKET,),
         holds_when="objectLockEnabled",
-        accepted="rewritten and deleted by design (datasets re-prepared, checkpoints pruned), versioned instead "
-        "(S3.14); the audit log bucket has Object Lock (audit-trail-recorded)",
+        accepted="datasets and checkpoints are rewritten and deleted by design (re-prepared, pruned) and versioned "
+        "instead (S3.14); AWS Config's bucket may not have Object Lock (AWS::Config::DeliveryChannel reference); "
+        "the audit log bucket has it (audit-trail-recorded)",
     ),
     Control(
         "S3.17",
@@ -235,6 +236,7 @@ CONTROLS: tuple[Control, ...] = (
     Control(
         "Config.1",
         "AWS Config should be enabled and use the service-linked role for resource recording",
+        ("config-recording",),
         resource_types=("aws:cfg/recorder:Recorder",),
         not_covered="off unless trainstack:securityHub is true (it costs money: docs/security.md#compliance-report)",
     ),
