@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_aws as aws
 
+from infra.buckets import deny_insecure_transport, private_encrypted_versioned
 from infra.config import StackConfig
 from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document
 
@@ -295,7 +296,7 @@ class Audit(pulumi.ComponentResource):
         Amazon S3 bucket where object lock is enabled" (CloudFormation reference, AWS::Config::DeliveryChannel; AWS
         Config Developer Guide: "... with default retention enabled"), so not the audit log bucket (issue 46 item 8).
         Versioned, under the stack key, private, TLS only, as every bucket of the stack (policy/s3.py)."""
-        name, child = f"{cfg.name_prefix}-config", pulumi.ResourceOptions(parent=self)
+        name = f"{cfg.name_prefix}-config"
         bucket = aws.s3.Bucket(
             name,
             force_destroy=not cfg.protect_data,
@@ -306,44 +307,12 @@ class Audit(pulumi.ComponentResource):
                 depends_on=[keys.key],
             ),
         )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            name,
-            bucket=bucket.id,
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": {
-                        "sse_algorithm": "aws:kms",
-                        "kms_master_key_id": keys.key.arn,
-                    },
-                    "bucket_key_enabled": True,
-                }
-            ],
-            opts=child,
-        )
-        aws.s3.BucketVersioning(
-            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
-        )
-        public_access = aws.s3.BucketPublicAccessBlock(
-            name,
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=child,
-        )
+        _, public_access = private_encrypted_versioned(name, bucket, keys.key.arn, self)
         policy = aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
             policy=policy_document(
-                {
-                    "Sid": "DenyInsecureTransport",
-                    "Effect": "Deny",
-                    "Principal": "*",
-                    "Action": "s3:*",
-                    "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                },
+                deny_insecure_transport(bucket),
                 *config_bucket_statements(bucket.arn, account),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
@@ -353,7 +322,7 @@ class Audit(pulumi.ComponentResource):
     def _log_bucket(
         self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys, trail_arn: pulumi.Output[str]
     ) -> aws.s3.Bucket:
-        name, child = f"{cfg.name_prefix}-audit-logs", pulumi.ResourceOptions(parent=self)
+        name = f"{cfg.name_prefix}-audit-logs"
         # Compliance-locked logs cannot be deleted by anyone before their retention ends: kept (the config refuses
         # COMPLIANCE without protectData). Governance-locked ones go with the bucket on destroy.
         outlives_destroy = cfg.audit_lock == "COMPLIANCE" or cfg.protect_data
@@ -369,23 +338,7 @@ class Audit(pulumi.ComponentResource):
                 depends_on=[keys.key],
             ),
         )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            name,
-            bucket=bucket.id,
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": {
-                        "sse_algorithm": "aws:kms",
-                        "kms_master_key_id": keys.key.arn,
-                    },
-                    "bucket_key_enabled": True,
-                }
-            ],
-            opts=child,
-        )
-        versioning = aws.s3.BucketVersioning(
-            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
-        )
+        versioning, public_access = private_encrypted_versioned(name, bucket, keys.key.arn, self)
         self.object_lock = aws.s3.BucketObjectLockConfiguration(
             name,
             bucket=bucket.id,
@@ -393,28 +346,12 @@ class Audit(pulumi.ComponentResource):
             rule={"default_retention": {"mode": cfg.audit_lock, "days": cfg.audit_retention_days}},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
         )
-        public_access = aws.s3.BucketPublicAccessBlock(
-            name,
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=child,
-        )
         # CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail": ACL check and writes, only for this trail.
         self.bucket_policy = aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
             policy=policy_document(
-                {
-                    "Sid": "DenyInsecureTransport",
-                    "Effect": "Deny",
-                    "Principal": "*",
-                    "Action": "s3:*",
-                    "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                },
+                deny_insecure_transport(bucket),
                 {
                     "Sid": "CloudTrailAclCheck",
                     "Effect": "Allow",
