@@ -26,4 +26,5 @@
     offline           `make policy`: the policies over a stack's offline preview, then the access check
     access            `make access`: every actor's needs and must-nots, decided from the planned policies
     iam_evaluation    IAM's and KMS's evaluation logic, offline: identity, resource and key policies, conditions
+    cloudsplaining_check  cloudsplaining over every policy document, against cloudsplaining-baseline.yaml
 """

@@ -5,7 +5,8 @@ Each registration the mocks recorded becomes what the engine hands the analyzer:
 property dependencies and dependencies (`depends_on`) resolved to the resources they name. Parents are left out: no
 policy reads them. Violations print as the "Policies:" section of `pulumi preview --policy-pack policy`; the exit status
 is 1 when any violation is mandatory. Then the access check (policy/access.py) over the same preview: each failing row
-is printed, and any one fails the run too.
+is printed, and any one fails the run too; and cloudsplaining over every policy document (policy/cloudsplaining_check.py):
+each finding not accepted in policy/cloudsplaining-baseline.yaml is printed and fails the run.
 
     python -m policy.offline --stack dev
 """
@@ -36,6 +37,7 @@ from pulumi_policy.proxy import unknown_checking_proxy
 from infra.config import StackConfigError, load_stack_config
 from infra.preview import PROJECT, Plan, run_program
 from policy.access import access_rows
+from policy.cloudsplaining_check import baseline, findings, unaccepted
 from policy.pack import ENFORCEMENT_LEVEL, PACK_NAME, POLICIES
 
 PACK_DIR = Path(__file__).resolve().parent
@@ -141,8 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Access: {len(rows)} rows, {len(failing)} failing (make access STACK={args.stack} prints them all)"
     )
-    print("\n".join(f"    - {row.describe()}" for row in failing))
-    return 1 if mandatory(violations) or failing else 0
+    for row in failing:
+        print(f"    - {row.describe()}")
+    found = findings(plan.resources, cfg.name_prefix)
+    new = unaccepted(found, baseline())
+    print(
+        f"cloudsplaining: {len(found)} findings, {len(new)} not accepted in policy/cloudsplaining-baseline.yaml"
+    )
+    for finding in new:
+        print(f"    - {finding}")
+    return 1 if mandatory(violations) or failing or new else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ def test_a_stack_with_only_advisory_findings_warns_and_exits_0(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"Policies:\n    ⚠️ {PACK_NAME}@v{pack_version()} (local: policy)\n")
     assert "[advisory]  cis-alarms-heard" in out and "[mandatory]" not in out
-    assert out.endswith("Access: 28 rows, 0 failing (make access STACK=dev prints them all)\n\n")
+    assert out.endswith(
+        "Access: 28 rows, 0 failing (make access STACK=dev prints them all)\n"
+        "cloudsplaining: 3 findings, 0 not accepted in policy/cloudsplaining-baseline.yaml\n"
+    )
 
 
 def test_violations_print_as_the_cli_prints_them():
