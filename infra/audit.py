@@ -30,7 +30,7 @@ import pulumi_aws as aws
 
 from infra.buckets import deny_insecure_transport, private_encrypted_versioned
 from infra.config import StackConfig
-from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document
+from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document, service_trust_policy
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
@@ -162,14 +162,11 @@ class Audit(pulumi.ComponentResource):
         delivery_role = aws.iam.Role(
             f"{prefix}-audit-delivery",
             description="CloudTrail delivers the stack trail's events to its log group",
-            assume_role_policy=policy_document(
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": "cloudtrail.amazonaws.com"},
-                    "Action": "sts:AssumeRole",
-                    "Condition": {"StringEquals": {"aws:SourceArn": trail_arn}},
-                }
-            ),
+            # The trust of CloudTrail's own CloudWatch Logs role (CloudTrail User Guide, "Sending events to CloudWatch
+            # Logs" / "Role policy document for CloudTrail to use CloudWatch Logs": CloudTrail_CloudWatchLogs_Role), no
+            # condition: AWS documents no aws:SourceArn on this AssumeRole, and delivery stopped with one
+            # (prowler-cloud/prowler issue 4714; issue 46 item 13). The role can only write the trail's log group.
+            assume_role_policy=service_trust_policy("cloudtrail.amazonaws.com"),
             opts=child,
         )
         aws.iam.RolePolicy(

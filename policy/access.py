@@ -40,6 +40,7 @@ KARPENTER_SOURCE = (
     'Karpenter troubleshooting v1.14, "Node terminates before ready on failed encrypted EBS volume"'
 )
 CLOUDTRAIL_SOURCE = 'CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail"'
+CLOUDTRAIL_LOGS_SOURCE = 'CloudTrail User Guide, "Sending events to CloudWatch Logs"'
 CLOUDTRAIL_S3_SOURCE = 'CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail"'
 CONFIG_SOURCE = (
     'AWS Config Developer Guide, "Permissions for the Amazon S3 Bucket for the AWS Config Delivery Channel"'
@@ -220,6 +221,18 @@ def cloudtrail_needs(stack: StackPolicies) -> list[Need]:
                 Need("cloudtrail.amazonaws.com", "kms:GenerateDataKey", key, CLOUDTRAIL_SOURCE, context),
                 Need("cloudtrail.amazonaws.com", "kms:Decrypt", key, CLOUDTRAIL_SOURCE, source),
                 Need("cloudtrail.amazonaws.com", "kms:DescribeKey", key, CLOUDTRAIL_SOURCE, source),
+            ]
+        role = trail.inputs.get("cloudWatchLogsRoleArn")
+        if role:  # CloudTrail assumes the delivery role (CloudTrail User Guide, "Sending events to CloudWatch Logs")
+            needs.append(
+                Need("cloudtrail.amazonaws.com", "sts:AssumeRole", role, CLOUDTRAIL_LOGS_SOURCE, source)
+            )
+            group = str(trail.inputs["cloudWatchLogsGroupArn"]).removesuffix(":*")
+            delivery = next((name for name, p in stack.roles.items() if p.arn == role), role)
+            stream = f"{group}:log-stream:{stack.account}_CloudTrail_{stack.region}"
+            needs += [
+                Need(delivery, action, stream, CLOUDTRAIL_LOGS_SOURCE)
+                for action in ("logs:CreateLogStream", "logs:PutLogEvents")
             ]
         prefix = f"{trail.inputs['s3KeyPrefix']}/" if trail.inputs.get("s3KeyPrefix") else ""
         objects = f"arn:aws:s3:::{bucket}/{prefix}AWSLogs/{stack.account}/CloudTrail/log.json.gz"

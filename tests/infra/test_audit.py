@@ -268,3 +268,14 @@ def test_security_hub_with_an_organization_trail_is_refused():
         match="trainstack:securityHub = True: the stack's Security Hub and AWS Config belong with its own",
     ):
         parse_stack_config("dev", values)
+
+
+def test_the_delivery_role_trusts_cloudtrail_as_the_guides_default_role_does(stack):
+    """Issue 46 item 13: CloudTrail_CloudWatchLogs_Role's trust has no condition (CloudTrail User Guide, "Sending
+    events to CloudWatch Logs"); with aws:SourceArn delivery stopped (prowler-cloud/prowler issue 4714)."""
+    (trust,) = json.loads(stack.one("iam.Role", "-audit-delivery").inputs["assumeRolePolicy"])["Statement"]
+    assert trust == {
+        "Effect": "Allow",
+        "Principal": {"Service": "cloudtrail.amazonaws.com"},
+        "Action": "sts:AssumeRole",
+    }

@@ -19,7 +19,7 @@ def test_a_stack_with_only_advisory_findings_warns_and_exits_0(capsys):
     assert out.startswith(f"Policies:\n    ⚠️ {PACK_NAME}@v{pack_version()} (local: policy)\n")
     assert "[advisory]  cis-alarms-heard" in out and "[mandatory]" not in out
     assert out.endswith(
-        "Access: 28 rows, 0 failing (make access STACK=dev prints them all)\n"
+        "Access: 31 rows, 0 failing (make access STACK=dev prints them all)\n"
         "cloudsplaining: 3 findings, 0 not accepted in policy/cloudsplaining-baseline.yaml\n"
     )
 
@@ -70,7 +70,7 @@ def test_a_failing_access_row_exits_1_and_names_actor_action_and_policy(capsys, 
     monkeypatch.setattr("policy.offline.run_program", lambda stack: edited)
     assert main(["--stack", "eks-dev"]) == 1
     out = capsys.readouterr().out
-    assert "[mandatory]" not in out and "Access: 70 rows, 5 failing" in out
+    assert "[mandatory]" not in out and "Access: 73 rows, 5 failing" in out
     assert "- trainstack-eks-dev-karpenter needs kms:CreateGrant on arn:aws:kms:" in out
     assert "nothing allows it in trainstack-eks-dev-karpenter (inline)" in out
 
