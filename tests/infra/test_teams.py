@@ -18,7 +18,7 @@ import pytest
 from infra.config import StackConfigError, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
 from infra.teams import TEAM, identity_center_role_pattern
-from policy.access import register_context
+from policy.actors import register_context
 from policy.iam_evaluation import Request
 from policy.iam_evaluation import decide as evaluate
 from trainer.contract.teams import team_prefix

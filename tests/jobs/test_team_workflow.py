@@ -43,7 +43,7 @@ from moto.batch.models import batch_backends
 from moto.core.authorization import enable_iam_authentication
 
 from infra.mocks import ACCOUNT_ID
-from policy.access import register_context
+from policy.actors import register_context
 from policy.iam_evaluation import Request, decide
 from tests.infra.conftest import Planned, _variant
 from trainer.__main__ import main as trainer_main

@@ -16,7 +16,7 @@ import pytest
 
 from infra.config import load_stack_config, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
-from policy import access
+from policy import access, actors
 from policy.iam_evaluation import Policy, Principal, Request, authorize
 from tests.conftest import stack_plan
 from tests.policy.conftest import without_statements
@@ -82,7 +82,7 @@ def test_karpenter_without_the_key_statements_cannot_encrypt_the_root_volume():
 
 def test_karpenter_grant_without_grant_is_for_aws_resource_is_refused():
     rows = rows_of("eks-dev")
-    stack = access.StackPolicies(stack_plan("eks-dev"), load_stack_config("eks-dev"))
+    stack = actors.StackPolicies(stack_plan("eks-dev"), load_stack_config("eks-dev"))
     grant = next(r for r in rows if r.need.action == "kms:CreateGrant" and "karpenter" in r.need.actor)
     bare = dataclasses.replace(
         grant.need, context={**grant.need.context, "kms:GrantIsForAWSResource": "false"}
