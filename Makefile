@@ -210,6 +210,11 @@ policy: $(VENV)/.infra-installed ## Run the policy pack (policy/) over STACK=<en
 	$(need_stack)
 	@$(PY) -m policy.offline --stack $(STACK)
 
+.PHONY: access
+access: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json]: every actor's needs and must-nots, decided from the planned policies (docs/policy.md#access)
+	$(need_stack)
+	@$(PY) -m policy.access --stack $(STACK) $(if $(filter json,$(FORMAT)),--format json)
+
 .PHONY: preview
 preview: $(VENV)/.infra-installed ## pulumi preview --stack STACK --policy-pack policy (needs the Pulumi CLI and AWS credentials)
 	$(need_stack)

@@ -4,6 +4,7 @@
     keys            the stack's customer-managed KMS key and its policy
     network         the VPC: private and public subnets, NAT, endpoints, encrypted flow logs
     data_lake       the datasets and checkpoints buckets
+    buckets         what every bucket has: the stack key, versioning, public access blocked, TLS only
     lustre          FSx for Lustre over the data lake, mounted at /fsx on every GPU node
     registry        the trainer image repository (ECR)
     identity        IAM for the cluster: instance role and profile, job role, execution role

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_aws as aws
 
+from infra.buckets import deny_insecure_transport, private_encrypted_versioned
 from infra.config import StackConfig
-from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document
+from infra.iam import LOG_WRITE_ACTIONS, allow, policy_document, service_trust_policy
 
 if TYPE_CHECKING:
     from infra.data_lake import DataLake
@@ -161,14 +162,11 @@ class Audit(pulumi.ComponentResource):
         delivery_role = aws.iam.Role(
             f"{prefix}-audit-delivery",
             description="CloudTrail delivers the stack trail's events to its log group",
-            assume_role_policy=policy_document(
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": "cloudtrail.amazonaws.com"},
-                    "Action": "sts:AssumeRole",
-                    "Condition": {"StringEquals": {"aws:SourceArn": trail_arn}},
-                }
-            ),
+            # The trust of CloudTrail's own CloudWatch Logs role (CloudTrail User Guide, "Sending events to CloudWatch
+            # Logs" / "Role policy document for CloudTrail to use CloudWatch Logs": CloudTrail_CloudWatchLogs_Role), no
+            # condition: AWS documents no aws:SourceArn on this AssumeRole, and delivery stopped with one
+            # (prowler-cloud/prowler issue 4714; issue 46 item 13). The role can only write the trail's log group.
+            assume_role_policy=service_trust_policy("cloudtrail.amazonaws.com"),
             opts=child,
         )
         aws.iam.RolePolicy(
@@ -272,13 +270,14 @@ class Audit(pulumi.ComponentResource):
             recording_group={"all_supported": True, "include_global_resource_types": False},
             opts=child,
         )
+        config_bucket, config_policy = self._config_bucket(cfg, account, keys)
         channel = aws.cfg.DeliveryChannel(
             f"{cfg.name_prefix}-config",
             name=cfg.name_prefix,
-            s3_bucket_name=self.bucket.id,
+            s3_bucket_name=config_bucket.id,
             s3_key_prefix=CONFIG_PREFIX,
             s3_kms_key_arn=keys.key.arn,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[recorder, self.bucket_policy]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[recorder, config_policy]),
         )
         aws.cfg.RecorderStatus(
             f"{cfg.name_prefix}-config",
@@ -287,10 +286,40 @@ class Audit(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[channel]),
         )
 
+    def _config_bucket(
+        self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys
+    ) -> tuple[aws.s3.Bucket, aws.s3.BucketPolicy]:
+        """AWS Config's own bucket, without Object Lock: "AWS Config does not support the delivery channel to an
+        Amazon S3 bucket where object lock is enabled" (CloudFormation reference, AWS::Config::DeliveryChannel; AWS
+        Config Developer Guide: "... with default retention enabled"), so not the audit log bucket (issue 46 item 8).
+        Versioned, under the stack key, private, TLS only, as every bucket of the stack (policy/s3.py)."""
+        name = f"{cfg.name_prefix}-config"
+        bucket = aws.s3.Bucket(
+            name,
+            force_destroy=not cfg.protect_data,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                protect=cfg.protect_data,
+                retain_on_delete=cfg.protect_data,
+                depends_on=[keys.key],
+            ),
+        )
+        _, public_access = private_encrypted_versioned(name, bucket, keys.key.arn, self)
+        policy = aws.s3.BucketPolicy(
+            name,
+            bucket=bucket.id,
+            policy=policy_document(
+                deny_insecure_transport(bucket),
+                *config_bucket_statements(bucket.arn, account),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
+        )
+        return bucket, policy
+
     def _log_bucket(
         self, cfg: StackConfig, account: pulumi.Input[str], keys: Keys, trail_arn: pulumi.Output[str]
     ) -> aws.s3.Bucket:
-        name, child = f"{cfg.name_prefix}-audit-logs", pulumi.ResourceOptions(parent=self)
+        name = f"{cfg.name_prefix}-audit-logs"
         # Compliance-locked logs cannot be deleted by anyone before their retention ends: kept (the config refuses
         # COMPLIANCE without protectData). Governance-locked ones go with the bucket on destroy.
         outlives_destroy = cfg.audit_lock == "COMPLIANCE" or cfg.protect_data
@@ -306,23 +335,7 @@ class Audit(pulumi.ComponentResource):
                 depends_on=[keys.key],
             ),
         )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            name,
-            bucket=bucket.id,
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": {
-                        "sse_algorithm": "aws:kms",
-                        "kms_master_key_id": keys.key.arn,
-                    },
-                    "bucket_key_enabled": True,
-                }
-            ],
-            opts=child,
-        )
-        versioning = aws.s3.BucketVersioning(
-            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
-        )
+        versioning, public_access = private_encrypted_versioned(name, bucket, keys.key.arn, self)
         self.object_lock = aws.s3.BucketObjectLockConfiguration(
             name,
             bucket=bucket.id,
@@ -330,28 +343,12 @@ class Audit(pulumi.ComponentResource):
             rule={"default_retention": {"mode": cfg.audit_lock, "days": cfg.audit_retention_days}},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
         )
-        public_access = aws.s3.BucketPublicAccessBlock(
-            name,
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=child,
-        )
         # CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail": ACL check and writes, only for this trail.
         self.bucket_policy = aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
             policy=policy_document(
-                {
-                    "Sid": "DenyInsecureTransport",
-                    "Effect": "Deny",
-                    "Principal": "*",
-                    "Action": "s3:*",
-                    "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                },
+                deny_insecure_transport(bucket),
                 {
                     "Sid": "CloudTrailAclCheck",
                     "Effect": "Allow",
@@ -360,7 +357,6 @@ class Audit(pulumi.ComponentResource):
                     "Resource": bucket.arn,
                     "Condition": {"StringEquals": {"aws:SourceArn": trail_arn}},
                 },
-                *(config_bucket_statements(bucket.arn, account) if cfg.security_hub else []),
                 {
                     "Sid": "CloudTrailWrite",
                     "Effect": "Allow",

@@ -90,8 +90,10 @@ def _problem(why: str) -> PydanticCustomError:
 _PRINCIPAL_ARN = re.compile(r"^arn:aws:iam::\d{12}:(root|(user|role)/[\w+=,.@/-]+)$")
 # CloudTrail trail ARNs: arn:aws:cloudtrail:<region>:<account>:trail/<name> (CloudTrail API reference, Trail).
 _TRAIL_ARN = re.compile(r"^arn:aws:cloudtrail:[a-z0-9-]+:\d{12}:trail/[\w.-]{3,128}$")
-# A team name becomes a tag value, an S3 prefix and a Batch share identifier; the strictest of the three rules it.
-_TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+# A team name becomes a tag value, an S3 prefix, a Kubernetes namespace and a Batch share identifier; the strictest
+# rules it: a share identifier "is limited to 255 alphanumeric characters" (botocore 1.44.8 batch model,
+# ShareAttributes.shareIdentifier and SubmitJob's shareIdentifier), so no '-' (issue 46 item 13).
+_TEAM_NAME = re.compile(r"^[a-z][a-z0-9]{1,31}$")
 # SSO Admin API shapes InstanceArn and PrincipalId (botocore 1.44.8 data/sso-admin/2020-07-20/service-2.json.gz),
 # the instance in the commercial partition only, as every other ARN of a stack.
 _IDENTITY_CENTER_INSTANCE_ARN = re.compile(r"^arn:aws:sso:::instance/(sso)?ins-[a-zA-Z0-9-.]{16}$")
@@ -148,8 +150,9 @@ class TeamConfig(BaseModel):
         description="lower-case name: the role's team tag, the S3 prefix teams/<name>/, the share"
     )
     gpu_quota: int = Field(ge=1, description="GPUs the team's jobs may hold at once (checked at submit)")
-    # Batch ShareAttributes.weightFactor: a lower factor gets a larger share of the queue (Batch API reference).
-    weight_factor: float = Field(default=1.0, gt=0, le=999.9999)
+    # Batch ShareAttributes.weightFactor: a lower factor gets a larger share of the queue; "The smallest supported
+    # value is 0.0001, and the largest supported value is 999.9999" (botocore 1.44.8 batch model, ShareAttributes).
+    weight_factor: float = Field(default=1.0, ge=0.0001, le=999.9999)
     # A team needs members, an identity-centre group, or both (StackConfig._governance_problems).
     members: list[str] = Field(
         default_factory=list, min_length=1, description="IAM principal ARNs allowed to assume the team's role"
@@ -160,7 +163,10 @@ class TeamConfig(BaseModel):
     @classmethod
     def _team_name(cls, name: str) -> str:
         if not _TEAM_NAME.match(name):
-            raise _problem("a team name is 2-32 characters of a-z, 0-9 and '-', starting with a letter")
+            raise _problem(
+                "a team name is 2-32 characters of a-z and 0-9, starting with a letter"
+                " (it is a Batch share identifier: alphanumeric only)"
+            )
         return name
 
     @field_validator("members")
@@ -563,9 +569,9 @@ class StackConfig(BaseModel):
             )
         if self.security_hub and self.organization_trail:
             problems.append(
-                f"{_key('security_hub')} = True: AWS Config delivers to the stack's own audit bucket, which a stack "
-                f"on the organisation trail ({_key('organization_trail')}) does not have; enable Security Hub and "
-                "Config from the organisation instead, or remove one of the keys"
+                f"{_key('security_hub')} = True: the stack's Security Hub and AWS Config belong with its own audit "
+                f"trail, which a stack on the organisation trail ({_key('organization_trail')}) does not have; "
+                "enable Security Hub and Config from the organisation instead, or remove one of the keys"
             )
         gpus = self.instance.gpus * self.node_count
         problems += [

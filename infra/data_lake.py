@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_aws as aws
 
+from infra.buckets import deny_insecure_transport, private_encrypted_versioned
 from infra.config import StackConfig
 from infra.iam import policy_document
 
@@ -48,46 +49,11 @@ class DataLake(pulumi.ComponentResource):
                 parent=self, protect=cfg.protect_data, retain_on_delete=cfg.protect_data
             ),
         )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            name,
-            bucket=bucket.id,
-            rules=[
-                {
-                    "apply_server_side_encryption_by_default": {
-                        "sse_algorithm": "aws:kms",
-                        "kms_master_key_id": args.keys.key.arn,
-                    },
-                    # One data key per bucket instead of a KMS call per object: cheaper, and fewer throttles.
-                    "bucket_key_enabled": True,
-                }
-            ],
-            opts=child,
-        )
-        aws.s3.BucketVersioning(
-            name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
-        )
-        public_access = aws.s3.BucketPublicAccessBlock(
-            name,
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=child,
-        )
+        _, public_access = private_encrypted_versioned(name, bucket, args.keys.key.arn, self)
         aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
-            policy=policy_document(
-                {
-                    "Sid": "DenyInsecureTransport",
-                    "Effect": "Deny",
-                    "Principal": "*",
-                    "Action": "s3:*",
-                    "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                }
-            ),
+            policy=policy_document(deny_insecure_transport(bucket)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access]),
         )
         aws.s3.BucketLifecycleConfiguration(

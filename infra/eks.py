@@ -385,9 +385,11 @@ class Eks(pulumi.ComponentResource):
             type=NODE_ACCESS_ENTRY_TYPE,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self._granted(self.karpenter_node_role)),
         )
-        statements = pulumi.Output.all(args.account_id, self.karpenter_node_role.arn).apply(
+        statements = pulumi.Output.all(
+            args.account_id, self.karpenter_node_role.arn, args.keys.key.arn
+        ).apply(
             lambda values: karpenter.controller_statements(
-                cfg.eks_cluster_name, cfg.region, values[0], values[1]
+                cfg.eks_cluster_name, cfg.region, values[0], values[1], values[2]
             )
         )
         controller = self._service_role(

@@ -191,12 +191,28 @@ def chart_values(cluster_name: str) -> dict[str, Any]:
     }
 
 
+# What EBS does with the key of an encrypted root volume for the principal that launches the instance: with
+# CreateFleet (type instant) that is Karpenter's controller, not a service-linked role (Karpenter troubleshooting,
+# "Node terminates before ready on failed encrypted EBS volume", website/content/en/v1.14/troubleshooting.md: the
+# key used through EC2, `kms:ViaService` ec2.<region>; EBS User Guide, "How EBS encryption works": EBS sends
+# GenerateDataKeyWithoutPlaintext and CreateGrant, Decrypt when the volume is attached, ReEncrypt* for a snapshot
+# under another key). The key policy delegates these to IAM (infra/keys.py UseThroughStackServices).
+ROOT_VOLUME_KEY_ACTIONS = (
+    "kms:DescribeKey",
+    "kms:Decrypt",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncrypt*",
+)
+
+
 def controller_statements(
-    cluster_name: str, region: str, account: str, node_role_arn: str
+    cluster_name: str, region: str, account: str, node_role_arn: str, key_arn: str
 ) -> list[dict[str, Any]]:
     """The controller's permissions, as Karpenter's own CloudFormation at v1.14.1 grants them
     (website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml: NodeLifecycle,
-    IAMIntegration, EKSIntegration and ResourceDiscovery policies; no interruption queue, no zonal shift)."""
+    IAMIntegration, EKSIntegration and ResourceDiscovery policies; no interruption queue, no zonal shift), and the
+    stack key for the GPU nodes' encrypted root volumes, only through EC2."""
+    through_ec2 = {"kms:ViaService": f"ec2.{region}.amazonaws.com", "kms:CallerAccount": account}
     ec2 = f"arn:aws:ec2:{region}"
     owned = {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"}
     request_owned = {
@@ -371,5 +387,20 @@ def controller_statements(
             "Effect": "Allow",
             "Action": ["iam:GetInstanceProfile"],
             "Resource": [profile],
+        },
+        {
+            "Sid": "AllowRootVolumeKeyThroughEC2",
+            "Effect": "Allow",
+            "Action": list(ROOT_VOLUME_KEY_ACTIONS),
+            "Resource": [key_arn],
+            "Condition": {"StringEquals": through_ec2},
+        },
+        # The volume's grant, only for an AWS resource (AWS KMS developer guide, "kms:GrantIsForAWSResource").
+        {
+            "Sid": "AllowRootVolumeGrantThroughEC2",
+            "Effect": "Allow",
+            "Action": ["kms:CreateGrant"],
+            "Resource": [key_arn],
+            "Condition": {"StringEquals": through_ec2, "Bool": {"kms:GrantIsForAWSResource": "true"}},
         },
     ]

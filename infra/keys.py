@@ -132,10 +132,10 @@ def cloudtrail_key_statements(cfg: StackConfig, account: pulumi.Input[str]) -> l
 
 
 def config_key_statement(account: pulumi.Input[str]) -> dict[str, Any]:
-    """AWS Config writes its snapshots to the SSE-KMS audit bucket (AWS Config Developer Guide, "Permissions for
+    """AWS Config writes its snapshots to its SSE-KMS bucket (infra/audit.py; AWS Config Developer Guide, "Permissions for
     the KMS Key": the config.amazonaws.com principal with aws:SourceAccount)."""
     return {
-        "Sid": "ConfigDeliversToAuditBucket",
+        "Sid": "ConfigDeliversToItsBucket",
         "Effect": "Allow",
         "Principal": {"Service": "config.amazonaws.com"},
         "Action": ["kms:Decrypt", "kms:GenerateDataKey"],

@@ -15,7 +15,8 @@ against this policy):
   the job definitions of the stack, with the share identifier `<team>` (`batch:ShareIdentifier`, Batch User Guide
   "Resource: Use the batch:ShareIdentifier condition key") and
   the tag `team=<team>` on the job (`aws:RequestTag/team`, the cost-allocation tag); register a revision of the
-  training or Spot definition for a new image (passing only its two roles, tagged only with the stack's own tags);
+  training or Spot definition for a new image of the stack's repository, with nothing else changed that IAM can see
+  (not privileged, no user, the jobs' log group; passing only its two roles, tagged only with the stack's own tags);
   terminate (what `make cancel` does) only jobs tagged `team=<team>` (`aws:ResourceTag/team`); never tag a job that
   already has a `team` tag (every job the stack's verbs submit gets one at submission: trainer/jobs/teams.py), nor
   untag one.
@@ -122,6 +123,7 @@ def team_access_statements(
     buckets: Sequence[pulumi.Input[str]],
     key_arn: pulumi.Input[str],
     repository_arn: pulumi.Input[str],
+    repository_url: pulumi.Input[str],
     job_roles: Sequence[pulumi.Input[str]],
 ) -> list[dict[str, Any]]:
     """The one team policy: every scope is `${aws:PrincipalTag/team}`, nothing names a team."""
@@ -184,7 +186,30 @@ def team_access_statements(
         # definition's job and execution roles (iam:PassRole on exactly those, IAM User Guide "Grant a user
         # permissions to pass a role to an AWS service") and its tags, which are the stack's default tags
         # (infra/__main__.py) and are authorised as batch:TagResource: only those keys with the stack's values.
-        allow("RegisterJobDefinitions", ["batch:RegisterJobDefinition"], definitions),
+        # Only with the contents the stack's own revision has, apart from the image, which must come from the
+        # stack's repository (Batch User Guide, "Resource: Restrict to POSIX user, Docker image, privilege level,
+        # and role on job submission"; condition keys from the Service Authorization Reference, AWS Batch): not
+        # privileged (absent means not: RegisterJobDefinition `privileged` defaults to false), no `user` (the
+        # image's own, as the stack's definitions have it), the awslogs driver into the jobs' log group.
+        allow(
+            "RegisterJobDefinitions",
+            ["batch:RegisterJobDefinition"],
+            definitions,
+            Condition={
+                "StringLike": {
+                    "batch:Image": [
+                        pulumi.Output.concat(repository_url, ":*"),
+                        pulumi.Output.concat(repository_url, "@sha256:*"),
+                    ]
+                },
+                "BoolIfExists": {"batch:Privileged": "false"},
+                "Null": {"batch:User": "true"},
+                "StringEqualsIfExists": {
+                    "batch:LogDriver": "awslogs",
+                    "batch:AWSLogsGroup": cfg.jobs_log_group,
+                },
+            },
+        ),
         allow("PassTheDefinitionsRoles", ["iam:PassRole"], list(job_roles)),
         allow(
             "TagDefinitionsWithTheStackTags",
@@ -262,6 +287,7 @@ class Teams(pulumi.ComponentResource):
                     buckets,
                     args.keys.key.arn,
                     args.registry.repository.arn,
+                    args.registry.repository.repository_url,
                     [args.identity.job_role.arn, args.identity.execution_role.arn],
                 )
             ),

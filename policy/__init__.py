@@ -23,5 +23,9 @@
     rbac              Kubernetes RBAC decided as the API server does; each team only in its own namespace
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over
-    offline           `make policy`: the policies over a stack's offline preview
+    offline           `make policy`: the policies over a stack's offline preview, then the access check
+    access            `make access`: every actor's needs and must-nots, decided from the planned policies
+    actors            the stack's actors and what each must and must not do, read from the planned policies
+    iam_evaluation    IAM's and KMS's evaluation logic, offline: identity, resource and key policies, conditions
+    cloudsplaining_check  cloudsplaining over every policy document, against cloudsplaining-baseline.yaml
 """

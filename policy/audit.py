@@ -14,6 +14,13 @@
 - `cis-metric-filters`: with the stack's own trail, each CIS event (infra/audit.py `CIS_ALARMS`: root use,
   unauthorised calls, IAM policy changes, trail changes, key disabled or deleted) has a metric filter with that
   control's pattern and an alarm with an action on its metric (Security Hub CloudWatch.1, .2, .4, .5, .7).
+- `config-recording`: AWS Config's recorder uses its service-linked role (Security Hub Config.1) and its delivery
+  channel writes to a bucket without Object Lock ("AWS Config does
+  not support the delivery channel to an Amazon S3 bucket where object lock is enabled", CloudFormation reference
+  AWS::Config::DeliveryChannel; the AWS Config Developer Guide says so of default retention).
+- `cis-alarms-heard` (advisory): the topic each CIS alarm notifies has a subscription; the controls' audit wants one
+  ("Create at least one subscriber to the topic", Security Hub controls for CloudWatch). Advisory: a stack without
+  `trainstack:alarmEmails` still deploys, and `make policy` and `make compliance` both report it.
 """
 
 from __future__ import annotations
@@ -22,10 +29,16 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pulumi_policy import PolicyResource, ReportViolation, StackValidationArgs, StackValidationPolicy
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ReportViolation,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 from pulumi_policy.proxy import UnknownValueError
 
-from infra.audit import CIS_ALARMS
+from infra.audit import AUDIT_NAMESPACE, CIS_ALARMS
 from policy import aws_types
 from policy.iam import parse_document, statements
 from policy.resources import as_list, is_customer_managed_key, of_type, referenced, referrers
@@ -36,6 +49,11 @@ BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 OBJECT_LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
 METRIC_FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
 METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
+DELIVERY_CHANNEL = "aws:cfg/deliveryChannel:DeliveryChannel"
+RECORDER = "aws:cfg/recorder:Recorder"
+# Security Hub Config.1: "AWS Config should be enabled and use the service-linked role for resource recording".
+CONFIG_LINKED_ROLE = ":role/aws-service-role/config.amazonaws.com/AWSServiceRoleForConfig"
 LOCK_MODES = ("COMPLIANCE", "GOVERNANCE")
 CLOUDTRAIL_PRINCIPAL = "cloudtrail.amazonaws.com"
 # CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail", "Required KMS key policy elements for
@@ -241,6 +259,42 @@ def validate_cis_metric_filters(args: StackValidationArgs, report_violation: Rep
             )
 
 
+def validate_config_recording(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    for recorder in of_type(args.resources, [RECORDER]):
+        if not str(_get(recorder.props, "roleArn")).endswith(CONFIG_LINKED_ROLE):
+            report_violation(
+                f"the recorder '{recorder.name}' does not use AWS Config's service-linked role: set role_arn to "
+                f"arn:aws:iam::<account>{CONFIG_LINKED_ROLE}",
+                recorder.urn,
+            )
+    for channel in of_type(args.resources, [DELIVERY_CHANNEL]):
+        for bucket in referenced(channel, "s3BucketName", BUCKETS):
+            if _get(bucket.props, "objectLockEnabled") is True or referrers(
+                args.resources, [OBJECT_LOCK], "bucket", bucket
+            ):
+                report_violation(
+                    f"the delivery channel '{channel.name}' writes to bucket '{bucket.name}', which has Object Lock: "
+                    "AWS Config does not deliver there; give it a bucket of its own without object_lock_enabled",
+                    channel.urn,
+                )
+
+
+def validate_cis_alarms_heard(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    metrics = {cis.name: cis for cis in CIS_ALARMS}
+    subscribed = {_get(s.props, "topic") for s in of_type(args.resources, [SUBSCRIPTION])}
+    for alarm in of_type(args.resources, [METRIC_ALARM]):
+        cis = metrics.get(_get(alarm.props, "metricName"))
+        if cis is None or _get(alarm.props, "namespace") != AUDIT_NAMESPACE:
+            continue
+        unheard = [t for t in as_list(_get(alarm.props, "alarmActions")) if t not in subscribed]
+        if unheard or not _get(alarm.props, "alarmActions"):
+            report_violation(
+                f"the {cis.control} alarm's topic has no subscriber, so nobody hears it: list addresses in "
+                "trainstack:alarmEmails (the control's audit wants at least one subscriber)",
+                alarm.urn,
+            )
+
+
 audit_trail_recorded = StackValidationPolicy(
     name="audit-trail-recorded",
     description=(
@@ -269,4 +323,18 @@ cis_metric_filters = StackValidationPolicy(
     description="With its own trail, the stack alarms on root use, refused calls, IAM policy and trail changes, "
     "and keys disabled or scheduled for deletion (CIS CloudWatch controls).",
     validate=validate_cis_metric_filters,
+)
+
+config_recording = StackValidationPolicy(
+    name="config-recording",
+    description="AWS Config records with its service-linked role and delivers to a bucket without Object Lock "
+    "(Security Hub Config.1; AWS::Config::DeliveryChannel reference).",
+    validate=validate_config_recording,
+)
+
+cis_alarms_heard = StackValidationPolicy(
+    name="cis-alarms-heard",
+    description="Each CIS alarm's topic has a subscriber (Security Hub CloudWatch.1, .2, .4, .5, .7 remediation).",
+    validate=validate_cis_alarms_heard,
+    enforcement_level=EnforcementLevel.ADVISORY,
 )

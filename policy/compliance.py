@@ -1,6 +1,8 @@
 """`make compliance STACK=<env> [LIVE=1]`: each control (trainer/contract/controls.py), the policies and resources
-that implement it, and its status on the stack's offline preview: pass, fail (with the resource), or not covered
-(with why). A CIS alarm control passes only when its alarms' topic has a subscriber too. With --live and
+that implement it, and its status on the stack's offline preview: pass (its policies ran on the resources that implement it and none
+failed), fail (a policy failed on a resource, at any enforcement level: the same finding `make policy` prints), accepted
+(a control judged per resource does not hold on the resources named, for the reason given), or not covered (with why;
+a CIS alarm control is implemented only by the audit alarm on its own metric). With --live and
 credentials, Security Hub's view is added per control: its failed findings (GetFindings), or "not evaluated" when
 no enabled standard holds the control (GetEnabledStandards, ListStandardsControlAssociations), or "Security Hub
 off". Writes runs/compliance/<stack>.json and .md, prints the table.
@@ -25,9 +27,8 @@ from policy.offline import evaluate, policy_resources
 from trainer.contract.controls import CONTROLS, Control
 
 ROOT = Path(__file__).resolve().parents[1]
-PASS, FAIL, NOT_COVERED = "pass", "fail", "not covered"
-ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
-SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
+# accepted: the control does not hold on the resources named, for the reason given (never counted as a pass).
+PASS, FAIL, NOT_COVERED, ACCEPTED = "pass", "fail", "not covered", "accepted"
 
 
 @dataclass(frozen=True)
@@ -55,50 +56,57 @@ def statuses(stack: str, values: dict[str, Any] | None = None) -> list[ControlSt
     return [_status(control, plan.resources, violations, config.organization_trail) for control in CONTROLS]
 
 
+def _present(control: Control, resources: list) -> list:
+    """The resources that implement `control`: of its types, and for a CIS alarm control only the audit alarm on its
+    metric (the stack's other alarms implement nothing of it)."""
+    found = [r for r in resources if r.type in control.resource_types]
+    if control.cis_metric:
+        found = [
+            r
+            for r in found
+            if (r.inputs.get("namespace"), r.inputs.get("metricName"))
+            == (AUDIT_NAMESPACE, control.cis_metric)
+        ]
+    return found
+
+
+def _concerns(control: Control, violation: Any, present: list[str]) -> bool:
+    """Whether a violation of one of the control's policies is about this control: for a CIS alarm control, one on
+    its own alarm or one whose message names the control (cis-metric-filters reports a missing filter so)."""
+    if not control.cis_metric:
+        return True
+    return _name(violation.urn) in present or f"{control.id} " in violation.message
+
+
 def _status(
     control: Control, resources: list, violations: dict, organization_trail: str | None
 ) -> ControlStatus:
-    present = [r.name for r in resources if r.type in control.resource_types]
+    implementing = _present(control, resources)
+    present = [r.name for r in implementing]
 
     def status(state: str, detail: str) -> ControlStatus:
         return ControlStatus(control.id, control.title, state, list(control.policies), present, detail=detail)
 
-    failing = [v for policy in control.policies for v in violations.get(policy, [])]
+    failing = [
+        v for policy in control.policies for v in violations.get(policy, []) if _concerns(control, v, present)
+    ]
     if failing:
         return status(FAIL, "; ".join(f"{_name(v.urn)}: {v.message.splitlines()[-1]}" for v in failing))
-    if present and control.alarm_subscribed:
-        unheard, subscribed = alarm_topics(resources)
-        if unheard or not subscribed:
-            return status(
-                FAIL,
-                "the CIS alarms' topic has no subscriber (trainstack:alarmEmails), so nobody hears them; the "
-                "control's audit wants at least one (Security Hub controls for CloudWatch, remediation)",
-            )
-        return status(
-            PASS,
-            f"{subscribed} subscription(s) on the alarms' topic; an email one counts once its address confirms "
-            "it, which only the account shows",
-        )
+    if control.holds_when:  # judged per resource, as Security Hub does
+        lacking = [r.name for r in implementing if not r.inputs.get(control.holds_when)]
+        if lacking:
+            state = ACCEPTED if control.accepted else FAIL
+            return status(state, f"no {control.holds_when} on {', '.join(lacking)}: {control.accepted}")
     if present:
-        return status(PASS, control.evidence)
+        return status(
+            PASS, control.evidence or f"checked by {', '.join(control.policies) or 'its resources'}"
+        )
     if organization_trail and control.id.startswith(("CloudTrail.", "CloudWatch.")):
         return status(
             NOT_COVERED,
             f"recorded by the organisation trail {organization_trail}; its account holds the trail and alarms",
         )
     return status(NOT_COVERED, control.not_covered or f"the stack has no {', '.join(control.resource_types)}")
-
-
-def alarm_topics(resources: list) -> tuple[list[str], int]:
-    """(the CIS alarms' topics without a subscription, the subscriptions on their topics) in a planned stack."""
-    topics = {
-        topic
-        for r in resources
-        if r.type == ALARM and r.inputs.get("namespace") == AUDIT_NAMESPACE
-        for topic in r.inputs.get("alarmActions") or []
-    }
-    subscribed = [r.inputs.get("topic") for r in resources if r.type == SUBSCRIPTION]
-    return sorted(t for t in topics if t not in subscribed), sum(s in topics for s in subscribed)
 
 
 def security_hub_evaluated(securityhub: Any, controls: list[str]) -> dict[str, list[str]] | None:

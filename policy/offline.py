@@ -4,7 +4,9 @@ Each registration the mocks recorded becomes what the engine hands the analyzer:
 (behind pulumi-policy's unknown-checking proxy), the URN and `protect`; stack policies get every resource with its
 property dependencies and dependencies (`depends_on`) resolved to the resources they name. Parents are left out: no
 policy reads them. Violations print as the "Policies:" section of `pulumi preview --policy-pack policy`; the exit status
-is 1 when any violation is mandatory.
+is 1 when any violation is mandatory. Then the access check (policy/access.py) over the same preview: each failing row
+is printed, and any one fails the run too; and cloudsplaining over every policy document (policy/cloudsplaining_check.py):
+each finding not accepted in policy/cloudsplaining-baseline.yaml is printed and fails the run.
 
     python -m policy.offline --stack dev
 """
@@ -32,8 +34,10 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from infra.config import StackConfigError
+from infra.config import StackConfigError, load_stack_config
 from infra.preview import PROJECT, Plan, run_program
+from policy.access import access_rows
+from policy.cloudsplaining_check import baseline, findings, unaccepted
 from policy.pack import ENFORCEMENT_LEVEL, PACK_NAME, POLICIES
 
 PACK_DIR = Path(__file__).resolve().parent
@@ -103,6 +107,11 @@ def evaluate(resources: Sequence[PolicyResource], stack: str) -> list[Violation]
     return violations
 
 
+def mandatory(violations: Sequence[Violation]) -> list[Violation]:
+    """The violations that stop `pulumi up` (advisory ones only warn)."""
+    return [v for v in violations if v.enforcement_level == EnforcementLevel.MANDATORY]
+
+
 def render(violations: Sequence[Violation], version: str) -> str:
     """The CLI's "Policies:" section: the pack, then each violation sorted by level, policy and URN."""
     mandatory = any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations)
@@ -123,12 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = run_program(args.stack)
+        cfg = load_stack_config(args.stack)
     except (StackConfigError, pulumi.RunError) as e:  # a missing stack file, or the program's config error
         print(f"error: {e}", file=sys.stderr)
         return 2
     violations = evaluate(policy_resources(plan), args.stack)
     print(render(violations, pack_version()))
-    return 1 if any(v.enforcement_level == EnforcementLevel.MANDATORY for v in violations) else 0
+    rows = access_rows(plan, cfg)
+    failing = [row for row in rows if not row.ok]
+    print(
+        f"Access: {len(rows)} rows, {len(failing)} failing (make access STACK={args.stack} prints them all)"
+    )
+    for row in failing:
+        print(f"    - {row.describe()}")
+    found = findings(plan.resources, cfg.name_prefix)
+    new = unaccepted(found, baseline())
+    print(
+        f"cloudsplaining: {len(found)} findings, {len(new)} not accepted in policy/cloudsplaining-baseline.yaml"
+    )
+    for finding in new:
+        print(f"    - {finding}")
+    return 1 if mandatory(violations) or failing or new else 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ POLICIES: list[Policy] = [
     audit.cloudtrail_key_policy,
     audit.locked_logs_kept,
     audit.cis_metric_filters,
+    audit.config_recording,
+    audit.cis_alarms_heard,
     cost.cost_allocation_tags,
     cost.cost_tags_activated_later,
     # EKS stacks (policy/eks.py): catalog, launch template, Kueue quota and JobSet agree; grace; fixed versions.

@@ -220,7 +220,9 @@ def test_security_hub_is_off_by_default(stack):
     assert [r for r in stack.plan.resources if r.type.startswith(("aws:securityhub/", "aws:cfg/"))] == []
 
 
-def test_security_hub_switch_enables_fsbp_and_config_recording_into_the_audit_bucket(with_security_hub):
+def test_security_hub_switch_enables_fsbp_and_config_recording_into_a_bucket_without_object_lock(
+    with_security_hub,
+):
     stack = with_security_hub
     assert stack.one("securityhub.Account").inputs["enableDefaultStandards"] is False
     standard = stack.one("securityhub.StandardsSubscription").inputs["standardsArn"]
@@ -232,18 +234,25 @@ def test_security_hub_switch_enables_fsbp_and_config_recording_into_the_audit_bu
     assert recorder["roleArn"].endswith(":role/aws-service-role/config.amazonaws.com/AWSServiceRoleForConfig")
     assert recorder["recordingGroup"]["allSupported"] is True
     channel = stack.one("cfg.DeliveryChannel").inputs
-    assert (channel["s3BucketName"], channel["s3KmsKeyArn"]) == (audit_bucket(stack).id, stack.key_arn)
+    # Issue 46 item 8: "AWS Config does not support the delivery channel to an Amazon S3 bucket where object lock
+    # is enabled" (AWS::Config::DeliveryChannel reference): its own bucket, not the locked audit log bucket.
+    config_bucket = stack.one("s3.Bucket", "-config")
+    assert (channel["s3BucketName"], channel["s3KmsKeyArn"]) == (config_bucket.id, stack.key_arn)
+    assert channel["s3BucketName"] != audit_bucket(stack).id
+    assert not config_bucket.inputs.get("objectLockEnabled")
+    assert of(stack, "s3.BucketObjectLockConfiguration", config_bucket) == []
     assert stack.one("cfg.RecorderStatus").inputs["isEnabled"] is True
-    (policy,) = of(stack, "s3.BucketPolicy", audit_bucket(stack))
+    (policy,) = of(stack, "s3.BucketPolicy", config_bucket)
     delivery = statements(policy["policy"])["ConfigDelivery"]
     assert delivery["Resource"].endswith(
         f"/config/AWSLogs/{delivery['Condition']['StringEquals']['aws:SourceAccount']}/Config/*"
     )
-    key = statements(stack.one("kms.Key").inputs["policy"])["ConfigDeliversToAuditBucket"]
+    key = statements(stack.one("kms.Key").inputs["policy"])["ConfigDeliversToItsBucket"]
     assert key["Principal"] == {"Service": "config.amazonaws.com"}
     from policy.offline import evaluate, policy_resources
 
-    assert evaluate(policy_resources(stack.plan), "dev") == []
+    # Only the advisory warning every stack without alarmEmails gets (policy/audit.py cis-alarms-heard).
+    assert {v.policy for v in evaluate(policy_resources(stack.plan), "dev")} == {"cis-alarms-heard"}
 
 
 def test_security_hub_with_an_organization_trail_is_refused():
@@ -255,6 +264,18 @@ def test_security_hub_with_an_organization_trail_is_refused():
         "trainstack:organizationTrail": ORG_TRAIL,
     }
     with pytest.raises(
-        StackConfigError, match="trainstack:securityHub = True: AWS Config delivers to the stack's own"
+        StackConfigError,
+        match="trainstack:securityHub = True: the stack's Security Hub and AWS Config belong with its own",
     ):
         parse_stack_config("dev", values)
+
+
+def test_the_delivery_role_trusts_cloudtrail_as_the_guides_default_role_does(stack):
+    """Issue 46 item 13: CloudTrail_CloudWatchLogs_Role's trust has no condition (CloudTrail User Guide, "Sending
+    events to CloudWatch Logs"); with aws:SourceArn delivery stopped (prowler-cloud/prowler issue 4714)."""
+    (trust,) = json.loads(stack.one("iam.Role", "-audit-delivery").inputs["assumeRolePolicy"])["Statement"]
+    assert trust == {
+        "Effect": "Allow",
+        "Principal": {"Service": "cloudtrail.amazonaws.com"},
+        "Action": "sts:AssumeRole",
+    }

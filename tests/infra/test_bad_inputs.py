@@ -180,7 +180,30 @@ ROWS = {
                 {"name": "Vision", "gpuQuota": 8, "members": ["arn:aws:iam::123456789012:root"]}
             ]
         },
-        ("trainstack:teams[0][name] = 'Vision': a team name is 2-32 characters of a-z, 0-9 and '-'",),
+        ("trainstack:teams[0][name] = 'Vision': a team name is 2-32 characters of a-z and 0-9",),
+    ),
+    "stack-team-name-hyphenated": Row(
+        "prod",
+        {
+            "trainstack:teams": [
+                {"name": "vision-x", "gpuQuota": 8, "members": ["arn:aws:iam::123456789012:root"]}
+            ]
+        },
+        ("trainstack:teams[0][name] = 'vision-x'", "a Batch share identifier: alphanumeric only"),
+    ),
+    "stack-team-weight-below-batch-minimum": Row(
+        "prod",
+        {
+            "trainstack:teams": [
+                {
+                    "name": "vision",
+                    "gpuQuota": 8,
+                    "weightFactor": 0.00005,
+                    "members": ["arn:aws:iam::123456789012:root"],
+                }
+            ]
+        },
+        ("trainstack:teams[0][weightFactor] = 5e-05: Input should be greater than or equal to 0.0001",),
     ),
     "stack-team-without-members-or-group": Row(
         "prod",

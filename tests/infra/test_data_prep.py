@@ -11,7 +11,7 @@ import pytest
 
 from infra.data_prep import DATA_INSTANCE_FAMILIES, DATA_JOB_ENVIRONMENT, data_job_memory_mib
 from infra.node_bootstrap import ecs_stop_timeout_seconds
-from policy.offline import evaluate, policy_resources
+from policy.offline import evaluate, mandatory, policy_resources
 from tests.conftest import stack_plan
 from tests.infra.test_config import error_for
 
@@ -179,7 +179,7 @@ def test_data_spot_false_runs_on_demand(variant):
 def test_the_policy_pack_passes_with_each_data_setting(changes):
     plan = stack_plan("prod", tuple(sorted(changes.items())))
 
-    assert [(v.policy, v.message) for v in evaluate(policy_resources(plan), "prod")] == []
+    assert [(v.policy, v.message) for v in mandatory(evaluate(policy_resources(plan), "prod"))] == []
 
 
 @pytest.mark.parametrize(

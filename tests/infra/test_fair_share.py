@@ -9,6 +9,7 @@ would otherwise plan UpdateJobQueue); and Batch refuses a fair-share job with no
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import botocore.session
@@ -134,3 +135,36 @@ def test_a_sweep_on_the_spot_queue_carries_a_share_exactly_when_the_queue_has_th
     with Stubber(batch) as stub:  # the Stubber validates the request against botocore's model
         stub.add_response("submit_job", {"jobName": sweep.job_name, "jobId": "1"}, request)
         batch.submit_job(**request)
+
+
+def model_text(shape: str, member: str) -> str:
+    return str(batch_model().shape_for(shape).members[member].documentation)
+
+
+def test_weight_factor_bounds_are_the_models():
+    """Issue 46 item 11: the config's bounds are the ones ShareAttributes.weightFactor states in .venv's botocore."""
+    from infra.config import TeamConfig
+
+    found = re.search(
+        r"smallest supported value is (\d+\.\d+), and the largest supported value is (\d+\.\d+)",
+        model_text("ShareAttributes", "weightFactor"),
+    )
+    assert found is not None
+    smallest, largest = (float(v) for v in found.groups())
+    member = {"name": "vision", "gpuQuota": 8, "members": [TEAMS[0]["members"][0]]}
+    for accepted in (smallest, largest):
+        assert TeamConfig.model_validate({**member, "weightFactor": accepted}).weight_factor == accepted
+    for refused in (smallest / 2, largest + 0.0001, 0):
+        with pytest.raises(ValueError):
+            TeamConfig.model_validate({**member, "weightFactor": refused})
+
+
+def test_team_names_are_share_identifiers_the_model_accepts():
+    """Issue 46 item 13: a share identifier is alphanumeric (the model's text), so a team name has no '-'."""
+    from infra.config import TeamConfig
+
+    assert "alphanumeric characters" in model_text("ShareAttributes", "shareIdentifier")
+    member = {"gpuQuota": 8, "members": [TEAMS[0]["members"][0]]}
+    assert TeamConfig.model_validate({**member, "name": "vision2"}).name == "vision2"
+    with pytest.raises(ValueError, match="alphanumeric only"):
+        TeamConfig.model_validate({**member, "name": "vision-2"})

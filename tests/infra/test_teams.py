@@ -1,6 +1,6 @@
 """Teams (infra/teams.py) under the Pulumi mocks, and each team's access decided by evaluating the generated policy.
 
-The evaluator is tests/iam_evaluation.py (IAM's evaluation logic, condition operators and policy variables, from the
+The evaluator is policy/iam_evaluation.py (IAM's evaluation logic, condition operators and policy variables, from the
 IAM User Guide): moto 5.2.5's engine evaluates only `StringEquals` and reads a condition on an absent key as an
 explicit deny, so it cannot decide the `Null` and `ForAllValues` conditions that keep a team from re-tagging jobs.
 The documented examples at the end check the evaluator against AWS's own text. The whole team workflow, run as the
@@ -18,8 +18,9 @@ import pytest
 from infra.config import StackConfigError, parse_stack_config, read_stack_file
 from infra.mocks import ACCOUNT_ID
 from infra.teams import TEAM, identity_center_role_pattern
-from tests.iam_evaluation import Request
-from tests.iam_evaluation import decide as evaluate
+from policy.actors import register_context
+from policy.iam_evaluation import Request
+from policy.iam_evaluation import decide as evaluate
 from trainer.contract.teams import team_prefix
 
 TEAMS = [
@@ -160,9 +161,21 @@ def test_no_team_stops_a_job_tagged_for_the_stack_or_another_team(two_teams):
 
 def test_a_team_registers_training_revisions_passing_only_their_roles_and_the_stack_tags(two_teams):
     policy = role_policy(two_teams, "vision")
-    assert decide(policy, "batch:RegisterJobDefinition", DEFINITION.rsplit(":", 1)[0]) == ALLOWED
+    repository = two_teams.one("ecr.Repository").outputs["repositoryUrl"]
+    revision = register_context({**two_teams.node_container, "image": f"{repository}:v2"})
+    assert decide(policy, "batch:RegisterJobDefinition", DEFINITION.rsplit(":", 1)[0], **revision) == ALLOWED
     data = f"{BATCH}:job-definition/trainstack-prod-data-1a2b3c4"
-    assert decide(policy, "batch:RegisterJobDefinition", data) != ALLOWED
+    assert decide(policy, "batch:RegisterJobDefinition", data, **revision) != ALLOWED
+    # Batch User Guide's condition keys: nothing a team changes but the image, and that from the stack's repository.
+    for planted in (
+        {**revision, "batch:Privileged": "true"},
+        {**revision, "batch:Image": "public.ecr.aws/someone/else:latest"},
+        {**revision, "batch:User": "root"},
+        {**revision, "batch:AWSLogsGroup": "/elsewhere"},
+    ):
+        assert (
+            decide(policy, "batch:RegisterJobDefinition", DEFINITION.rsplit(":", 1)[0], **planted) != ALLOWED
+        )
     job_role = two_teams.one("iam.Role", "-job").outputs["arn"]
     assert decide(policy, "iam:PassRole", job_role) == ALLOWED
     admin = f"arn:aws:iam::{ACCOUNT_ID}:role/admin"
@@ -229,9 +242,9 @@ def test_a_stack_without_teams_stays_single_tenant(stack):
 
 
 def test_two_team_stack_passes_the_policy_pack(two_teams):
-    from policy.offline import evaluate, policy_resources
+    from policy.offline import evaluate, mandatory, policy_resources
 
-    assert evaluate(policy_resources(two_teams.plan), "prod") == []
+    assert mandatory(evaluate(policy_resources(two_teams.plan), "prod")) == []
 
 
 # --- IAM Identity Center groups -------------------------------------------------------------------------------
@@ -354,9 +367,9 @@ def test_teams_without_a_group_get_no_identity_center_resources(two_teams):
 
 
 def test_group_team_stack_passes_the_policy_pack(sso_teams):
-    from policy.offline import evaluate, policy_resources
+    from policy.offline import evaluate, mandatory, policy_resources
 
-    assert evaluate(policy_resources(sso_teams.plan), "prod") == []
+    assert mandatory(evaluate(policy_resources(sso_teams.plan), "prod")) == []
 
 
 GROUP_TEAM = SSO_TEAMS[0]

@@ -63,6 +63,30 @@ def test_image_tag_gets_a_job_definition_revision_once(stack):
     assert first["jobDefinition"].endswith(":2")
 
 
+def test_a_planted_revision_with_the_image_but_other_settings_is_not_reused(stack):
+    """Issue 46 item 9: a revision someone else registered with the same node properties (the pushed image) but
+    other parameters (or timeout, retry strategy) is not what the stack's definition says; submit registers its own."""
+    batch = stack.client("batch")
+    (own,) = batch.describe_job_definitions(jobDefinitions=[stack.outputs["job_definition"]])[
+        "jobDefinitions"
+    ]
+    nodes = own["nodeProperties"]
+    for node_range in nodes["nodeRangeProperties"]:
+        node_range["container"]["image"] = f"{stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
+    planted = batch.register_job_definition(
+        jobDefinitionName=own["jobDefinitionName"],
+        type="multinode",
+        nodeProperties=nodes,
+        retryStrategy=own["retryStrategy"],
+        parameters={"planted": "yes"},
+    )["jobDefinitionArn"]
+    assert train(stack, "RUN=first").returncode == 0
+    (submitted,) = stack.requests("SubmitJob")
+    assert submitted["jobDefinition"] != planted
+    registered = stack.requests("RegisterJobDefinition")[-1]
+    assert registered.get("parameters") == (own.get("parameters") or None)
+
+
 def test_run_name_defaults_to_the_config_name_so_resubmitting_resumes(stack):
     assert train(stack).returncode == 0
     (submitted,) = stack.requests("SubmitJob")

@@ -11,7 +11,7 @@ then, once it succeeded, the stages job) and `make sweep STACK=prod TEAM=vision 
 Spot queue, which shares the GPU queue's fair-share policy). botocore's
 `before-call` event records every call with its parameters; each becomes the IAM requests it authorises (action,
 resource ARN, condition keys: AUTHORISATIONS, each from the service's reference) and each request is decided
-against the planned team policy by tests/iam_evaluation.py, with the role's tag as `aws:PrincipalTag/team`.
+against the planned team policy by policy/iam_evaluation.py, with the role's tag as `aws:PrincipalTag/team`.
 moto's own IAM enforcement judges S3 only: it authorises every other service against resource "*" and reads a
 condition on a key the request lacks as an explicit deny (moto 5.2.5 core/responses.py call_action,
 iam/access_control.py), so under it no scoped policy passes a single Batch call; for S3, where it checks the bucket
@@ -43,7 +43,8 @@ from moto.batch.models import batch_backends
 from moto.core.authorization import enable_iam_authentication
 
 from infra.mocks import ACCOUNT_ID
-from tests.iam_evaluation import Request, decide
+from policy.actors import register_context
+from policy.iam_evaluation import Request, decide
 from tests.infra.conftest import Planned, _variant
 from trainer.__main__ import main as trainer_main
 from trainer.jobs import finetune as finetune_driver
@@ -114,7 +115,13 @@ def _register_job_definition(call: Call, world: World) -> list[Request]:
         r["container"] for r in p.get("nodeProperties", {}).get("nodeRangeProperties", [])
     ]
     roles = {c[k] for c in containers for k in ("jobRoleArn", "executionRoleArn") if c.get(k)}
-    found = [Request("batch:RegisterJobDefinition", definition, _request_tags(p.get("tags", {})))]
+    tags = _request_tags(p.get("tags", {}))
+    # Each container's image, privilege, user and log settings as Batch's condition keys (policy/access.py).
+    found = [
+        Request("batch:RegisterJobDefinition", definition, {**tags, **register_context(c)})
+        for c in containers
+        if c
+    ]
     found += [Request("iam:PassRole", role) for role in sorted(roles)]
     if p.get("tags"):
         found.append(Request("batch:TagResource", definition, _request_tags(p["tags"])))

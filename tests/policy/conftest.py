@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,3 +74,16 @@ def _planned(stack: str, changes: tuple[tuple[str, Any], ...]) -> list[PolicyRes
 def planned():
     """`planned("prod", **{"trainstack:key": value})`: a stack's offline preview as policy resources, once a session."""
     return lambda stack, **changes: _planned(stack, tuple(sorted(changes.items())))
+
+
+def without_statements(name: str, *sids: str, input_: str = "policy"):
+    """An edit that drops the statements `sids` from resource `name`'s policy document."""
+
+    def edit(resource):
+        if resource.name != name or input_ not in resource.inputs:
+            return resource
+        document = json.loads(resource.inputs[input_])
+        document["Statement"] = [s for s in document["Statement"] if s.get("Sid") not in sids]
+        return dataclasses.replace(resource, inputs={**resource.inputs, input_: json.dumps(document)})
+
+    return edit

@@ -13,7 +13,8 @@ from pulumi_policy import EnforcementLevel
 from infra.config import read_stack_file
 from infra.mocks import ACCOUNT_ID
 from policy import compliance
-from policy.offline import Violation
+from policy.offline import Violation, evaluate, policy_resources
+from tests.conftest import stack_plan
 from trainer.contract.controls import CONTROLS
 
 ORG_TRAIL = "arn:aws:cloudtrail:us-east-1:111122223333:trail/org-trail"
@@ -31,9 +32,18 @@ def test_every_control_has_a_row_and_only_unheard_alarms_fail(stack):
     # No checked-in stack subscribes anyone to its alarm topic (alarmEmails is commented out): CIS's audit step
     # wants a subscriber (Security Hub controls for CloudWatch: "Create at least one subscriber to the topic").
     assert [r.control for r in failed] == CIS_ALARM_CONTROLS
-    assert all("has no subscriber (trainstack:alarmEmails)" in r.detail for r in failed)
-    assert {r.status for r in rows} <= {compliance.PASS, compliance.NOT_COVERED, compliance.FAIL}
+    assert all(
+        f"the {r.control} alarm's topic has no subscriber" in r.detail and r.detail.count(": ") == 2
+        for r in failed
+    )
+    statuses = {compliance.PASS, compliance.NOT_COVERED, compliance.FAIL, compliance.ACCEPTED}
+    assert {r.status for r in rows} <= statuses
     by_id = {r.control: r for r in rows}
+    # Issue 46 item 10: S3.15 does not hold on the datasets and checkpoints buckets (no Object Lock, by design):
+    # accepted with the reason, never a pass.
+    assert by_id["S3.15"].status == compliance.ACCEPTED
+    assert f"trainstack-{stack}-checkpoints, trainstack-{stack}-datasets:" in by_id["S3.15"].detail
+    assert "audit-logs," not in by_id["S3.15"].detail
     assert by_id["CloudTrail.1"].status == compliance.PASS and by_id["CloudTrail.1"].resources
     assert (
         by_id["trainstack.teams"].detail
@@ -47,7 +57,7 @@ def test_with_a_subscriber_the_cis_alarm_controls_pass():
     by_id = {r.control: r for r in compliance.statuses("dev", values)}
     for control in CIS_ALARM_CONTROLS:
         assert by_id[control].status == compliance.PASS
-        assert by_id[control].detail.startswith("1 subscription(s) on the alarms' topic")
+        assert by_id[control].detail == "checked by cis-metric-filters, cis-alarms-heard"
 
 
 def test_the_cis_alarms_the_stack_does_not_build_are_listed_not_covered_with_why():
@@ -84,6 +94,26 @@ def test_teams_and_the_organization_trail_change_the_rows():
     assert (
         by_id["CloudTrail.1"].status == compliance.NOT_COVERED and ORG_TRAIL in by_id["CloudTrail.1"].detail
     )
+    # Issue 46 item 10: the stack builds no CIS alarm then; its other alarms implement none of the controls.
+    for control in CIS_ALARM_CONTROLS:
+        assert by_id[control].status == compliance.NOT_COVERED, by_id[control]
+        assert ORG_TRAIL in by_id[control].detail and by_id[control].resources == []
+
+
+@pytest.mark.parametrize("stack", ["dev", "eks-dev"])
+def test_make_compliance_fails_exactly_the_controls_whose_findings_make_policy_prints(stack):
+    """Issue 46 item 10: a control fails in `make compliance` when, and only when, `make policy` prints a violation
+    of one of its policies on it (any enforcement level); the stack-wide violations name their control."""
+    rows = compliance.statuses(stack)
+    printed = evaluate(policy_resources(stack_plan(stack)), stack)
+    for row in rows:
+        (control,) = [c for c in CONTROLS if c.id == row.control]
+        found = [
+            v
+            for v in printed
+            if v.policy in control.policies and compliance._concerns(control, v, row.resources)
+        ]
+        assert (row.status == compliance.FAIL) == bool(found), row
 
 
 def test_eks_dev_with_teams_is_not_called_single_tenant():

@@ -8,7 +8,14 @@ import json
 import pytest
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from policy.audit import audit_trail_recorded, cis_metric_filters, cloudtrail_key_policy, locked_logs_kept
+from policy.audit import (
+    audit_trail_recorded,
+    cis_alarms_heard,
+    cis_metric_filters,
+    cloudtrail_key_policy,
+    config_recording,
+    locked_logs_kept,
+)
 
 TRAIL = "aws:cloudtrail/trail:Trail"
 ORG_TRAIL = "arn:aws:cloudtrail:us-east-1:111122223333:trail/org-trail"
@@ -164,3 +171,41 @@ def test_without_a_bucket_key_decrypt_is_not_required_but_encrypt_and_describe_a
     ]
     [(_, message)] = violations(cloudtrail_key_policy, *changed)
     assert "kms:DescribeKey:" in message and "kms:Decrypt" not in message
+
+
+def test_cis_alarms_without_a_subscriber_warn_on_each_alarm_and_pass_with_one(planned, violations):
+    found = violations(cis_alarms_heard, *planned("dev"))
+    assert sorted(name for name, _ in found) == sorted(
+        f"trainstack-dev-audit-{metric}"
+        for metric in (
+            "root-use",
+            "unauthorized-api-calls",
+            "iam-policy-changes",
+            "trail-changes",
+            "key-disabled-or-deleted",
+        )
+    )
+    assert all("trainstack:alarmEmails" in message for _, message in found)
+    assert (
+        violations(
+            cis_alarms_heard,
+            *planned("dev", **{"trainstack:alarmEmails": json.dumps(["oncall@example.com"])}),
+        )
+        == []
+    )
+
+
+def test_config_delivering_to_the_locked_audit_bucket_fails_and_its_own_bucket_passes(planned, violations):
+    """Issue 46 item 8: as the stack had it, the delivery channel pointed at the Object-Locked audit bucket."""
+    resources = planned("prod", **{"trainstack:securityHub": "true"})
+    assert violations(config_recording, *resources) == []
+    (audit,) = [
+        r for r in resources if r.name == "trainstack-prod-audit-logs" and r.resource_type.endswith("Bucket")
+    ]
+    (channel,) = [r for r in resources if r.resource_type == "aws:cfg/deliveryChannel:DeliveryChannel"]
+    as_before = copy.copy(channel)
+    as_before.property_dependencies = {**channel.property_dependencies, "s3BucketName": [audit]}
+    [(name, message)] = violations(config_recording, *[as_before if r is channel else r for r in resources])
+    assert (
+        name == "trainstack-prod-config" and "'trainstack-prod-audit-logs', which has Object Lock" in message
+    )

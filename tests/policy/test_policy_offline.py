@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pulumi_policy import EnforcementLevel, StackValidationPolicy
 
 from policy.offline import Violation, evaluate, main, pack_version, render
 from policy.pack import PACK_NAME
+from tests.conftest import stack_plan
+from tests.policy.conftest import without_statements
 
 
-def test_clean_stack_prints_a_passing_pack_and_exits_0(capsys):
+def test_a_stack_with_only_advisory_findings_warns_and_exits_0(capsys):
+    # dev subscribes nobody to its alarm topic (alarmEmails unset): cis-alarms-heard is advisory.
     assert main(["--stack", "dev"]) == 0
-    assert capsys.readouterr().out == f"Policies:\n    ✅ {PACK_NAME}@v{pack_version()} (local: policy)\n"
+    out = capsys.readouterr().out
+    assert out.startswith(f"Policies:\n    ⚠️ {PACK_NAME}@v{pack_version()} (local: policy)\n")
+    assert "[advisory]  cis-alarms-heard" in out and "[mandatory]" not in out
+    assert out.endswith(
+        "Access: 31 rows, 0 failing (make access STACK=dev prints them all)\n"
+        "cloudsplaining: 3 findings, 0 not accepted in policy/cloudsplaining-baseline.yaml\n"
+    )
 
 
 def test_violations_print_as_the_cli_prints_them():
@@ -36,7 +47,8 @@ def test_advisory_violations_alone_warn(capsys):
 
 def test_mandatory_violation_exits_1_and_names_policy_resource_and_fix(planned, capsys, monkeypatch):
     unprotected = planned("prod", **{"trainstack:protectData": False})
-    monkeypatch.setattr("policy.offline.run_program", lambda stack: None)  # planned once per session already
+    # planned once per session already
+    monkeypatch.setattr("policy.offline.run_program", lambda stack: stack_plan("prod"))
     monkeypatch.setattr("policy.offline.policy_resources", lambda plan: unprotected)
     assert main(["--stack", "prod"]) == 1
     out = capsys.readouterr().out
@@ -46,6 +58,21 @@ def test_mandatory_violation_exits_1_and_names_policy_resource_and_fix(planned, 
         in out
     )
     assert "pass opts=pulumi.ResourceOptions(protect=True, retain_on_delete=True)" in out
+
+
+def test_a_failing_access_row_exits_1_and_names_actor_action_and_policy(capsys, monkeypatch):
+    """Karpenter's controller policy without its key statements (issue 46 item 1): the pack passes, access fails."""
+    plan = stack_plan("eks-dev")
+    edit = without_statements(
+        "trainstack-eks-dev-karpenter", "AllowRootVolumeKeyThroughEC2", "AllowRootVolumeGrantThroughEC2"
+    )
+    edited = dataclasses.replace(plan, resources=[edit(r) for r in plan.resources])
+    monkeypatch.setattr("policy.offline.run_program", lambda stack: edited)
+    assert main(["--stack", "eks-dev"]) == 1
+    out = capsys.readouterr().out
+    assert "[mandatory]" not in out and "Access: 73 rows, 5 failing" in out
+    assert "- trainstack-eks-dev-karpenter needs kms:CreateGrant on arn:aws:kms:" in out
+    assert "nothing allows it in trainstack-eks-dev-karpenter (inline)" in out
 
 
 def test_stack_violation_that_names_no_resource_is_reported_on_the_stack(monkeypatch):

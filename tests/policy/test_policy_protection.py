@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy.offline import evaluate
+from policy.offline import evaluate, mandatory
 from policy.protection import prod_data_protected
 
 DATA_TYPES = [
@@ -48,4 +48,6 @@ def test_prod_stack_with_protect_data_off_fails_for_every_data_resource(planned)
         "trainstack-prod-key",
         "trainstack-prod-trainer",
     }
-    assert [v.policy for v in evaluate(unprotected, "prod") if v.policy != "prod-data-protected"] == []
+    assert [
+        v.policy for v in mandatory(evaluate(unprotected, "prod")) if v.policy != "prod-data-protected"
+    ] == []

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from policy.offline import evaluate
+from policy.offline import evaluate, mandatory
 from trainer.contract.stack import stack_names
 
 
 @pytest.mark.parametrize("stack", stack_names())
 def test_every_checked_in_stack_passes_every_policy(planned, stack):
-    assert [(v.policy, v.urn, v.message) for v in evaluate(planned(stack), stack)] == []
+    assert [(v.policy, v.urn, v.message) for v in mandatory(evaluate(planned(stack), stack))] == []
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_removing_a_guardrail_resource_from_a_stack_is_reported(
         if not (r.resource_type.endswith(f":{removed_type}") and r.name == removed_name)
     ]
     assert len(resources) == len(planned(stack)) - 1
-    found = [(v.policy, v.urn.rsplit("::", 1)[1]) for v in evaluate(resources, stack)]
+    found = [(v.policy, v.urn.rsplit("::", 1)[1]) for v in mandatory(evaluate(resources, stack))]
     assert found == [(policy, reported)]
 
 
@@ -106,4 +106,6 @@ def test_removing_a_guardrail_resource_from_a_stack_is_reported(
     ids=["odcr-in-its-placement-group", "capacity-block", "long-grace-short-timeout"],
 )
 def test_reserved_capacity_and_timing_variants_pass_every_policy(planned, changes):
-    assert [(v.policy, v.urn, v.message) for v in evaluate(planned("prod", **changes), "prod")] == []
+    assert [
+        (v.policy, v.urn, v.message) for v in mandatory(evaluate(planned("prod", **changes), "prod"))
+    ] == []

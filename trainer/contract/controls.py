@@ -23,16 +23,21 @@ class Control:
     resource_types: tuple[str, ...] = ()  # what implements it; none in the stack means not covered
     not_covered: str = ""  # why the stack leaves it to someone else (set when no policy implements it)
     evidence: str = ""  # where else it is proven (tests), for controls a policy cannot judge
-    # A CIS alarm control: its audit step also wants the alarms' topic to have a subscriber (Security Hub controls
-    # for CloudWatch, remediation: "Create at least one subscriber to the topic"); policy/compliance.py checks it.
-    alarm_subscribed: bool = False
+    # A CIS alarm control: the metric its alarm watches (infra/audit.py CIS_ALARMS); present only when that alarm is.
+    cis_metric: str = ""
+    # A control Security Hub judges on every resource of its types: the input each must have set, and why the
+    # resources that lack it are accepted (policy/compliance.py reports them as "accepted", never as pass).
+    holds_when: str = ""
+    accepted: str = ""
 
 
 TRAIL = "aws:cloudtrail/trail:Trail"
 BUCKET = "aws:s3/bucket:Bucket"
 KEY = "aws:kms/key:Key"
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
-CIS_FILTERS = ("cis-metric-filters",)
+# The CIS alarm controls' audit also wants a subscriber on the alarms' topic (Security Hub controls for CloudWatch,
+# remediation: "Create at least one subscriber to the topic"): policy/audit.py cis-alarms-heard.
+CIS_FILTERS = ("cis-metric-filters", "cis-alarms-heard")
 # The CIS alarm controls the stack does not build (their patterns: Security Hub controls for CloudWatch).
 ACCOUNT_ALARM = (
     "the stack builds no metric filter or alarm for it: {what}, which belong to the account's or the "
@@ -87,14 +92,14 @@ CONTROLS: tuple[Control, ...] = (
         'A log metric filter and alarm should exist for usage of the "root" user (CIS 3.3 / 1.7)',
         CIS_FILTERS,
         (ALARM,),
-        alarm_subscribed=True,
+        cis_metric="root-use",
     ),
     Control(
         "CloudWatch.2",
         "Ensure a log metric filter and alarm exist for unauthorized API calls (CIS 3.1)",
         CIS_FILTERS,
         (ALARM,),
-        alarm_subscribed=True,
+        cis_metric="unauthorized-api-calls",
     ),
     Control(
         "CloudWatch.3",
@@ -108,14 +113,14 @@ CONTROLS: tuple[Control, ...] = (
         "Ensure a log metric filter and alarm exist for IAM policy changes (CIS 3.4)",
         CIS_FILTERS,
         (ALARM,),
-        alarm_subscribed=True,
+        cis_metric="iam-policy-changes",
     ),
     Control(
         "CloudWatch.5",
         "Ensure a log metric filter and alarm exist for CloudTrail configuration changes (CIS 3.5)",
         CIS_FILTERS,
         (ALARM,),
-        alarm_subscribed=True,
+        cis_metric="trail-changes",
     ),
     Control(
         "CloudWatch.6",
@@ -130,7 +135,7 @@ CONTROLS: tuple[Control, ...] = (
         "CMKs (CIS 3.7)",
         CIS_FILTERS,
         (ALARM,),
-        alarm_subscribed=True,
+        cis_metric="key-disabled-or-deleted",
     ),
     Control(
         "CloudWatch.8",
@@ -186,9 +191,11 @@ CONTROLS: tuple[Control, ...] = (
         "S3.15",
         "S3 general purpose buckets should have Object Lock enabled",
         ("audit-trail-recorded",),
-        (TRAIL,),
-        evidence="the audit log bucket only: datasets and checkpoints are rewritten and deleted by design, and "
-        "are versioned instead (S3.14)",
+        (BUCKET,),
+        holds_when="objectLockEnabled",
+        accepted="datasets and checkpoints are rewritten and deleted by design (re-prepared, pruned) and versioned "
+        "instead (S3.14); AWS Config's bucket may not have Object Lock (AWS::Config::DeliveryChannel reference); "
+        "the audit log bucket has it (audit-trail-recorded)",
     ),
     Control(
         "S3.17",
@@ -229,6 +236,7 @@ CONTROLS: tuple[Control, ...] = (
     Control(
         "Config.1",
         "AWS Config should be enabled and use the service-linked role for resource recording",
+        ("config-recording",),
         resource_types=("aws:cfg/recorder:Recorder",),
         not_covered="off unless trainstack:securityHub is true (it costs money: docs/security.md#compliance-report)",
     ),

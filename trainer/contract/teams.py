@@ -16,7 +16,7 @@ TEAM_TAG = "team"
 RUN_TAG, STACK_TAG = "trainstack:run", "trainstack:stack"
 JOB_TAG_KEYS = (RUN_TAG, STACK_TAG, TEAM_TAG)
 # The `team` tag of every job the stack's verbs submit for no team (data preparation, a stack without teams): no
-# team is called this (team names are a-z, 0-9 and '-': infra/config.py), so no team role may set or stop it.
+# team is called this (team names are a-z and 0-9: infra/config.py), so no team role may set or stop it.
 STACK_TEAM = "_stack"
 # The service account a team's pods run as in its namespace on EKS: its Pod Identity association gives them the
 # team's S3 read role (infra/eks_teams.py), and a team's JobSet names it (trainer/jobs/jobset.py).

@@ -305,16 +305,38 @@ def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_def
         jobDefinitionName=definition["jobDefinitionName"], status="ACTIVE"
     )
     for revision in (d for page in pages for d in page["jobDefinitions"]):
-        if revision.get(field) == wanted:
+        if revision.get(field) == wanted and _settings(revision) == _settings(definition):
             return revision["jobDefinitionArn"]
-    carried = ("parameters", "retryStrategy", "timeout", "tags", "propagateTags", "platformCapabilities")
     registered = batch.register_job_definition(
         jobDefinitionName=definition["jobDefinitionName"],
         type=kind,
         **{field: wanted},
-        **{k: definition[k] for k in carried if definition.get(k) not in (None, {}, [])},
+        **_settings(definition),
     )
     return registered["jobDefinitionArn"]
+
+
+# Everything else RegisterJobDefinition takes that DescribeJobDefinitions returns (botocore 1.44.8 batch model:
+# RegisterJobDefinitionRequest and JobDefinition members), apart from the name, the type and the properties: a
+# revision is reused only when all of them equal the stack's own, so one registered by someone else with another
+# timeout, retry strategy or parameters is never picked up (issue 46 item 9).
+CARRIED_SETTINGS = (
+    "parameters",
+    "retryStrategy",
+    "timeout",
+    "tags",
+    "propagateTags",
+    "platformCapabilities",
+    "schedulingPriority",
+    "consumableResourceProperties",
+    "ecsProperties",
+    "eksProperties",
+)
+
+
+def _settings(definition: dict[str, Any]) -> dict[str, Any]:
+    """A definition's carried settings, an empty value the same as an absent one (Batch returns `{}` for none)."""
+    return {k: definition[k] for k in CARRIED_SETTINGS if definition.get(k) not in (None, {}, [])}
 
 
 def job_definitions_for(image: str, outputs: StackOutputs) -> dict[str, str]:
