@@ -605,6 +605,25 @@ ROWS: dict[str, Row] = {
         ),
         sweep_file("space: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}"),
     ),
+    "sweep-pruner-judges-during-warm-up": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "pruner.min_resource = 5 would judge trials before their warm-up has ended (the longest, "
+            "schedule.lr_warmup_iters, is 10 steps): give min_resource >= 10",
+        ),
+        sweep_file(
+            "pruner: {{min_resource: 5}}\nset: {{schedule.eval_interval: 5}}\n"
+            "space: {{schedule.lr_warmup_iters: {{low: 0, high: 10}}}}"
+        ),
+    ),
+    "sweep-recipe-outside-the-space": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "space.optimizer.lr: the recipe's own value 0.001 is outside the space (low 0.002, high 0.01); "
+            "trial 0 is the recipe's values",
+        ),
+        sweep_file("pruner: {{kind: none}}\nspace: {{optimizer.lr: {{low: 0.002, high: 0.01}}}}"),
+    ),
     "sweep-driver-already-running": Row(
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
         (
