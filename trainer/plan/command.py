@@ -170,6 +170,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"steps per layout, the first {measure.WARMUP_STEPS} not timed (default %(default)s)",
     )
     measuring.add_argument(
+        "--measure-repeats",
+        type=positive_int,
+        default=measure.REPEATS,
+        metavar="R",
+        help="runs of each layout, interleaved; a layout is called faster only beyond the runs' spread "
+        "(default %(default)s)",
+    )
+    measuring.add_argument(
         "--nproc", type=positive_int, help="processes (default: the config's TP x PP x DP)"
     )
     measuring.add_argument(
@@ -302,10 +310,18 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     best = candidates[: args.measure]
     console.print(
         f"measuring the planner's {len(best)} best of {len(candidates)} layouts on {world} CPU processes, "
-        f"{args.measure_steps} steps each (the first {measure.WARMUP_STEPS} not timed)"
+        f"{args.measure_steps} steps each (the first {measure.WARMUP_STEPS} not timed), {args.measure_repeats} "
+        "run(s) each, interleaved"
     )
     measurements = measure.measure(
-        args.config, args.overrides, best, world, args.measure_steps, args.measure_timeout, console
+        args.config,
+        args.overrides,
+        best,
+        world,
+        args.measure_steps,
+        args.measure_timeout,
+        console,
+        args.measure_repeats,
     )
     chosen = measure.fastest(measurements)
     measure.print_measurements(console, measurements, chosen)
@@ -317,7 +333,7 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     if chosen is None:
         console.print("[bold red]no layout's run succeeded[/]")
         return 1
-    console.print(f"fastest measured: {chosen.candidate.describe()} ({chosen.measured_s:.4f} s a step)")
+    console.print(f"{measure.choice_line(measurements, chosen)}: {chosen.candidate.describe()}")
     write_config(chosen.candidate, args.out, args.config)
     console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
     return 0
