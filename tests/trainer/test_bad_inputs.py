@@ -73,6 +73,19 @@ def sweep_file(space: str) -> Callable[[Paths], None]:
     return setup
 
 
+def cpu_run_ledger(paths: Paths) -> None:
+    """{tmp}/run/ledger.json of a 4-layer run paid as 'local' (this machine), its model version record beside it."""
+    run = Path(paths["tmp"], "run")
+    (run / "checkpoints" / "iter_0000060").mkdir(parents=True)
+    (run / "ledger.json").write_text(
+        json.dumps({"step": 60, "attempts": 1, "saves": 1, "node_hours": {"local": 0.01}})
+    )
+    model = {"num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 352, "num_attention_heads": 4}
+    (run / "checkpoints" / "iter_0000060" / "model_version.json").write_text(
+        json.dumps({"config": {"model": model}})
+    )
+
+
 _HELD: list[int] = []  # the locks a setup holds, open while the row's command runs
 
 
@@ -525,6 +538,14 @@ ROWS: dict[str, Row] = {
     "plan-nowhere-to-run": Row(
         "plan --config trainer/configs/llama3-8b.yaml",
         ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),
+    ),
+    "plan-ledger-of-another-job": Row(
+        "plan --config trainer/configs/llama3-70b.yaml --instance p5.48xlarge --nodes 8 --ledger {tmp}/run/ledger.json",
+        (
+            "--ledger {tmp}/run/ledger.json measured another job's saves: it ran on this machine (its paid time is "
+            "'local'), not on p5.48xlarge; its model differs: num_layers 4 (planned 80)",
+        ),
+        cpu_run_ledger,
     ),
     "plan-nodes-zero": Row(
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 0",

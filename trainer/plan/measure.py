@@ -76,11 +76,11 @@ class Measurement:
 
     @property
     def low(self) -> float | None:
-        return min(self.runs or (self.measured_s,)) if self.measured_s is not None else None  # type: ignore[type-var]
+        return min(self.runs or (self.measured_s,)) if self.measured_s is not None else None
 
     @property
     def high(self) -> float | None:
-        return max(self.runs or (self.measured_s,)) if self.measured_s is not None else None  # type: ignore[type-var]
+        return max(self.runs or (self.measured_s,)) if self.measured_s is not None else None
 
     @property
     def spread(self) -> float | None:
