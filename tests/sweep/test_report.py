@@ -80,3 +80,30 @@ def test_importances_are_drawn_from_enough_complete_trials(tmp_path):
     study = objective_sweep(sweep, "many", tmp_path / "s", MIN_IMPORTANCE_TRIALS)  # fmt: skip
     paths, left_out = write_plots(study, tmp_path / "s")
     assert "importances.png" in {p.name for p in paths} and left_out == []
+
+
+def test_a_trial_pruned_after_several_evaluations_is_drawn_at_its_last_one():
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from trainer.sweep.study import RECIPE
+
+    space = {"optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True)}
+    study = optuna.create_study()
+    study.add_trial(
+        create_trial(params={"optimizer.lr": 1e-3}, distributions=space, value=6.8, user_attrs={RECIPE: True})
+    )
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"optimizer.lr": 3e-2},
+            distributions=space,
+            intermediate_values={10: 8.0, 20: 7.5, 30: 7.2},
+        )
+    )
+    axes = _history(study)
+    dots, crosses = (collection.get_offsets().tolist() for collection in axes.collections[:2])
+    assert dots == [[0, 6.8]] and crosses == [[1, 7.2]]
+    assert [text.get_text() for text in axes.texts] == ["step 30"]
+    assert axes.collections[2].get_offsets().tolist() == [[0, 6.8]]  # the recipe's trial, ringed

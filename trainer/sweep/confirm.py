@@ -98,7 +98,7 @@ def confirm(
     change = difference / _mean(recipe_losses)
     on = f"mean of {len(seeds)} seeds" if len(seeds) > 1 else "one seed, no other measured"
     figures = (
-        f"best {_mean(best_losses):.4f} vs the recipe's {_mean(recipe_losses):.4f} ({change:+.1%}, "
+        f"best {_mean(best_losses):.4f} vs the recipe's {_mean(recipe_losses):.4f} ({change * 100:+.1f} %, "
         f"{'beyond' if beat else 'within'} the seed spread of {spread:.4f}; {on}; held-out standard error "
         f"{best_runs[0].standard_error:.4f}, of the difference {paired_se:.4f})"
     )
