@@ -84,3 +84,66 @@ def test_an_interruption_rate_that_is_not_a_finite_positive_number_is_refused(tm
             trainer_main([*PLAN, "--interruptions-per-gpu-hour", rate])
         assert exit.value.code == 2
         assert "argument --interruptions-per-gpu-hour: " in capsys.readouterr().err  # why, not "unrecognized"
+
+
+def test_the_docs_first_plan_on_a_stack_prints_an_interval_from_the_estimated_save(capsys):
+    """No ledger yet: the save is the checkpoint's bytes at the stack's FSx throughput, labelled an estimate."""
+    from trainer.cost.resilience import mtbf_seconds
+
+    assert trainer_main(["plan", "--config", CONFIG, "--stack", "prod", "--top", "1"]) in (0, 1)
+    printed = capsys.readouterr().out.replace("\n", " ")
+    # Pulumi.prod.yaml: PERSISTENT_2, 4800 GiB x 250 MB/s per TiB; llama3-8b: 8.03 B parameters x 14 bytes (bf16)
+    throughput = 4800 / 1024 * 250e6
+    parameters = 8.03e9
+    save_s = parameters * 14 / throughput
+    assert "ESTIMATED, no run measured them: checkpoint 112 GB (8.03 B parameters x 14 bytes" in printed
+    assert "FSx for Lustre PERSISTENT_2 4,800 GiB x 250 MB/s per TiB = 1,172 MB/s" in printed
+    assert f"save {save_s:.0f} s; restart = start-up 300 s (assumed" in printed
+    # Young's interval on that save: prod's 4 p5 nodes, 32 GPUs
+    young_min = (2 * save_s * mtbf_seconds(32)) ** 0.5 / 60
+    shown = float(printed.split("x MTBF) = ")[1].split(" min")[0])
+    assert abs(shown - young_min) / young_min < 0.005  # 8.03 B is the printed rounding of the count
+
+
+def _cpu_run(directory, model: dict, parallel: dict, where: str = "local"):
+    """A run directory's ledger.json (paid time `where`) and the model version record beside its checkpoint."""
+    ledger = Ledger(step=60, attempts=1, saves=1, node_hours={where: 0.01})
+    ledger.seconds.update(checkpoint_stall=0.8, startup=19.8, productive=19.2)
+    (directory / "ledger.json").write_text(json.dumps(ledger.to_dict()))
+    version = directory / "checkpoints" / "iter_0000060"
+    version.mkdir(parents=True)
+    (version / "model_version.json").write_text(
+        json.dumps({"config": {"model": model, "parallel": parallel}})
+    )
+    return directory / "ledger.json"
+
+
+def test_a_ledger_of_another_model_run_on_this_machine_is_refused_for_a_70b_job_on_p5(tmp_path, capsys):
+    tiny = {"num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 352, "num_attention_heads": 4}
+    ledger = _cpu_run(tmp_path, tiny, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2})
+    argv = [
+        "plan",
+        "--config",
+        "trainer/configs/llama3-70b.yaml",
+        "--instance",
+        "p5.48xlarge",
+        "--nodes",
+        "8",
+    ]
+    assert trainer_main([*argv, "--ledger", str(ledger)]) == 2
+    error = capsys.readouterr().err.replace("\n", " ")
+    assert f"--ledger {ledger} measured another job's saves: it ran on this machine" in error
+    assert "its model differs: num_layers 4 (planned 80), hidden_size 128 (planned 8192)" in error
+
+
+def test_a_ledger_of_the_same_model_on_another_layout_is_used_with_a_warning(tmp_path, capsys):
+    from trainer.config import load_config
+
+    model = load_config(CONFIG).model.model_dump(mode="json")
+    ledger = _cpu_run(
+        tmp_path, model, {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 1}, "on_demand"
+    )
+    assert trainer_main([*PLAN, "--ledger", str(ledger)]) == 0
+    printed = capsys.readouterr().out.replace("\n", " ")
+    assert f"(save and restart: measured in {ledger})" in printed
+    assert "warning: the ledger's run had TP=8 x PP=1, the chosen layout TP=" in printed

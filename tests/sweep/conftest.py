@@ -3,6 +3,7 @@ wiring of the sampler, the pruner, the storage and the report with Optuna's real
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from trainer.sweep.heldout import HeldOut
 from trainer.sweep.space import Sweep, load_sweep
 from trainer.sweep.study import run_sweep
 
@@ -38,6 +40,20 @@ def objective_command(*extra: str):
     return command
 
 
+def objective_evaluate(run_dir: Path) -> HeldOut:
+    """The held-out score of a trial the fast objective ran: the windows' losses it wrote at its end."""
+    losses = tuple(json.loads((run_dir / "heldout-losses.json").read_text()))
+    return HeldOut(sum(losses) / len(losses), losses)
+
+
+def objective_sweep(sweep: Sweep, name: str, directory: Path, trials: int, *settings: str, **more):
+    """run_sweep with the fast objective as each trial's trainer (with `settings`) and its windows as the score."""
+    command = objective_command(*settings)
+    return run_sweep(
+        sweep, name, directory, trials, quiet(), command=command, evaluate=objective_evaluate, **more
+    )
+
+
 def quiet() -> Console:
     return Console(quiet=True)
 
@@ -51,5 +67,5 @@ def finished_sweep(tmp_path_factory):
     """Eight trials with successive halving, run once for the module."""
     directory = tmp_path_factory.mktemp("sweep")
     sweep = sweep_of(directory)
-    study = run_sweep(sweep, "tiny", directory / "study", 8, quiet(), command=objective_command())
+    study = objective_sweep(sweep, "tiny", directory / "study", 8)
     return sweep, study, directory / "study"

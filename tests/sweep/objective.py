@@ -5,6 +5,8 @@ Its validation loss at step s falls as 1/s towards a floor set by how far log10(
 trial's early values already rank it. optimizer.lr above `crash_above` (another override) makes it exit 3 after
 step 10, as a crashing trainer would. `dollars_per_trial` (another override) makes it write, as it starts, a
 ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py).
+At its end it writes heldout-losses.json: 64 windows' losses around its last validation loss, varying by window
+and by `seed` as a trained model's would (by `seed_spread` x sin(seed), 0.02 unless given) (read by conftest.objective_evaluate in the held-out scorer's place).
 `stop_at=N` stops it at step N as the trainer's dollar cap does (trainer/train.py): that step's line, the
 trainer's "saved and stopped" message, exit 0. `nan_at=N` makes the validation loss NaN from step N on."""
 
@@ -53,4 +55,8 @@ with (run_dir / "metrics.jsonl").open("a") as metrics:
             print("objective: crashed on purpose", flush=True)
             sys.exit(3)
         time.sleep(0.05)
+seed = int(settings.get("seed", 7))
+final = floor + 20 / (iters + 1) + float(settings.get("seed_spread", 0.02)) * math.sin(seed)
+windows = [final + 0.5 * math.sin(1.7 * i) + 0.01 * math.cos(seed * i) for i in range(64)]
+(run_dir / "heldout-losses.json").write_text(json.dumps(windows))
 print("objective: done", flush=True)

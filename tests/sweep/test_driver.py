@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from tests.conftest import ROOT
 from tests.sweep.conftest import write_sweep
-from trainer.sweep.study import ERROR, INTERRUPTED, RERUN_OF, storage
+from trainer.sweep.study import ERROR, INTERRUPTED, RECIPE, RERUN_OF, storage
 
 pytestmark = pytest.mark.slow  # driver processes, each trial a process of its own: about a minute a test here
 
@@ -75,6 +75,11 @@ def test_a_driver_stopped_mid_trial_kills_its_trainer_and_the_rerun_runs_the_tri
     output, _ = first.communicate(timeout=60)
     assert first.returncode != 0, output
     wait_for(lambda: not alive(pid), 5)  # the trainer went with the driver
+    if (
+        stop == signal.SIGINT
+    ):  # Ctrl-C: the trial's line and one line of the driver's, no traceback (issue 48)
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+        assert output.rstrip().endswith("sweep: interrupted; run the same command again to resume d"), output
 
     assert [t.user_attrs.get(ERROR) for t in stored(tmp_path)] == [
         INTERRUPTED
@@ -87,6 +92,9 @@ def test_a_driver_stopped_mid_trial_kills_its_trainer_and_the_rerun_runs_the_tri
     assert interrupted.state == TrialState.FAIL and interrupted.user_attrs[ERROR] == INTERRUPTED
     assert rerun.state == TrialState.COMPLETE and rerun.params == interrupted.params
     assert rerun.user_attrs[RERUN_OF] == interrupted.number
+    assert (
+        interrupted.user_attrs[RECIPE] and rerun.user_attrs[RECIPE]
+    )  # trial 0, the recipe's values, run again
     assert "0 of 1 trials finished" in output
     # a third run finds the study done: the interrupted trial is queued once, not again
     third = driver(tmp_path, 1)

@@ -42,8 +42,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ("trials: 0\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n", "trials = 0"),
         ("pruner: {kind: asha}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n", "pruner.kind = 'asha'"),
         (
-            "space: {optimizer.lr: {low: 0.001, high: 0.01}}\nsampler: {kind: random}\n",
-            "sampler.kind = 'random'",
+            "space: {optimizer.lr: {low: 0.001, high: 0.01}}\nsampler: {kind: bayes}\n",
+            "sampler.kind = 'bayes'",
         ),
         (
             "sampler: {kind: grid}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
@@ -65,6 +65,31 @@ def write(tmp_path: Path, text: str) -> Path:
             "pruner: {min_resource: 20}\nset: {schedule.eval_interval: 5}\n"
             "space: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
             "pruner.min_resource = 20 is not below the trials' schedule.train_iters = 20: no trial could be stopped",
+        ),
+        # a pruner that would judge trials while a warm-up still ramps (issue 48)
+        (
+            "pruner: {min_resource: 5}\nset: {schedule.eval_interval: 5}\n"
+            "space: {schedule.lr_warmup_iters: {low: 0, high: 10}}\n",
+            "pruner.min_resource = 5 would judge trials before their warm-up has ended (the longest, "
+            "schedule.lr_warmup_iters, is 10 steps): give min_resource >= 10",
+        ),
+        # trial 0 is the recipe's own values (tiny.yaml: lr 1e-3, warm-up 2): they must lie in the space
+        (
+            "space: {optimizer.lr: {low: 0.002, high: 0.01}}\n",
+            "space.optimizer.lr: the recipe's own value 0.001 is outside the space (low 0.002, high 0.01)",
+        ),
+        (
+            "pruner: {kind: none}\nspace: {schedule.global_batch_size: {choices: [4, 16]}}\n",
+            "space.schedule.global_batch_size: the recipe's own value 8 is outside the space (choices [4, 16])",
+        ),
+        (
+            "pruner: {kind: none}\nbaseline: {schedule.global_batch_size: 12}\n"
+            "space: {schedule.global_batch_size: {choices: [4, 16]}}\n",
+            "space.schedule.global_batch_size: baseline 12 is outside the space (choices [4, 16])",
+        ),
+        (
+            "baseline: {optimizer.min_lr: 0.001}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "baseline names optimizer.min_lr, not in space",
         ),
         (
             "pruner: {kind: median}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
@@ -91,12 +116,12 @@ def test_a_missing_file_or_recipe_is_named(tmp_path):
 def test_dimensions_become_optunas_distributions_and_overrides_the_trainers_set_lines(tmp_path):
     sweep = sweep_of(
         tmp_path,
-        extra="  schedule.lr_warmup_iters: {low: 0, high: 10, step: 5}\n"
+        extra="  schedule.lr_warmup_iters: {low: 0, high: 10, step: 2}\n"
         "  schedule.global_batch_size: {choices: [8, 16]}\n",
     )
     assert sweep.spec.distributions() == {
         "optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
-        "schedule.lr_warmup_iters": optuna.distributions.IntDistribution(0, 10, step=5),
+        "schedule.lr_warmup_iters": optuna.distributions.IntDistribution(0, 10, step=2),
         "schedule.global_batch_size": optuna.distributions.CategoricalDistribution([8, 16]),
     }
     assert sweep.overrides({"optimizer.lr": 0.003, "schedule.global_batch_size": 16}) == [
@@ -133,7 +158,7 @@ def test_the_shipped_sweep_reads():
 @pytest.mark.parametrize(
     ("dimension", "distribution"),
     [
-        ("schedule.lr_warmup_iters: {low: 0, high: 20}", optuna.distributions.IntDistribution(0, 20)),
+        ("schedule.lr_warmup_iters: {low: 0, high: 10}", optuna.distributions.IntDistribution(0, 10)),
         (
             "schedule.global_batch_size: {low: 8, high: 64, log: true}",
             optuna.distributions.IntDistribution(8, 64, log=True),

@@ -10,10 +10,15 @@ import pytest
 from optuna.trial import TrialState
 from rich.console import Console
 
-from tests.sweep.conftest import TINY, objective_command, quiet, sweep_of, write_sweep
+from tests.sweep.conftest import (
+    TINY,
+    objective_sweep,
+    sweep_of,
+    write_sweep,
+)
 from trainer.sweep.report import best_trial, failures, trials_table
 from trainer.sweep.space import SweepError, load_sweep
-from trainer.sweep.study import ERROR, JOURNAL, LOG, STEPS, STOPPED, open_study, run_sweep
+from trainer.sweep.study import ERROR, JOURNAL, LOG, RECIPE, STEPS, STOPPED, open_study
 
 
 def _render(table) -> str:
@@ -45,9 +50,7 @@ def test_the_pruner_stops_trials_behind_at_an_evaluation_step_and_their_steps_ar
 def test_a_crashing_trial_is_failed_with_its_log_and_the_sweep_goes_on(tmp_path):
     sweep = sweep_of(tmp_path, pruner="none")
     # every lr above 3e-3 crashes after step 10; the startup draws (seed 0) hold both kinds
-    study = run_sweep(
-        sweep, "crash", tmp_path / "s", 6, quiet(), command=objective_command("crash_above=0.003")
-    )
+    study = objective_sweep(sweep, "crash", tmp_path / "s", 6, "crash_above=0.003")
     failed = study.get_trials(states=(TrialState.FAIL,))
     assert failed and len(study.get_trials()) == 6
     assert study.get_trials(states=(TrialState.COMPLETE,))
@@ -59,32 +62,29 @@ def test_a_crashing_trial_is_failed_with_its_log_and_the_sweep_goes_on(tmp_path)
 
 def test_a_rerun_resumes_the_stored_study_with_new_draws(tmp_path):
     sweep = sweep_of(tmp_path, pruner="none")
-    first = run_sweep(sweep, "again", tmp_path / "s", 3, quiet(), command=objective_command())
+    first = objective_sweep(sweep, "again", tmp_path / "s", 3)
     before = [(t.number, t.params, t.value) for t in first.get_trials()]
-    second = run_sweep(sweep, "again", tmp_path / "s", 5, quiet(), command=objective_command())
+    second = objective_sweep(sweep, "again", tmp_path / "s", 5)
     trials = second.get_trials()
     assert [(t.number, t.params, t.value) for t in trials[:3]] == before
     assert len(trials) == 5 and all(t.state == TrialState.COMPLETE for t in trials)
     # the sampler's seed moved on: the new trials are not the first ones drawn again
     assert trials[3].params != trials[0].params
-    assert (
-        run_sweep(sweep, "again", tmp_path / "s", 5, quiet(), command=objective_command()).get_trials()
-        == trials
-    )
+    assert objective_sweep(sweep, "again", tmp_path / "s", 5).get_trials() == trials
 
 
 def test_a_trial_left_running_by_a_stopped_driver_is_failed_and_run_again(tmp_path):
     sweep = sweep_of(tmp_path, pruner="none")
     study = open_study(sweep, "stopped", tmp_path / "s")
     left = study.ask({"optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
-    study = run_sweep(sweep, "stopped", tmp_path / "s", 1, quiet(), command=objective_command())
+    study = objective_sweep(sweep, "stopped", tmp_path / "s", 1)
     first, again = study.get_trials()
     assert first.state == TrialState.FAIL and "interrupted" in first.user_attrs[ERROR]
     assert again.state == TrialState.COMPLETE and again.params == left.params
 
 
 def test_a_study_made_for_another_space_is_refused(tmp_path):
-    run_sweep(sweep_of(tmp_path, pruner="none"), "x", tmp_path / "s", 1, quiet(), command=objective_command())
+    objective_sweep(sweep_of(tmp_path, pruner="none"), "x", tmp_path / "s", 1)
     other = sweep_of(tmp_path, pruner="none", extra="  optimizer.weight_decay: {low: 0.0, high: 0.2}\n")
     with pytest.raises(SweepError, match=r"--name x: the study in .* another space"):
         open_study(other, "x", tmp_path / "s")
@@ -108,26 +108,30 @@ def test_a_grid_runs_each_combination_once(tmp_path):
     path.write_text(
         f"recipe: {TINY}\nsampler: {{kind: grid}}\npruner: {{kind: none}}\n"
         "set: {schedule.train_iters: 20, schedule.lr_decay_iters: 20}\n"
+        "baseline: {schedule.lr_warmup_iters: 0}\n"  # the recipe's 2 is no grid point; trial 0 (0.001, 0) is
         "space:\n  optimizer.lr: {choices: [0.001, 0.003, 0.01]}\n  schedule.lr_warmup_iters: {choices: [0, 5]}\n"
     )
-    study = run_sweep(load_sweep(path), "grid", tmp_path / "s", 6, quiet(), command=objective_command())
+    study = objective_sweep(load_sweep(path), "grid", tmp_path / "s", 7)
     assert isinstance(study.sampler, optuna.samplers.GridSampler)
-    combinations = {
-        (t.params["optimizer.lr"], t.params["schedule.lr_warmup_iters"]) for t in study.get_trials()
+    recipe, *grid = study.get_trials()
+    assert recipe.user_attrs[RECIPE] and recipe.params == {
+        "optimizer.lr": 0.001,
+        "schedule.lr_warmup_iters": 0,
     }
-    assert combinations == {(lr, w) for lr in (0.001, 0.003, 0.01) for w in (0, 5)}
+    combinations = [(t.params["optimizer.lr"], t.params["schedule.lr_warmup_iters"]) for t in grid]
+    assert sorted(combinations) == sorted((lr, w) for lr in (0.001, 0.003, 0.01) for w in (0, 5))
 
 
 def test_a_trial_its_dollar_cap_stopped_is_pruned_at_its_last_report_not_complete(tmp_path):
     sweep = sweep_of(tmp_path, pruner="none")
-    study = run_sweep(sweep, "cap", tmp_path / "s", 2, quiet(), command=objective_command("stop_at=35"))
+    study = objective_sweep(sweep, "cap", tmp_path / "s", 2, "stop_at=35")
     for trial in study.get_trials():
         assert trial.state == TrialState.PRUNED, trial
         assert "stopped by its budget cap at step 35 of 60" in trial.user_attrs[STOPPED]
         assert trial.user_attrs[STEPS] == 35 and trial.value == trial.intermediate_values[30]
     assert best_trial(study) is None  # no capped trial is the best
     assert "pruned (budget cap)" in str(_render(trials_table(study, sweep)))
-    early = run_sweep(sweep, "early", tmp_path / "e", 1, quiet(), command=objective_command("stop_at=5"))
+    early = objective_sweep(sweep, "early", tmp_path / "e", 1, "stop_at=5")
     assert [t.state for t in early.get_trials()] == [
         TrialState.PRUNED
     ]  # capped before any evaluation: no crash
@@ -135,7 +139,7 @@ def test_a_trial_its_dollar_cap_stopped_is_pruned_at_its_last_report_not_complet
 
 def test_a_diverged_trial_is_failed_with_why(tmp_path):
     sweep = sweep_of(tmp_path, pruner="none")
-    study = run_sweep(sweep, "nan", tmp_path / "s", 1, quiet(), command=objective_command("nan_at=20"))
+    study = objective_sweep(sweep, "nan", tmp_path / "s", 1, "nan_at=20")
     (trial,) = study.get_trials()
     assert trial.state == TrialState.FAIL
     assert trial.user_attrs[ERROR].startswith("validation loss is not finite at step 20")
@@ -147,7 +151,7 @@ def test_a_study_whose_recipe_was_edited_is_refused_saying_how_to_go_on(tmp_path
     recipe.write_text(TINY.read_text())
     path = write_sweep(tmp_path, pruner="none")
     path.write_text(path.read_text().replace(str(TINY), str(recipe)))
-    run_sweep(load_sweep(path), "r", tmp_path / "s", 1, quiet(), command=objective_command())
+    objective_sweep(load_sweep(path), "r", tmp_path / "s", 1)
     recipe.write_text(recipe.read_text().replace("clip_grad: 1.0", "clip_grad: 0.5"))
     with pytest.raises(SweepError, match=r"the recipe .*recipe\.yaml has changed since the study") as error:
         open_study(load_sweep(path), "r", tmp_path / "s")

@@ -18,11 +18,20 @@ from optuna.trial import TrialState
 from trainer.sweep.study import WORKER, storage
 from trainer.sweep.worker import spent, stop_on_sigterm, work, worker_index
 
-from .conftest import objective_command, quiet, write_sweep
+from .conftest import objective_command, objective_evaluate, quiet, write_sweep
 
 
 def _worker(sweep_path: Path, directory: Path, trials: int, index: int) -> None:
-    work(sweep_path, "shared", directory, trials, quiet(), worker=index, command=objective_command())
+    work(
+        sweep_path,
+        "shared",
+        directory,
+        trials,
+        quiet(),
+        worker=index,
+        command=objective_command(),
+        evaluate=objective_evaluate,
+    )
 
 
 def _stoppable_worker(sweep_path: Path, directory: Path) -> None:
@@ -36,6 +45,7 @@ def _stoppable_worker(sweep_path: Path, directory: Path) -> None:
             quiet(),
             overrides=("schedule.train_iters=100000", "schedule.lr_decay_iters=100000"),
             command=objective_command(),
+            evaluate=objective_evaluate,
         )
 
 
@@ -73,7 +83,12 @@ def test_the_dollar_cap_stops_new_trials(tmp_path):
     sweep_path = write_sweep(tmp_path)
     directory = tmp_path / "study"
     command = objective_command("dollars_per_trial=4")
-    reason = work(sweep_path, "capped", directory, 8, quiet(), max_dollars=10.0, command=command)
+
+    def capped() -> str:
+        return work(sweep_path, "capped", directory, 8, quiet(), max_dollars=10.0, command=command,
+                    evaluate=objective_evaluate)  # fmt: skip
+
+    reason = capped()
     trials = _trials(directory, "capped")
     # $4 a trial: after three ($12 >= $10) no trial starts, though 8 were asked for.
     assert len(trials) == 3
@@ -86,7 +101,7 @@ def test_the_dollar_cap_stops_new_trials(tmp_path):
     ]
     assert budgets == ["10", "6", "2"]
     # Run again (a worker restarted): the cap still holds, nothing starts.
-    again = work(sweep_path, "capped", directory, 8, quiet(), max_dollars=10.0, command=command)
+    again = capped()
     assert again == reason and len(_trials(directory, "capped")) == 3
 
 
@@ -101,24 +116,52 @@ def test_what_is_left_of_the_cap_is_read_once_per_trial(tmp_path, monkeypatch):
     reads = iter([9.995, 10.5, 10.5, 10.5])
     monkeypatch.setattr(module, "spent", lambda _: next(reads))
     command = objective_command("dollars_per_trial=1")
-    reason = work(sweep_path, "raced", directory, 8, quiet(), max_dollars=10.0, command=command)
+    reason = work(
+        sweep_path,
+        "raced",
+        directory,
+        8,
+        quiet(),
+        max_dollars=10.0,
+        command=command,
+        evaluate=objective_evaluate,
+    )
     assert reason == (
         "budget.max_dollars = 10: $0.0050 left (spent $9.9950), under a trial's minimum of $0.01"
     )
-    assert _trials(directory, "raced") == []
+    # no trial started: trial 0, the recipe's values, waits in the queue
+    assert [t.state for t in _trials(directory, "raced")] == [TrialState.WAITING]
 
 
 def test_a_worker_takes_back_only_its_own_interrupted_trial(tmp_path):
     sweep_path = write_sweep(tmp_path)
     directory = tmp_path / "study"
-    work(sweep_path, "resume", directory, 1, quiet(), worker=0, command=objective_command())
+    work(
+        sweep_path,
+        "resume",
+        directory,
+        1,
+        quiet(),
+        worker=0,
+        command=objective_command(),
+        evaluate=objective_evaluate,
+    )
     study = optuna.load_study(study_name="resume", storage=storage(directory))
     # Two trials left running: one by worker 1 (stopped, say, by a Spot reclaim), one by worker 0 (still at it).
     for index in (1, 0):
         trial = study.ask()
         trial.set_user_attr(WORKER, index)
         trial.suggest_float("optimizer.lr", 1.0e-4, 1.0e-1, log=True)
-    work(sweep_path, "resume", directory, 4, quiet(), worker=1, command=objective_command())
+    work(
+        sweep_path,
+        "resume",
+        directory,
+        4,
+        quiet(),
+        worker=1,
+        command=objective_command(),
+        evaluate=objective_evaluate,
+    )
     trials = _trials(directory, "resume")
     states = {t.number: (t.state, t.user_attrs.get(WORKER)) for t in trials}
     assert states[1] == (
@@ -212,6 +255,7 @@ def test_a_workers_trials_are_logged_to_mlflow_as_the_local_sweeps_are(tmp_path)
         quiet(),
         worker=1,
         command=objective_command(),
+        evaluate=objective_evaluate,
         mlflow=store,
     )
     client = MlflowClient(tracking_uri=store)

@@ -9,8 +9,7 @@ import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
-from tests.sweep.conftest import objective_command, quiet, sweep_of
-from trainer.sweep.study import run_sweep
+from tests.sweep.conftest import objective_sweep, quiet, sweep_of
 from trainer.sweep.tracking import trial_tracker
 from trainer.tracking.mlflow_runs import (
     MODEL_VERSION_TAG,
@@ -100,9 +99,7 @@ def test_a_run_logged_before_the_key_tag_is_found_by_its_path_and_gets_the_key(t
 def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, store):
     sweep = sweep_of(tmp_path)
     track = trial_tracker(sweep, "tracked", store, quiet())
-    study = run_sweep(
-        sweep, "tracked", tmp_path / "s", 4, quiet(), command=objective_command(), on_trial=track
-    )
+    study = objective_sweep(sweep, "tracked", tmp_path / "s", 4, on_trial=track)
     client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name("tracked")
     runs = {r.data.tags["trial"]: r for r in client.search_runs([experiment.experiment_id])}
@@ -138,9 +135,7 @@ def test_a_trial_logged_by_the_trainer_and_by_the_sweep_is_one_run_in_the_sweeps
         _track(load_config(sweep.recipe, sets), quiet())
         track(trial)
 
-    study = run_sweep(
-        sweep, "both", tmp_path / "s", 3, quiet(), command=objective_command(), on_trial=trainer_then_sweep
-    )
+    study = objective_sweep(sweep, "both", tmp_path / "s", 3, on_trial=trainer_then_sweep)
     client = MlflowClient(tracking_uri=store)
     assert {e.name for e in client.search_experiments()} == {"both", "Default"}  # not one per trial
     runs = client.search_runs([client.get_experiment_by_name("both").experiment_id])
@@ -169,15 +164,7 @@ def test_a_store_that_cannot_work_is_a_warning_per_trial_and_the_sweep_goes_on(t
     uri = f"sqlite:///{tmp_path}/a-file/mlflow.db"  # its directory is a file
     console = Console(record=True, width=400)
     track = trial_tracker(sweep_of(tmp_path), "unstored", uri, console)
-    study = run_sweep(
-        sweep_of(tmp_path),
-        "unstored",
-        tmp_path / "s",
-        3,
-        quiet(),
-        command=objective_command(),
-        on_trial=track,
-    )
+    study = objective_sweep(sweep_of(tmp_path), "unstored", tmp_path / "s", 3, on_trial=track)
     assert len(study.get_trials()) == 3  # every trial ran
     warnings = [line for line in console.export_text().splitlines() if "tracking:" in line]
     assert [line.split(":")[1].split()[1] for line in warnings] == ["0", "1", "2"]  # one per trial

@@ -74,6 +74,19 @@ def sweep_file(space: str) -> Callable[[Paths], None]:
     return setup
 
 
+def cpu_run_ledger(paths: Paths) -> None:
+    """{tmp}/run/ledger.json of a 4-layer run paid as 'local' (this machine), its model version record beside it."""
+    run = Path(paths["tmp"], "run")
+    (run / "checkpoints" / "iter_0000060").mkdir(parents=True)
+    (run / "ledger.json").write_text(
+        json.dumps({"step": 60, "attempts": 1, "saves": 1, "node_hours": {"local": 0.01}})
+    )
+    model = {"num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 352, "num_attention_heads": 4}
+    (run / "checkpoints" / "iter_0000060" / "model_version.json").write_text(
+        json.dumps({"config": {"model": model}})
+    )
+
+
 _HELD: list[int] = []  # the locks a setup holds, open while the row's command runs
 
 
@@ -636,6 +649,14 @@ ROWS: dict[str, Row] = {
         "plan --config trainer/configs/llama3-8b.yaml",
         ("say where it runs: --instance TYPE --nodes N, or --stack ENV",),
     ),
+    "plan-ledger-of-another-job": Row(
+        "plan --config trainer/configs/llama3-70b.yaml --instance p5.48xlarge --nodes 8 --ledger {tmp}/run/ledger.json",
+        (
+            "--ledger {tmp}/run/ledger.json measured another job's saves: it ran on this machine (its paid time is "
+            "'local'), not on p5.48xlarge; its model differs: num_layers 4 (planned 80)",
+        ),
+        cpu_run_ledger,
+    ),
     "plan-nodes-zero": Row(
         "plan --config trainer/configs/llama3-8b.yaml --instance p5.48xlarge --nodes 0",
         ("argument --nodes: 0: must be at least 1",),
@@ -714,6 +735,25 @@ ROWS: dict[str, Row] = {
             "validation loss only at its end, so pruner.kind = successive_halving has nothing to stop on",
         ),
         sweep_file("space: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}"),
+    ),
+    "sweep-pruner-judges-during-warm-up": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "pruner.min_resource = 5 would judge trials before their warm-up has ended (the longest, "
+            "schedule.lr_warmup_iters, is 10 steps): give min_resource >= 10",
+        ),
+        sweep_file(
+            "pruner: {{min_resource: 5}}\nset: {{schedule.eval_interval: 5}}\n"
+            "space: {{schedule.lr_warmup_iters: {{low: 0, high: 10}}}}"
+        ),
+    ),
+    "sweep-recipe-outside-the-space": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "space.optimizer.lr: the recipe's own value 0.001 is outside the space (low 0.002, high 0.01); "
+            "trial 0 is the recipe's values",
+        ),
+        sweep_file("pruner: {{kind: none}}\nspace: {{optimizer.lr: {{low: 0.002, high: 0.01}}}}"),
     ),
     "sweep-driver-already-running": Row(
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",

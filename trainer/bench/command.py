@@ -9,8 +9,8 @@ Every result stands beside a baseline measured in the same run, and the ratio be
   a synchronous save; the load at TP=1 x PP=1 against the load at the layout it was saved at;
 - the trainer's step (logging included) against a bare megatron-core loop of the same shape, fp32;
 - peak memory per GPU: the planner's estimate against the measured peak, for several layouts;
-- a hyperparameter sweep (TPE with pruning) against an exhaustive grid of the same budget: best validation loss and
-  trial-steps (`--only sweep` runs this alone);
+- a hyperparameter sweep (TPE with pruning) against the recipe's own values and random search without pruning at
+  the same trial-step budget, over 3 sampler seeds: held-out loss and trial-steps (`--only sweep` runs this alone);
 - the local server (`trainer serve`) against `trainer generate` on the same prompts: tokens/s and time to the first
   token, and a bounded load test of the server on 127.0.0.1 (`--only serving` runs this alone).
 Written to <out>/bench.json and printed as a table. See docs/bench.md.
@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only",
         choices=("sweep", "serving"),
-        help="one section alone: sweep (the sweep against a grid, a few minutes), serving (the local server "
+        help="one section alone: sweep (the sweep against the recipe and random search, 3 sampler seeds: about an hour "
+        "on 2 loaded cores), serving (the local server "
         "against trainer generate, and a load test; about two minutes)",
     )
 

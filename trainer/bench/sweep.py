@@ -1,21 +1,27 @@
-"""The sweep against an exhaustive grid of the same budget, on the built-in data. Both search the same two
-dimensions of the sweep YAML's space (trainer/configs/local-sweep.yaml: learning rate and warm-up, every other key at
-the recipe's value) with the YAML's trial shape (real trainer runs), and both spend the same budget of trial-steps:
-the grid's, nine trials run to the end.
+"""The sweep against the recipe's own values and against random search without pruning, at the same budget of
+trial-steps, over several sampler seeds, on the built-in data (trainer/configs/local-sweep.yaml: its whole space,
+its trial shape, real trainer runs, every finished trial scored on the study's one held-out set).
 
-- the grid: three values of each dimension (every combination; no pruning): what a person would run;
-- the sweep: the YAML's sampler (TPE) and pruner on the validation loss at evaluation steps, over the dimensions'
-  whole ranges, starting trials while a whole one still fits in what is left of the budget. What pruning saves
-  goes into more trials: the point of pruning (Li et al., "Hyperband", JMLR 2018, section 1).
+For each sampler seed:
+- the sweep: the YAML's sampler (TPE) and pruner, trial 0 the recipe's values, starting trials while a whole one
+  still fits in what is left of the budget (what pruning saves buys more trials: Li et al., "Hyperband", JMLR 2018,
+  section 1); then its verdict (trainer/sweep/confirm.py): the best and the recipe's values trained again on 2 more
+  trainer seeds, the best called better only beyond the seed spread;
+- random search: Optuna's RandomSampler from the same seed (TPE's startup draws are its draws), trial 0 the recipe's
+  values too, no pruning, as many whole trials as the budget buys;
+- the recipe's values: trial 0, the same run in every study (trained once, added to each: `_recipe_trial`).
 
-Rows: the best validation loss each found; the sweep's trial-steps against what its own trials would have cost run
-to the end (pruning's saving); the trials each ran; the wall time. The goals: within 1 % of the grid's best, with
-at least 40 % fewer trial-steps than without pruning."""
+Rows: per seed, the sweep's best (mean over its 3 trainer seeds) against the recipe's (the same); the sweep's best
+against random search's best; the sweep's trial-steps against the same trials unpruned. The goals (issue 48): the
+sweep's best beats the recipe's values on every seed, by more than the seed spread on average, with at least 40 %
+fewer trial-steps than the same trials unpruned."""
 
 from __future__ import annotations
 
 import shutil
+import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +31,15 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from trainer.bench.report import add_result
+from trainer.sweep.confirm import CONFIRM, RESULT, confirm
+from trainer.sweep.heldout import Evaluate
 from trainer.sweep.space import load_sweep
-from trainer.sweep.study import STEPS, Command, run_sweep
+from trainer.sweep.study import STEPS, Command, heldout_evaluator, run_sweep, storage
 from trainer.sweep.trial import train_command
 
 SWEEP = Path("trainer/configs/local-sweep.yaml")
-# The grid: three learning rates spread evenly in log over the sweep's range (1e-3 .. 3e-2), three warm-ups over
-# its range (0 .. 20).
-GRID = {"optimizer.lr": [1.7e-3, 5.5e-3, 1.8e-2], "schedule.lr_warmup_iters": [0, 10, 20]}
-GRID_TRIALS = 9  # every combination
+SEEDS = (0, 1, 2)  # sampler seeds: at least 3 (issue 48)
+BUDGET_TRIALS = 6  # the budget: this many whole trials' steps (the 2 shared cores bound it)
 
 
 def bench_sweep(
@@ -41,59 +47,94 @@ def bench_sweep(
     out: Path,
     sweep_path: Path = SWEEP,
     command: Command = train_command,
+    evaluate: Evaluate | None = None,
+    seeds: tuple[int, ...] = SEEDS,
 ) -> None:
-    """Run both, from scratch, under <out>/sweeps; add their rows and details to the report."""
+    """Run every side, from scratch, under <out>/sweeps; add their rows and details to the report. `evaluate`:
+    how a finished trial is scored (default: each study's held-out set)."""
     root = out / "sweeps"
     shutil.rmtree(root, ignore_errors=True)  # a benchmark measures, it does not resume
     root.mkdir(parents=True)
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     spec: dict[str, Any] = yaml.safe_load(sweep_path.read_text())
     spec["recipe"] = str((sweep_path.parent / spec["recipe"]).resolve())
-    missing = sorted(set(GRID) - set(spec["space"]))
-    if missing:
-        raise ValueError(f"{sweep_path}: space: the benchmark searches {', '.join(missing)}; add them")
-    sweep_spec = {**spec, "space": {key: spec["space"][key] for key in GRID}}
-    grid_spec = {**spec, "sampler": {"kind": "grid", "seed": 0}, "pruner": {"kind": "none"}}
-    grid_spec["space"] = {key: {"choices": values} for key, values in GRID.items()}
-    paths = {"sweep": root / "sweep.yaml", "grid": root / "grid.yaml"}
-    for name, body in (("sweep", sweep_spec), ("grid", grid_spec)):
-        paths[name].write_text(yaml.safe_dump(body, sort_keys=False))
+    steps = load_sweep(sweep_path).train_iters()
+    budget = BUDGET_TRIALS * steps
+    recipe = _recipe_trial(spec, root, console, command, evaluate)
+    per_seed: list[dict[str, Any]] = []
+    for seed in seeds:
+        sampler = spec.get("sampler", {})
+        bodies = {
+            "sweep": {**spec, "sampler": {**sampler, "seed": seed}},
+            "random": {**spec, "sampler": {"kind": "random", "seed": seed}, "pruner": {"kind": "none"}},
+        }
+        sides: dict[str, dict[str, Any]] = {}
+        for side, body in bodies.items():
+            path = root / f"{side}-{seed}.yaml"
+            path.write_text(yaml.safe_dump(body, sort_keys=False))
+            directory = root / f"{side}-{seed}"
+            if side == "sweep" and seed != seeds[0]:
+                _reuse_recipe_runs(root / f"sweep-{seeds[0]}", directory)
+            sides[side] = _run(path, f"bench-{side}-{seed}", directory, budget, steps, console,
+                               command, evaluate, recipe, confirmed=side == "sweep")  # fmt: skip
+        per_seed.append({"seed": seed, **sides})
+    report["details"]["sweep"] = {"budget_trial_steps": budget, "seeds": per_seed}
+    for row in per_seed:
+        tpe, rnd = row["sweep"], row["random"]
+        verdict = tpe["verdict"]
+        add_result(
+            report,
+            f"sampler seed {row['seed']}: sweep best held-out loss (mean of {len(verdict['seeds'])} trainer seeds; "
+            f"{'beat' if verdict['beat'] else 'did not beat'} the recipe beyond the seed spread "
+            f"{verdict['spread']:.4f})",
+            "loss",
+            statistics.mean(verdict["best_losses"]),
+            "the recipe's values (the same seeds)",
+            statistics.mean(verdict["recipe_losses"]),
+        )
+        add_result(
+            report,
+            f"sampler seed {row['seed']}: sweep best held-out loss (its trial's seed)",
+            "loss",
+            tpe["best_value"],
+            f"random search, no pruning ({sum(rnd['trials'].values())} trials, same budget)",
+            rnd["best_value"],
+        )
+        add_result(
+            report,
+            f"sampler seed {row['seed']}: sweep trial-steps ({sum(tpe['trials'].values())} trials)",
+            "steps",
+            tpe["trial_steps"],
+            "the same trials without pruning",
+            tpe["unpruned_steps"],
+        )
 
-    grid = _run(paths["grid"], "bench-grid", root / "grid", GRID_TRIALS, None, console, command)
-    steps = load_sweep(paths["sweep"]).train_iters()
-    budget = grid["trial_steps"]  # the grid's nine trials, to the end
-    sweep = _run(paths["sweep"], "bench-sweep", root / "sweep", budget, steps, console, command)
-    report["details"]["sweep"] = {
-        "budget_trial_steps": budget,
-        "grid_values": GRID,
-        "grid": grid,
-        "sweep": sweep,
-    }
-    add_result(
-        report,
-        f"sweep best validation loss (TPE, pruner {spec['pruner']['kind']}; {budget} trial-steps)",
-        "loss",
-        sweep["best_val_loss"],
-        f"exhaustive 3x3 grid (lr x warm-up), {GRID_TRIALS} trials to the end",
-        grid["best_val_loss"],
-    )
-    add_result(
-        report,
-        f"sweep trial-steps ({sum(sweep['trials'].values())} trials)",
-        "steps",
-        sweep["trial_steps"],
-        "the same trials without pruning",
-        sweep["unpruned_steps"],
-    )
-    add_result(
-        report,
-        "sweep trials run",
-        "trials",
-        sum(sweep["trials"].values()),
-        "grid trials run",
-        sum(grid["trials"].values()),
-    )
-    add_result(report, "sweep wall time", "s", sweep["seconds"], "grid wall time", grid["seconds"])
+
+def _recipe_trial(
+    spec: dict[str, Any], root: Path, console: Console, command: Command, evaluate: Evaluate | None
+) -> optuna.trial.FrozenTrial:
+    """Trial 0 of every study here: the recipe's values at the trial shape, one run whatever the sampler or its
+    seed (the trainer's seed is the same), trained once and added to each study before it runs, so that every
+    study's sampler starts after one stored trial (space.Sampler.build) and TPE's and random search's first draws
+    stay the same."""
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**spec, "pruner": {"kind": "none"}}, sort_keys=False))
+    sweep = load_sweep(path)
+    directory = root / "recipe"
+    study = run_sweep(
+        sweep, "bench-recipe", directory, 1, console, command=command,
+        evaluate=evaluate or heldout_evaluator(sweep, directory),
+    )  # fmt: skip
+    return study.trials[0]
+
+
+def _reuse_recipe_runs(first: Path, directory: Path) -> None:
+    """The recipe's values on the extra trainer seeds are the same runs whatever the sampler's seed: the first
+    sampler seed's results (confirm.py remembers each in its result.json, keyed by its parameters) serve the rest."""
+    for result in sorted((first / CONFIRM).glob(f"recipe-seed*/{RESULT}")):
+        target = directory / CONFIRM / result.parent.name / RESULT
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(result, target)
 
 
 def _run(
@@ -101,34 +142,43 @@ def _run(
     name: str,
     directory: Path,
     budget: int,
-    trial_steps: int | None,
+    trial_steps: int,
     console: Console,
     command: Command,
+    evaluate: Evaluate | None,
+    recipe: optuna.trial.FrozenTrial,
+    *,
+    confirmed: bool,
 ) -> dict[str, Any]:
-    """`trial_steps` None: `budget` trials. Otherwise `budget` trial-steps: trials start while one of
-    `trial_steps` still fits."""
+    """Trials start while one of `trial_steps` still fits in `budget` trial-steps; trial 0 is `recipe`."""
     started = time.monotonic()
-    if trial_steps is None:
-        study = run_sweep(load_sweep(path), name, directory, budget, console, command=command)
-    else:
 
-        def spent_up(study: optuna.Study) -> bool:
-            return _steps(study.get_trials(deepcopy=False)) + trial_steps > budget
+    def spent_up(study: optuna.Study) -> bool:
+        return _steps(study.get_trials(deepcopy=False)) + trial_steps > budget
 
-        # The most trials the budget buys: every one stopped at the pruner's first rung.
-        sweep = load_sweep(path)
-        cap = budget // min(sweep.spec.pruner.min_resource, trial_steps)
-        study = run_sweep(sweep, name, directory, cap, console, command=command, stop_when=spent_up)
+    sweep = load_sweep(path)
+    evaluate = evaluate or heldout_evaluator(sweep, directory)
+    # before open_study, which would queue the recipe's values to run again
+    optuna.create_study(study_name=name, storage=storage(directory), direction="minimize").add_trial(recipe)
+    # The most trials the budget buys: every one stopped at the pruner's first rung.
+    cap = budget // min(sweep.spec.pruner.min_resource, trial_steps)
+    study = run_sweep(
+        sweep, name, directory, cap, console, command=command, evaluate=evaluate, stop_when=spent_up
+    )
+    searched = time.monotonic() - started
+    verdict = confirm(study, sweep, directory, console, evaluate, command) if confirmed else None
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     best = min(complete, key=lambda t: float(t.value or 0)) if complete else None
-    full = load_sweep(path).train_iters()
     return {
-        "best_val_loss": best.value if best else None,
+        "best_value": best.value if best else None,
         "best_params": best.params if best else None,
         "trial_steps": _steps(trials),
-        "unpruned_steps": full * len(trials),
+        "unpruned_steps": trial_steps * len(trials),
         "trials": {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState},
+        "values": [t.value for t in trials],
+        "verdict": None if verdict is None else asdict(verdict),
+        "search_seconds": searched,
         "seconds": time.monotonic() - started,
     }
 

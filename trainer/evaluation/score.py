@@ -1,7 +1,7 @@
 """`python -m trainer score`: a checkpoint's mean loss per token and perplexity, forward only, at any layout.
 
     score --checkpoint CKPT --data PREFIX [--samples N] [--seq-length L] [--tp N --pp M] [--json]
-    score --checkpoint CKPT --tokens FILE.json [--tp N --pp M] [--json]
+    score --checkpoint CKPT --tokens FILE.json [--tp N --pp M] [--json [--sequence-losses]]
 
 The model is rebuilt from the checkpoint's own record of its config (no run config needed) and loads only the
 weights. `--data` scores the first N windows of L+1 tokens of a prepared dataset's token stream, in file order
@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
+    parser.add_argument(
+        "--sequence-losses",
+        action="store_true",
+        help="--json: each sequence's mean loss too (one process; a sweep's standard error, trainer/sweep/heldout.py)",
+    )
 
 
 class ScoreError(ValueError):
@@ -94,7 +100,13 @@ def main(args: argparse.Namespace) -> int:
     result = score(found, cfg, sequences)
     if int(os.environ["RANK"]) == 0:
         if args.json:
-            report = {"loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens}
+            report: dict[str, Any] = {
+                "loss": result.loss,
+                "perplexity": result.perplexity,
+                "tokens": result.tokens,
+            }
+            if args.sequence_losses:  # rank 0 scored them all only in a world of one
+                report["sequence_losses"] = list(result.sequence_losses) if world_size == 1 else None
             print(json.dumps({**report, "sequences": result.sequences, "checkpoint": str(found)}))
         else:
             print(
@@ -113,7 +125,11 @@ def _verb_args(args: argparse.Namespace) -> list[str]:
         verb += ["--data", args.data]
         verb += ["--samples", str(args.samples)] if args.samples else []
         verb += ["--seq-length", str(args.seq_length)] if args.seq_length else []
-    return [*verb, *(["--json"] if args.json else [])]
+    return [
+        *verb,
+        *(["--json"] if args.json else []),
+        *(["--sequence-losses"] if args.sequence_losses else []),
+    ]
 
 
 def _sequences(args: argparse.Namespace, trained_seq_length: int, vocab_size: int) -> list[list[int]]:

@@ -39,7 +39,7 @@ from trainer.contract.stack import (
 )
 from trainer.cost.energy import GRID_INTENSITY_DATE, PUE
 from trainer.cost.idle import idle_cost, startup_cost
-from trainer.cost.ledger import LEDGER_FILE, Ledger, read_ledger
+from trainer.cost.ledger import LEDGER_FILE, read_ledger
 from trainer.cost.pricing import pool_cost
 from trainer.cost.resilience import (
     INTERRUPTIONS_PER_GPU_HOUR,
@@ -48,7 +48,7 @@ from trainer.cost.resilience import (
     recommend,
 )
 from trainer.model.flops import parameter_counts
-from trainer.plan import measure
+from trainer.plan import checkpoint_costs, measure
 from trainer.plan.cost import (
     OptionCost,
     cheapest,
@@ -170,6 +170,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"steps per layout, the first {measure.WARMUP_STEPS} not timed (default %(default)s)",
     )
     measuring.add_argument(
+        "--measure-repeats",
+        type=positive_int,
+        default=measure.REPEATS,
+        metavar="R",
+        help="runs of each layout, interleaved; a layout is called faster only beyond the runs' spread "
+        "(default %(default)s)",
+    )
+    measuring.add_argument(
         "--nproc", type=positive_int, help="processes (default: the config's TP x PP x DP)"
     )
     measuring.add_argument(
@@ -181,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     interval = parser.add_argument_group(
         "the checkpoint interval (Young's rule at Llama 3's interruption rate): measured costs from a run's "
-        "ledger, or given"
+        "ledger, given, or with --stack estimated from the checkpoint's size and the file system's throughput"
     )
     interval.add_argument(
         "--ledger", type=Path, help="a run's ledger.json: its mean save stall and start-up per attempt"
@@ -189,6 +197,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     interval.add_argument("--save-seconds", type=positive_float, help="seconds one save blocks training")
     interval.add_argument(
         "--restart-seconds", type=positive_float, help="seconds from an interruption to training again"
+    )
+    interval.add_argument(
+        "--startup-seconds",
+        type=positive_float,
+        help="with --stack and no ledger: a restart's start-up before the checkpoint is read (default: an assumed "
+        f"{checkpoint_costs.ASSUMED_STARTUP_S:.0f} s, said so)",
     )
     interval.add_argument(
         "--interruptions-per-gpu-hour",
@@ -302,10 +316,18 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     best = candidates[: args.measure]
     console.print(
         f"measuring the planner's {len(best)} best of {len(candidates)} layouts on {world} CPU processes, "
-        f"{args.measure_steps} steps each (the first {measure.WARMUP_STEPS} not timed)"
+        f"{args.measure_steps} steps each (the first {measure.WARMUP_STEPS} not timed), {args.measure_repeats} "
+        "run(s) each, interleaved"
     )
     measurements = measure.measure(
-        args.config, args.overrides, best, world, args.measure_steps, args.measure_timeout, console
+        args.config,
+        args.overrides,
+        best,
+        world,
+        args.measure_steps,
+        args.measure_timeout,
+        console,
+        args.measure_repeats,
     )
     chosen = measure.fastest(measurements)
     measure.print_measurements(console, measurements, chosen)
@@ -317,62 +339,64 @@ def _measure(console: Console, args: argparse.Namespace) -> int:
     if chosen is None:
         console.print("[bold red]no layout's run succeeded[/]")
         return 1
-    console.print(f"fastest measured: {chosen.candidate.describe()} ({chosen.measured_s:.4f} s a step)")
+    console.print(f"{measure.choice_line(measurements, chosen)}: {chosen.candidate.describe()}")
     write_config(chosen.candidate, args.out, args.config)
     console.print(f"wrote {args.out}: python -m trainer train --config {args.out}")
     return 0
 
 
-def measured_costs(
-    ledger: Ledger, save_interval: int | None
-) -> tuple[float | None, float | None, str | None]:
-    """A run's mean blocking time per save (its checkpoint stalls over the saves it counted) and its mean start-up
-    per attempt (process start to the first step: what a restart costs before lost work); and, for a ledger
-    written before saves were counted, the note that its saves are assumed from its steps and `save_interval`."""
-    saves, note = ledger.saves, None
-    if saves is None:
-        saves = ledger.step // save_interval if save_interval else 0
-        note = (
-            f"the ledger does not count its saves (written before they were counted): assumed {saves}, its step "
-            f"{ledger.step} // checkpoint.save_interval {save_interval} of the planned config"
-        )
-    save_s = (
-        ledger.seconds["checkpoint_stall"] / saves if saves and ledger.seconds["checkpoint_stall"] else None
-    )
-    restart_s = (
-        ledger.seconds["startup"] / ledger.attempts if ledger.attempts and ledger.seconds["startup"] else None
-    )
-    return save_s, restart_s, note
-
-
-def _interval_costs(args: argparse.Namespace, plan: Plan) -> tuple[float | None, float | None, str]:
-    """The save's blocking time and the restart's cost: given, or measured in --ledger."""
-    save_s, restart_s, source = args.save_seconds, args.restart_seconds, "given"
+def _interval_costs(args: argparse.Namespace, plan: Plan) -> checkpoint_costs.Costs:
+    """The save's blocking time and the restart's cost: given, measured in --ledger (refused when that run was
+    another model or ran elsewhere), or with --stack and neither, estimated."""
+    save_s, restart_s = args.save_seconds, args.restart_seconds
     if args.ledger:
         ledger = read_ledger(args.ledger)
         if ledger is None:
             raise PlanError(f"--ledger {args.ledger}: no ledger there (a run directory's {LEDGER_FILE})")
-        measured_save, measured_restart, note = measured_costs(ledger, plan.config.checkpoint.save_interval)
-        save_s, restart_s = save_s or measured_save, restart_s or measured_restart
-        source = f"measured in {args.ledger}" + (f"; {note}" if note and not args.save_seconds else "")
-    return save_s, restart_s, source
+        record = checkpoint_costs.ledger_record(args.ledger)
+        problems = checkpoint_costs.ledger_mismatches(ledger, record, plan.config, plan.instance.name)
+        if problems and (save_s is None or restart_s is None):
+            raise PlanError(
+                f"--ledger {args.ledger} measured another job's saves: {'; '.join(problems)}. Give the ledger of a "
+                f"run of this model on {plan.instance.name}, or --save-seconds and --restart-seconds"
+                + ("" if args.stack else ", or --stack ENV for an estimate from the checkpoint's size")
+            )
+        measured_save, measured_restart, note = checkpoint_costs.measured_costs(
+            ledger, plan.config.checkpoint.save_interval
+        )
+        chosen = plan.chosen
+        warning = checkpoint_costs.layout_mismatch(record, chosen.cfg) if chosen else None
+        return checkpoint_costs.Costs(
+            save_s or measured_save,
+            restart_s or measured_restart,
+            f"measured in {args.ledger}" + (f"; {note}" if note and not args.save_seconds else ""),
+            warning,
+        )
+    if (save_s is None or restart_s is None) and args.stack:
+        parameters = parameter_counts(plan.config.model, plan.padded_vocab_size).total
+        estimated = checkpoint_costs.estimate(plan.config, parameters, args.stack, args.startup_seconds)
+        return checkpoint_costs.Costs(
+            save_s or estimated.save_s, restart_s or estimated.restart_s, estimated.source
+        )
+    return checkpoint_costs.Costs(save_s, restart_s, "given")
 
 
 def _checkpoint_interval(
     console: Console,
-    costs: tuple[float | None, float | None, str],
+    costs: checkpoint_costs.Costs,
     plan: Plan,
     chosen: Candidate,
     per_gpu_hour: float = INTERRUPTIONS_PER_GPU_HOUR,
 ) -> Recommendation | None:
     """Young's interval for the chosen layout, from measured (or given) save and restart costs, at `per_gpu_hour`
     interruptions per GPU-hour."""
-    save_s, restart_s, source = costs
+    save_s, restart_s, source = costs.save_s, costs.restart_s, costs.source
     console.print("\n[bold]checkpoint interval[/]")
     if save_s is None or restart_s is None:
         console.print(
-            "  give --ledger runs/<run>/ledger.json (a run that saved) or --save-seconds and --restart-seconds: "
-            "Young's interval needs the save's blocking time and the restart's cost"
+            "  give --ledger runs/<run>/ledger.json (a run that saved), --save-seconds and --restart-seconds, or "
+            "--stack ENV for an estimate: Young's interval needs the save's blocking time and the restart's cost"
+            + (f" ({escape(source)})" if source != "given" else "")
         )
         return None
     recommendation = recommend(
@@ -380,7 +404,9 @@ def _checkpoint_interval(
     )
     for line in recommendation.lines():
         console.print(f"  {line}")
-    console.print(f"  (save and restart: {source})")
+    console.print(f"  (save and restart: {escape(source)})")
+    if costs.warning:
+        console.print(f"  [yellow]warning:[/] {escape(costs.warning)}")
     return recommendation
 
 

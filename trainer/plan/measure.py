@@ -56,17 +56,36 @@ class MeasureError(Exception):
     """Arguments --measure cannot work with; the message says what would be valid."""
 
 
+# Runs of each layout, interleaved: on a shared machine one run's median moves with the load (issue 48: two layouts
+# timed once 0.384 against 0.627 s a step, re-timed alternately 0.413/0.450 against 0.403/0.470).
+REPEATS = 3
+
+
 @dataclass(frozen=True)
 class Measurement:
     rank: int  # the planner's rank (1: predicted fastest)
     candidate: Candidate
     overrides: tuple[str, ...]  # the --set values that give the config this layout
-    measured_s: float | None  # median step time after the warm-up; None: the run failed
+    measured_s: float | None  # median step time after the warm-up (of its runs' medians); None: a run failed
     problem: str | None = None  # why the run failed
+    runs: tuple[float, ...] = ()  # each run's median step time, in the order run (empty: one, measured_s)
 
     @property
     def predicted_s(self) -> float:
         return self.candidate.step.total_s
+
+    @property
+    def low(self) -> float | None:
+        return min(self.runs or (self.measured_s,)) if self.measured_s is not None else None
+
+    @property
+    def high(self) -> float | None:
+        return max(self.runs or (self.measured_s,)) if self.measured_s is not None else None
+
+    @property
+    def spread(self) -> float | None:
+        """The range of its runs' step times (0 with one run: no spread measured)."""
+        return None if self.low is None or self.high is None else self.high - self.low
 
     @property
     def error(self) -> float | None:
@@ -74,6 +93,21 @@ class Measurement:
         if self.measured_s is None:
             return None
         return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def prediction_wrong(self) -> bool | None:
+        """Whether the prediction lies outside the runs' range: only then is it called wrong."""
+        if self.low is None or self.high is None:
+            return None
+        return not self.low <= self.predicted_s <= self.high
+
+    def describe_runs(self) -> str:
+        """The median with its runs' range, e.g. '0.4130 s a step, runs 0.3840-0.4500'."""
+        if self.measured_s is None:
+            return "not measured"
+        if len(self.runs) < 2:
+            return f"{self.measured_s:.4f} s a step, one run"
+        return f"{self.measured_s:.4f} s a step, runs {self.low:.4f}-{self.high:.4f}"
 
     def record(self) -> dict:
         return {
@@ -83,6 +117,9 @@ class Measurement:
             "predicted_s": self.predicted_s,
             "measured_s": self.measured_s,
             "error": self.error,
+            "runs_s": list(self.runs),
+            "spread_s": self.spread,
+            "prediction_beyond_spread": self.prediction_wrong,
             "problem": self.problem,
         }
 
@@ -186,6 +223,15 @@ def median_step_seconds(lines: Iterable[str], warmup: int = WARMUP_STEPS) -> flo
     return statistics.median(times) if times else None
 
 
+def run_order(layouts: int, repeats: int) -> list[int]:
+    """The order of the runs, as indices of the layouts: every layout once per round, each round the reverse of the
+    last (ABC CBA ABC), so that a drift in the machine's load over the measurement falls on every layout alike."""
+    order: list[int] = []
+    for round_ in range(repeats):
+        order += list(range(layouts)) if round_ % 2 == 0 else list(reversed(range(layouts)))
+    return order
+
+
 def measure(
     config: str | Path,
     overrides: Sequence[str],
@@ -194,14 +240,21 @@ def measure(
     steps: int,
     timeout_s: float,
     console: Console,
+    repeats: int = REPEATS,
 ) -> list[Measurement]:
-    """Train each candidate for `steps` steps in turn; a failed run is recorded with the end of its log."""
-    measurements = []
+    """Train each candidate for `steps` steps `repeats` times, the runs interleaved (run_order); a layout whose run
+    fails is recorded with the end of its log and not run again."""
+    runs: dict[int, list[float]] = {index: [] for index in range(len(candidates))}
+    problems: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="plan-measure-") as base:
-        for rank, candidate in enumerate(candidates, 1):
-            layout = tuple(candidate.overrides(MEASURE_KEYS))
-            run_dir = Path(base) / f"layout-{rank}"
-            console.print(f"measuring {rank}/{len(candidates)}: {candidate.describe()} ...")
+        for number, index in enumerate(run_order(len(candidates), repeats), 1):
+            if index in problems:
+                continue
+            candidate = candidates[index]
+            run_dir = Path(base) / f"layout-{index + 1}-run-{len(runs[index]) + 1}"
+            console.print(
+                f"measuring run {number}/{len(candidates) * repeats}: layout {index + 1} {candidate.describe()} ..."
+            )
             command = train_command(config, overrides, candidate, world, steps, run_dir)
             problem = _run(command, timeout_s)
             seconds = None if problem else step_seconds(run_dir / "metrics.jsonl")
@@ -209,20 +262,62 @@ def measure(
                 problem = (
                     f"no step after the {WARMUP_STEPS} warm-up steps was timed; give more --measure-steps"
                 )
-            measurements.append(Measurement(rank, candidate, layout, seconds, problem))
-    return measurements
+            if problem is not None:
+                problems[index] = problem
+            else:
+                assert seconds is not None
+                runs[index].append(seconds)
+    return [
+        Measurement(
+            index + 1,
+            candidate,
+            tuple(candidate.overrides(MEASURE_KEYS)),
+            None if index in problems else statistics.median(runs[index]),
+            problems.get(index),
+            () if index in problems else tuple(runs[index]),
+        )
+        for index, candidate in enumerate(candidates)
+    ]
 
 
 def fastest(measurements: Sequence[Measurement]) -> Measurement | None:
+    """The layout to write: the measured-fastest (lowest median) where its runs are all faster than every other
+    layout's; where another's range overlaps it, the measurements cannot tell them apart, and of those the one the
+    planner ranks first is taken."""
     measured = [m for m in measurements if m.measured_s is not None]
-    return min(measured, key=lambda m: m.measured_s or 0.0) if measured else None
+    if not measured:
+        return None
+    quickest = min(measured, key=lambda m: m.measured_s or 0.0)
+    return min(tied(measured, quickest), key=lambda m: m.rank)
+
+
+def tied(measurements: Sequence[Measurement], quickest: Measurement) -> list[Measurement]:
+    """The measured layouts whose runs' range overlaps the quickest's (itself included): not told apart."""
+    assert quickest.high is not None
+    return [m for m in measurements if m.low is not None and m.low <= quickest.high]
+
+
+def choice_line(measurements: Sequence[Measurement], chosen: Measurement) -> str:
+    """Why `chosen` was written: faster beyond the spread, or tied with others and the planner's first of them."""
+    measured = [m for m in measurements if m.measured_s is not None]
+    quickest = min(measured, key=lambda m: m.measured_s or 0.0)
+    others = [m for m in tied(measured, quickest) if m is not chosen]
+    where = f"{chosen.describe_runs()}"
+    if not others:
+        rest = "every other layout measured" if len(measured) > 1 else "no other layout measured"
+        return f"fastest measured: {where}, faster than {rest} beyond the runs' spread"
+    names = ", ".join(f"layout {m.rank} ({m.describe_runs()})" for m in others)
+    return (
+        f"no layout measured faster beyond the runs' spread: layout {chosen.rank} {where} overlaps {names}; "
+        f"writing the planner's first of them, layout {chosen.rank}"
+    )
 
 
 def print_measurements(
     console: Console, measurements: Sequence[Measurement], chosen: Measurement | None
 ) -> None:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("#", "layout", "predicted s", "measured s", "error", ""):
+    for column in ("#", "layout", "predicted s", "measured s (median)", "runs' range", "error", ""):
         table.add_column(column, justify="left" if column in ("layout", "") else "right")
     for m in measurements:
         table.add_row(
@@ -230,8 +325,9 @@ def print_measurements(
             escape(m.candidate.describe()),
             f"{m.predicted_s:.4f}",
             "-" if m.measured_s is None else f"{m.measured_s:.4f}",
-            "-" if m.error is None else f"{m.error:+.0%}",
-            "fastest" if m is chosen else escape(m.problem or ""),
+            "-" if m.low is None or len(m.runs) < 2 else f"{m.low:.4f}-{m.high:.4f}",
+            "-" if m.error is None else f"{m.error:+.0%}" + ("" if m.prediction_wrong else " (within)"),
+            "chosen" if m is chosen else escape(m.problem or ""),
         )
     console.print(table)
 

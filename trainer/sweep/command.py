@@ -22,10 +22,12 @@ from rich.markup import escape
 from trainer.arguments import positive_int
 from trainer.config import ConfigError
 from trainer.models.registry import LocalStore, Registry, RegistryError
-from trainer.sweep.report import best_trial, failures, trials_table, write_best, write_plots
+from trainer.sweep.confirm import Verdict, confirm
+from trainer.sweep.report import failures, trials_table, write_best, write_plots
 from trainer.sweep.space import load_sweep
-from trainer.sweep.study import RUN_DIR, SWEEPS, run_sweep
+from trainer.sweep.study import RUN_DIR, SWEEPS, heldout_evaluator, run_sweep
 from trainer.sweep.tracking import trial_tracker
+from trainer.sweep.trial import TrialFailed
 from trainer.sweep.worker import stop_on_sigterm
 from trainer.tracking.mlflow_runs import DEFAULT_URI
 
@@ -80,44 +82,58 @@ def _sweep(args: argparse.Namespace, name: str, console: Console, errors: Consol
         sweep = load_sweep(args.sweep, tuple(args.overrides))
         directory = args.runs / SWEEPS.relative_to("runs") / name
         track = trial_tracker(sweep, name, args.mlflow, console) if args.mlflow else None
+        evaluate = heldout_evaluator(sweep, directory)
         study = run_sweep(
             sweep,
             name,
             directory,
             args.trials or sweep.spec.trials,
             console,
+            evaluate=evaluate,
             timeout_s=args.trial_timeout,
             on_trial=track,
         )
+        console.print(trials_table(study, sweep))
+        for line in failures(study):
+            console.print(f"[red]failed[/] {escape(line)}")
+        verdict = confirm(study, sweep, directory, console, evaluate)
     except ConfigError as error:  # SweepError too
         errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
         return 2
+    except TrialFailed as error:  # a confirming run
+        errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
+        return 1
     except KeyboardInterrupt:
         errors.print(f"[bold red]sweep:[/] interrupted; run the same command again to resume {name}")
         return 130
-    console.print(trials_table(study, sweep))
-    for line in failures(study):
-        console.print(f"[red]failed[/] {escape(line)}")
-    plots = write_plots(study, directory)
-    best = write_best(study, sweep, directory)
-    if best is None:
+    plots, left_out = write_plots(study, directory)
+    for line in left_out:
+        console.print(line)
+    if verdict is None:
         errors.print(f"[bold red]sweep:[/] no trial of {name} finished; see the failures above")
         return 1
+    console.print(verdict.summary)
+    best = write_best(study, sweep, directory, verdict)
     console.print(f"best --set lines: {best[0]}\n" + best[0].read_text().rstrip())
     console.print(f"best config: {best[1]}; plots: {', '.join(str(p) for p in plots)}")
     if args.register:
         try:
-            console.print(register(study, args.runs, args.register))
+            console.print(register(study, verdict, args.runs, args.register))
         except RegistryError as error:
             errors.print(f"[bold red]sweep:[/] {escape(str(error))}")
             return 2
     return 0
 
 
-def register(study: optuna.Study, runs: Path, tag: str) -> str:
-    """Point `tag` at the best trial's newest model version (its last published checkpoint)."""
-    best = best_trial(study)
-    assert best is not None  # main returns before registering when no trial finished
+def register(study: optuna.Study, verdict: Verdict, runs: Path, tag: str) -> str:
+    """Point `tag` at the returned configuration's trial's newest model version (its last published checkpoint):
+    the best trial's if it beat the recipe, else the recipe's own trial's."""
+    number = verdict.best_trial if verdict.beat else verdict.recipe_trial
+    if number is None:
+        raise RegistryError(
+            "the recipe's own trial did not finish: no checkpoint of the returned values to register"
+        )
+    best = study.trials[number]
     trial_dir = Path(best.user_attrs[RUN_DIR])
     versions = LocalStore(trial_dir).versions() if trial_dir.is_dir() else []
     if not versions:

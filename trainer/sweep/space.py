@@ -93,10 +93,11 @@ class Dimension(_Strict):
 
 
 class Sampler(_Strict):
-    """Optuna's TPE sampler (optuna.samplers.TPESampler), or an exhaustive grid of a space of choices
-    (optuna.samplers.GridSampler: each combination once, the benchmark's baseline)."""
+    """Optuna's TPE sampler (optuna.samplers.TPESampler), random search (optuna.samplers.RandomSampler: the
+    benchmark's baseline), or an exhaustive grid of a space of choices (optuna.samplers.GridSampler: each
+    combination once)."""
 
-    kind: Literal["tpe", "grid"] = "tpe"
+    kind: Literal["tpe", "random", "grid"] = "tpe"
     seed: int | None = 0
     # TPE: random trials before it models the results (TPESampler n_startup_trials)
     startup_trials: PositiveInt = 5
@@ -108,6 +109,10 @@ class Sampler(_Strict):
         if self.kind == "grid":
             grid = {key: list(dimension.choices or []) for key, dimension in space.items()}
             return optuna.samplers.GridSampler(grid, seed=seed)
+        if self.kind == "random":
+            # TPE's startup trials are this sampler's draws from the same seed (TPESampler._random_sampler,
+            # optuna/samplers/_tpe/sampler.py, v5.1.0): a random search shares a TPE sweep's first draws.
+            return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.TPESampler(n_startup_trials=self.startup_trials, seed=seed)
 
 
@@ -137,12 +142,24 @@ class Pruner(_Strict):
         return optuna.pruners.NopPruner()
 
 
+class Evaluation(_Strict):
+    """How a finished trial is valued and the winner confirmed: its last checkpoint scored on one fixed held-out
+    set (the same windows of the validation split for every trial and seed), and the best and the recipe's values
+    trained again on `seeds` more seeds before the best is called better."""
+
+    sequences: PositiveInt = 512  # held-out windows of the trials' data.seq_length + 1 tokens
+    seeds: int = Field(2, ge=0)  # more seeds for the best and the recipe's values (0: no confirmation)
+
+
 class SweepSpec(_Strict):
     recipe: str  # the trainer config, relative to this file
     trials: PositiveInt = 16
     sampler: Sampler = Sampler()
     pruner: Pruner = Pruner()
+    evaluation: Evaluation = Evaluation()
     set: dict[str, Any] = {}  # --set overrides every trial shares (its shape)
+    # Trial 0's values where the recipe's own do not fit the trial shape (a warm-up longer than the trials' runs)
+    baseline: dict[str, Any] = {}
     space: dict[str, Dimension]
 
     @model_validator(mode="after")
@@ -151,6 +168,10 @@ class SweepSpec(_Strict):
             raise ValueError("space is empty: declare at least one dimension (e.g. optimizer.lr)")
         if shared := sorted(set(self.space) & set(self.set)):
             raise ValueError(f"{', '.join(shared)} in both set and space: a key is either fixed or searched")
+        if unknown := sorted(set(self.baseline) - set(self.space)):
+            raise ValueError(
+                f"baseline names {', '.join(unknown)}, not in space: give values of searched keys"
+            )
         if self.sampler.kind == "grid" and (
             ranges := sorted(k for k, d in self.space.items() if d.choices is None)
         ):
@@ -194,6 +215,29 @@ class Sweep:
         it), where the recipe alone may not be (its warm-up longer than the trials' runs)."""
         return {key: dimension.ends()[0] for key, dimension in self.spec.space.items()}
 
+    def recipe_params(self) -> dict[str, Any]:
+        """Trial 0: the recipe's own value of each searched key (the recipe as it is, before the trial shape),
+        or the sweep's `baseline` value where it gives one."""
+        cfg = load_config(self.recipe).model_dump(mode="json")
+        params = {}
+        for key in self.spec.space:
+            value: Any = cfg
+            for part in key.split("."):
+                value = value[part]
+            params[key] = self.spec.baseline.get(key, value)
+        return params
+
+    def longest_warmup(self) -> int:
+        """The most steps any trial's learning rate warms up for: the space's highest schedule.lr_warmup_iters, else
+        the trials' fixed one; the recipe's own (trial 0) too."""
+        fixed = self.trial_config().schedule.lr_warmup_iters
+        dimension = self.spec.space.get(WARMUP)
+        if dimension is None:
+            return fixed
+        ends = [int(end) for end in dimension.ends() if isinstance(end, (int, float))]
+        recipe = self.recipe_params().get(WARMUP)
+        return max([*ends, *([int(recipe)] if isinstance(recipe, (int, float)) else [])])
+
     def trial_config(self, more: Sequence[str] = ()) -> TrainConfig:
         """A trial's config: the shared shape at the first ends, then `more` overrides (a trial's parameters)."""
         return load_config(self.recipe, [*self.overrides(self.first_ends()), *more])
@@ -212,6 +256,8 @@ class Sweep:
 def _text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
+
+WARMUP = "schedule.lr_warmup_iters"
 
 World = tuple[int, Literal["cpu", "cuda"]]  # the processes a trial's `trainer train` starts, and their device
 
@@ -260,6 +306,8 @@ def load_sweep(path: str | Path, extra: tuple[str, ...] = (), world: World | Non
                 f"space.{key} = {end!r}: {problem} (a trial's {world_size} {device} process(es))"
                 for problem in layout_problems(cfg, world_size, device)
             ]
+    if not problems:
+        problems = _recipe_problems(sweep, world)
     if not problems:
         problems = _pruner_problems(sweep)
     if problems:
@@ -316,13 +364,65 @@ def _trial_world(cfg: TrainConfig) -> World:
     return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1), "cpu"
 
 
+def _recipe_problems(sweep: Sweep, world: World | None) -> list[str]:
+    """Trial 0 is the recipe's own values: each inside its dimension (Optuna's enqueued parameters must be, a
+    category most of all: CategoricalDistribution.to_internal_repr raises), and the recipe with the trial shape
+    one the trainer takes."""
+    problems = []
+    params = sweep.recipe_params()
+    for key, value in params.items():
+        distribution = sweep.spec.space[key].distribution()
+        try:
+            inside = distribution._contains(distribution.to_internal_repr(value))
+        except (ValueError, TypeError):
+            inside = False
+        if not inside:
+            where = "baseline" if key in sweep.spec.baseline else "the recipe's own value"
+            problems.append(
+                f"space.{key}: {where} {value!r} is outside the space ({_described(sweep.spec.space[key])}); "
+                f"trial 0 is the recipe's values: widen the space to hold it, or give baseline.{key} inside it"
+            )
+    if problems:
+        return problems
+    try:
+        cfg = load_config(sweep.recipe, sweep.overrides(params))
+    except ConfigError as error:
+        return [
+            f"the recipe's own values at the trial shape (trial 0): {problem}; give baseline values that fit "
+            "(e.g. a warm-up shorter than the trials' schedule.train_iters)"
+            for problem in error.problems
+        ]
+    world_size, device = world or _trial_world(cfg)
+    return [
+        f"the recipe's own values at the trial shape (trial 0): {problem}"
+        for problem in layout_problems(cfg, world_size, device)
+    ]
+
+
+def _described(dimension: Dimension) -> str:
+    if dimension.choices is not None:
+        return f"choices {dimension.choices}"
+    return f"low {dimension.low:g}, high {dimension.high:g}" + (
+        f", step {dimension.step}" if dimension.step else ""
+    )
+
+
 def _pruner_problems(sweep: Sweep) -> list[str]:
-    """A pruner that could never stop a trial: nothing is reported before the run's end."""
+    """A pruner that could never stop a trial (nothing reported before the run's end), or one that would judge
+    trials while a learning-rate warm-up still ramps: at step 10 of a 20-step warm-up a trial has seen half its
+    learning rate, and the issue that made this rule found the pruner dropping the configurations that ended best
+    there (issue 48: 10 of 12 trials pruned at step 10, the recipe's own among them)."""
     pruner = sweep.spec.pruner
     if pruner.kind == "none":
         return []
     schedule = sweep.trial_config().schedule
     problems = []
+    warmup = sweep.longest_warmup()
+    if pruner.min_resource < warmup:
+        problems.append(
+            f"pruner.min_resource = {pruner.min_resource} would judge trials before their warm-up has ended (the "
+            f"longest, {WARMUP}, is {warmup} steps): give min_resource >= {warmup}, or a shorter warm-up range"
+        )
     if pruner.min_resource >= schedule.train_iters:
         problems.append(
             f"pruner.min_resource = {pruner.min_resource} is not below the trials' schedule.train_iters = "

@@ -35,8 +35,9 @@ from trainer.config.schema import BudgetConfig
 from trainer.contract.container import ARRAY_INDEX_ENV
 from trainer.contract.jobset import COMPLETION_INDEX_ENV
 from trainer.cost.ledger import LEDGER_FILE, Ledger, cap_reached, read_ledger
+from trainer.sweep.heldout import Evaluate
 from trainer.sweep.space import load_sweep
-from trainer.sweep.study import Command, finished, open_study, trial_objective
+from trainer.sweep.study import Command, finished, heldout_evaluator, open_study, trial_objective
 from trainer.sweep.tracking import trial_tracker
 from trainer.sweep.trial import TrialFailed, train_command
 
@@ -101,6 +102,7 @@ def work(
     worker: int = 0,
     overrides: tuple[str, ...] = (),
     command: Command = train_command,
+    evaluate: Evaluate | None = None,
     timeout_s: float | None = None,
     mlflow: str | None = None,
 ) -> str:
@@ -109,6 +111,7 @@ def work(
     sweep = load_sweep(sweep_path, overrides)
     study = open_study(sweep, name, directory, worker=worker)
     track = trial_tracker(sweep, name, mlflow, console) if mlflow else None
+    evaluate = evaluate or heldout_evaluator(sweep, directory)
     while True:
         extra = []
         if (reason := stop_reason(study, trials)) is None and max_dollars is not None:
@@ -117,7 +120,7 @@ def work(
         if reason is not None:
             break
         objective = trial_objective(
-            sweep, name, directory, console, command, timeout_s, worker=worker, extra=extra
+            sweep, name, directory, console, evaluate, command, timeout_s, worker=worker, extra=extra
         )
         study.optimize(
             objective,
