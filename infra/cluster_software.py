@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import karpenter
+from infra import karpenter, karpenter_interruption
 from infra.config import StackConfig
 from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
 from infra.k8s_versions import (
@@ -270,7 +270,9 @@ def chart_values(chart: HelmChart, cfg: StackConfig) -> dict[str, Any]:
         # Its chart tolerates nothing by default (aws/eks-charts stable/aws-efa-k8s-device-plugin values.yaml).
         return {"nodeSelector": dict(GPU_NODE_LABELS), "tolerations": [dict(GPU_TOLERATION)]}
     if chart is KARPENTER:
-        return karpenter.chart_values(cfg.eks_cluster_name)
+        return karpenter.chart_values(
+            cfg.eks_cluster_name, cfg.region, karpenter_interruption.queue_name(cfg)
+        )
     if chart is KUEUE:
         return {
             "managerConfig": {
@@ -306,14 +308,24 @@ class ClusterSoftware(pulumi.ComponentResource):
         prefix = cfg.name_prefix
         self.provider = k8s.Provider(
             f"{prefix}-k8s",
+            # Made only once the deployer is known to be an admin (infra/eks_access.py).
             kubeconfig=pulumi.Output.all(
-                eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"]
-            ).apply(lambda values: kubeconfig(cfg.region, *values)),
+                eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"], eks.deployer
+            ).apply(lambda values: kubeconfig(cfg.region, *values[:3])),
+            # The admins' entries and associations: created before the first Kubernetes call, deleted after the
+            # last (every object and release depends on this provider).
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[eks.system_nodes, *([eks.gpu_nodes] if eks.gpu_nodes else [])]
+                parent=self,
+                depends_on=[
+                    eks.system_nodes,
+                    *([eks.gpu_nodes] if eks.gpu_nodes else []),
+                    *eks.admin_access,
+                ],
             ),
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=self.provider)
+        # Karpenter's controller starts with its Pod Identity's credentials (infra/karpenter.py `chart_values`).
+        identity = [eks.karpenter_identity] if KARPENTER.release in {c.release for c in charts(cfg)} else []
         self.releases = {
             chart.release: k8s.helm.v3.Release(
                 chart.release,
@@ -324,7 +336,9 @@ class ClusterSoftware(pulumi.ComponentResource):
                 create_namespace=True,
                 repository_opts={"repo": chart.repository} if chart.repository else None,
                 values=chart_values(chart, cfg),
-                opts=on_cluster,
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=self.provider, depends_on=identity if chart is KARPENTER else []
+                ),
             )
             for chart in charts(cfg)
         }
