@@ -36,6 +36,7 @@ from infra.k8s_versions import (
     JOBSET,
     KARPENTER,
     KARPENTER_AWS_API_VERSION,
+    KUBERNETES_MINOR,
     KUEUE,
     KUEUE_API_VERSION,
     NVIDIA_DEVICE_PLUGIN,
@@ -102,10 +103,23 @@ KUEUE_DEFAULT_CONFIG: dict[str, Any] = {
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # Marks what the stack put in the cluster.
 JOB_LABELS = {"app.kubernetes.io/part-of": "trainstack"}
+# Pod Security Admission on the namespaces jobs run in (Kubernetes "Pod Security Admission": with no label and no
+# cluster configuration the level is privileged). Restricted, not baseline: a training pod needs no privilege at
+# all (GPUs and EFA devices are extended resources from the device plugins, hugepages a resource, /dev/shm an
+# emptyDir, the file system a PVC: volume types the restricted level allows), and restricted adds runAsNonRoot, no
+# privilege escalation, every capability dropped and a seccomp profile, which the JobSet sets (trainer/jobs/
+# jobset.py). Enforced, and warned and audited too, at the cluster's own minor ("Pod Security Standards").
+POD_SECURITY_LEVEL = "restricted"
+POD_SECURITY_LABELS = {
+    f"pod-security.kubernetes.io/{mode}{suffix}": value
+    for mode in ("enforce", "warn", "audit")
+    for suffix, value in (("", POD_SECURITY_LEVEL), ("-version", f"v{KUBERNETES_MINOR}"))
+}
 
 
 def namespace() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": JOB_LABELS}}
+    labels = {**JOB_LABELS, **POD_SECURITY_LABELS}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
 
 
 def fsx_persistent_volume(

@@ -44,3 +44,14 @@ def job_team(tags: dict[str, str] | None) -> str | None:
     """The team whose job this is, from its tags; None for the stack's own jobs."""
     team = (tags or {}).get(TEAM_TAG)
     return team if team and team != STACK_TEAM else None
+
+
+# A team's part of /fsx on EKS: each of its two directories is its own volume, a Lustre fileset mount of that
+# directory alone (infra/eks_teams.py), at the same path in the container as on the whole file system, so the
+# container contract's paths hold and nothing above them is mounted. (claim name, directory below /fsx.)
+TEAM_CLAIMS = (("fsx-datasets", "datasets"), ("fsx-checkpoints", "checkpoints"))
+
+
+def team_directories(team: str) -> dict[str, str]:
+    """claim -> the team's directory below /fsx (`datasets/teams/<team>`, `checkpoints/teams/<team>`)."""
+    return {claim: f"{top}/{team_prefix(team).rstrip('/')}" for claim, top in TEAM_CLAIMS}

@@ -18,6 +18,7 @@ from trainer.aws.outputs import StackOutputs
 from trainer.contract.catalog import InstanceType, instance_type
 from trainer.contract.container import (
     CHECKPOINTS_DIR,
+    CONTAINER_UID,
     FSX_MOUNT,
     JOBSET_NAME_ENV,
     NUM_NODES_ENV,
@@ -35,7 +36,7 @@ from trainer.contract.jobset import (
 )
 from trainer.contract.outputs import PURCHASE_OPTION_OUTPUT
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
-from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG, team_directories
 from trainer.jobs.teams import job_namespace
 from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
 
@@ -152,10 +153,10 @@ def jobset_manifest(
             for name, key in from_annotation.items()
         ],
         "resources": {"requests": {**devices, "memory": MEMORY_REQUEST}, "limits": devices},
-        "volumeMounts": [
-            {"name": "fsx", "mountPath": FSX_MOUNT},
-            {"name": "shm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": [*fsx_mounts(team), {"name": "shm", "mountPath": "/dev/shm"}],
+        # What the restricted Pod Security level requires of a container (Kubernetes "Pod Security Standards",
+        # restricted: allowPrivilegeEscalation false, every capability dropped); a team namespace enforces it.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec = {
         # A team's pods run as its service account, whose Pod Identity reads only its S3 prefix (infra/eks_teams.py).
@@ -167,9 +168,17 @@ def jobset_manifest(
         "nodeSelector": {INSTANCE_TYPE_LABEL: instance.name},
         # The GPU nodes are tainted for the pods meant for them (trainer/contract/gpu_nodes.py).
         "tolerations": [dict(GPU_TOLERATION)],
+        # Not root, as the image (image/Dockerfile USER), and the runtime's default seccomp profile: the rest of
+        # the restricted level (runAsNonRoot, seccompProfile RuntimeDefault or Localhost).
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": CONTAINER_UID,
+            "runAsGroup": CONTAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": [
-            {"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}},
+            *fsx_volumes(outputs, team),
             # PyTorch data workers and NCCL's intra-node transport live in /dev/shm: an eighth of the node's
             # memory, as the Batch job definition gives (infra/cluster.py sharedMemorySize).
             {
@@ -232,6 +241,25 @@ def jobset_manifest(
             "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
+
+
+def fsx_mounts(team: str | None) -> list[dict[str, str]]:
+    """The stack's whole file system at /fsx; for a team, its two directories only, each at its own path
+    (trainer/contract/teams.py TEAM_CLAIMS: the team's volumes are Lustre filesets of those directories)."""
+    if not team:
+        return [{"name": "fsx", "mountPath": FSX_MOUNT}]
+    return [
+        {"name": claim, "mountPath": f"{FSX_MOUNT}/{directory}"}
+        for claim, directory in team_directories(team).items()
+    ]
+
+
+def fsx_volumes(outputs: StackOutputs, team: str | None) -> list[dict[str, Any]]:
+    if not team:
+        return [{"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}}]
+    return [
+        {"name": claim, "persistentVolumeClaim": {"claimName": claim}} for claim in team_directories(team)
+    ]
 
 
 def termination_grace_seconds(stop_grace_seconds: int) -> int:
