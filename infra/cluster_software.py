@@ -260,6 +260,9 @@ def kueue_config(cfg: StackConfig) -> dict[str, Any]:
     config = json.loads(json.dumps(KUEUE_DEFAULT_CONFIG))
     config["waitForPodsReady"] = {
         "timeout": PODS_READY_TIMEOUT,
+        # The same wait after a restart, when a replacement pod is pending (configuration_types.go RecoveryTimeout:
+        # "If not set, there is no timeout"): a JobSet restarted onto a node that never comes is requeued too.
+        "recoveryTimeout": PODS_READY_TIMEOUT,
         "blockAdmission": True,
         "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600},
     }
