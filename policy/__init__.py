@@ -24,4 +24,5 @@
     aws_types         the pulumi-aws type tokens the policies judge
     resources         reading resources as the analyzer hands them over
     offline           `make policy`: the policies over a stack's offline preview
+    checkov_k8s       `make policy` on EKS: checkov over the stack's Kubernetes objects and JobSets, a reviewed baseline
 """
