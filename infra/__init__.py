@@ -15,6 +15,7 @@
     cluster_software  what an EKS stack installs in its cluster: device plugins, JobSet, Kueue, FSx volume, queues
     karpenter       GPU nodes that follow admitted work on EKS: EC2NodeClass, NodePool, NodeOverlay, controller IAM
     karpenter_interruption  Karpenter's interruption queue: SQS, its policy, the EventBridge rules, the controller's grant
+    node_quarantine what lets a job's pod taint and delete its own failed node on EKS: ClusterRole, admission policy
     eks_teams       teams on an EKS stack: namespace, Kueue queues in a cohort, RBAC, access entry, pod identity
     data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard

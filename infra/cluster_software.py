@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import karpenter, karpenter_interruption
+from infra import karpenter, karpenter_interruption, node_quarantine
 from infra.config import StackConfig
 from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
 from infra.k8s_versions import (
@@ -392,6 +392,9 @@ class ClusterSoftware(pulumi.ComponentResource):
             # With teams, each team's ClusterQueue and LocalQueue instead (infra/eks_teams.py).
             for obj in (resource_flavor(cfg), *(() if cfg.teams else (cluster_queue(cfg), local_queue(cfg))))
         ]
+        # A job's pod may taint and delete its own failed node, and nothing else (infra/node_quarantine.py).
+        for obj in node_quarantine.quarantine_objects(node_quarantine.job_service_accounts(cfg, NAMESPACE)):
+            k8s_object(f"{prefix}-quarantine-{obj['kind'].lower()}", obj, on_cluster)
         assert (
             JOBSET.release in self.releases
         )  # JobSet's CRD comes with its chart, before any job is submitted
@@ -441,6 +444,29 @@ class ClusterSoftware(pulumi.ComponentResource):
         for obj in (karpenter.node_pool(cfg, GPU_NODE_LABELS), karpenter.node_overlay(cfg)):
             objects.append(custom_resource(f"{cfg.name_prefix}-{obj['kind'].lower()}", obj, after))
         return objects
+
+
+def k8s_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Resource:
+    """A Kubernetes object as the provider sends it (typed where pulumi-kubernetes has the kind)."""
+    typed = {
+        "Namespace": k8s.core.v1.Namespace,
+        "ServiceAccount": k8s.core.v1.ServiceAccount,
+        "PersistentVolumeClaim": k8s.core.v1.PersistentVolumeClaim,
+        "Role": k8s.rbac.v1.Role,
+        "RoleBinding": k8s.rbac.v1.RoleBinding,
+        "ClusterRole": k8s.rbac.v1.ClusterRole,
+        "ClusterRoleBinding": k8s.rbac.v1.ClusterRoleBinding,
+        "ValidatingAdmissionPolicy": k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
+        "ValidatingAdmissionPolicyBinding": k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
+    }.get(obj["kind"])
+    if typed is None:
+        return custom_resource(name, obj, opts)
+    body = {
+        {"roleRef": "role_ref"}.get(key, key): value
+        for key, value in obj.items()
+        if key not in ("apiVersion", "kind")
+    }
+    return typed(name, **body, opts=opts)
 
 
 def custom_resource(

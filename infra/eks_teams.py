@@ -34,8 +34,8 @@ import pulumi_kubernetes as k8s
 from infra.cluster_software import (
     JOB_LABELS,
     POD_SECURITY_LABELS,
-    custom_resource,
     fsx_persistent_volume,
+    k8s_object,
     local_queue_name,
     node_quota,
     resource_flavor,
@@ -44,7 +44,7 @@ from infra.config import StackConfig, TeamConfig
 from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import JOBSET_API_VERSION, KUEUE_API_VERSION
 from trainer.contract.jobset import QUEUE_LABEL
-from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_directories, team_prefix
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_directories, team_namespace, team_prefix
 
 if TYPE_CHECKING:
     from infra.cluster_software import ClusterSoftware
@@ -62,11 +62,6 @@ ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 JOBSET_GROUP = JOBSET_API_VERSION.split("/")[0]
 KUEUE_GROUP = KUEUE_API_VERSION.split("/")[0]
 READ = ["get", "list", "watch"]
-
-
-def team_namespace(team: str) -> str:
-    """`team-<name>`: a team named like a system namespace (kube-system) cannot land in it."""
-    return f"team-{team}"
 
 
 def team_group(team: str) -> str:
@@ -325,22 +320,22 @@ class EksTeams(pulumi.ComponentResource):
         )
         fs = args.lustre.file_system
         for policy in queue_label_policy():
-            self._k8s(f"{cfg.name_prefix}-{policy['kind'].lower()}", policy, on_cluster)
+            k8s_object(f"{cfg.name_prefix}-{policy['kind'].lower()}", policy, on_cluster)
         self.namespaces: dict[str, str] = {}
         for team in cfg.teams:
             prefix = f"{cfg.name_prefix}-team-{team.name}"
             objects = team_objects(cfg, team)
-            namespace = self._k8s(prefix, objects[0], on_cluster)
+            namespace = k8s_object(prefix, objects[0], on_cluster)
             for obj in objects[1:]:
                 depends = [namespace, *(software.queue_objects if obj["kind"] == "LocalQueue" else [])]
                 # A team has two claims; every other kind once.
                 claim = obj["kind"] == "PersistentVolumeClaim"
-                self._k8s(
+                k8s_object(
                     f"{prefix}-{obj['metadata']['name'] if claim else obj['kind'].lower()}",
                     obj,
                     pulumi.ResourceOptions(parent=self, provider=software.provider, depends_on=depends),
                 )
-            self._k8s(f"{prefix}-clusterqueue", team_cluster_queue(cfg, team), after_kueue)
+            k8s_object(f"{prefix}-clusterqueue", team_cluster_queue(cfg, team), after_kueue)
             volumes = pulumi.Output.all(fs.id, fs.dns_name, fs.mount_name).apply(
                 partial(_volumes, cfg, team.name)
             )
@@ -399,23 +394,3 @@ class EksTeams(pulumi.ComponentResource):
             self.namespaces[team.name] = team_namespace(team.name)
         self.outputs = {"team_namespaces": self.namespaces}
         self.register_outputs(self.outputs)
-
-    def _k8s(self, name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Resource:
-        """A Kubernetes object as the provider sends it (typed where pulumi-kubernetes has the kind)."""
-        typed = {
-            "Namespace": k8s.core.v1.Namespace,
-            "ServiceAccount": k8s.core.v1.ServiceAccount,
-            "PersistentVolumeClaim": k8s.core.v1.PersistentVolumeClaim,
-            "Role": k8s.rbac.v1.Role,
-            "RoleBinding": k8s.rbac.v1.RoleBinding,
-            "ValidatingAdmissionPolicy": k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
-            "ValidatingAdmissionPolicyBinding": k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
-        }.get(obj["kind"])
-        if typed is None:
-            return custom_resource(name, obj, opts)
-        body = {
-            {"roleRef": "role_ref"}.get(key, key): value
-            for key, value in obj.items()
-            if key not in ("apiVersion", "kind")
-        }
-        return typed(name, **body, opts=opts)

@@ -102,8 +102,10 @@ def test_each_team_namespace_has_the_stacks_local_queue_name_its_claim_and_servi
 
 
 def test_a_jobset_without_a_queue_is_refused_in_team_namespaces(stack):
-    (policy,) = objects(stack, "ValidatingAdmissionPolicy")
-    (binding,) = objects(stack, "ValidatingAdmissionPolicyBinding")
+    (policy,) = [p for p in objects(stack, "ValidatingAdmissionPolicy") if "queue" in p["metadata"]["name"]]
+    (binding,) = [
+        b for b in objects(stack, "ValidatingAdmissionPolicyBinding") if "queue" in b["metadata"]["name"]
+    ]
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["jobsets"]
     assert "kueue.x-k8s.io/queue-name" in policy["spec"]["validations"][0]["expression"]
     assert binding["spec"]["validationActions"] == ["Deny"]

@@ -29,6 +29,12 @@ def team_prefix(team: str) -> str:
     return f"{TEAMS_PREFIX}{team}/"
 
 
+def team_namespace(team: str) -> str:
+    """A team's Kubernetes namespace on EKS, `team-<name>`: a team named like a system namespace (kube-system)
+    cannot land in it."""
+    return f"team-{team}"
+
+
 def team_root(team: str | None) -> str:
     """The part of a bucket (and of /fsx) that is `team`'s: `teams/<team>/`, or the root ("") for no team."""
     return team_prefix(team) if team and team != STACK_TEAM else ""

@@ -25,7 +25,7 @@ from trainer.contract.container import (
     PURCHASE_OPTION_ENV,
     STOP_TIMEOUT_MARGIN_SECONDS,
 )
-from trainer.contract.gpu_nodes import GPU_TOLERATION
+from trainer.contract.gpu_nodes import GPU_TOLERATION, NODE_NAME_ENV
 from trainer.contract.image import efa_environment
 from trainer.contract.jobset import (
     JOBSET_NAME_KEY,
@@ -151,7 +151,9 @@ def jobset_manifest(
         + [
             {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}}
             for name, key in from_annotation.items()
-        ],
+        ]
+        # The node, for the preflight's quarantine of a node that fails it (trainer/preflight/quarantine.py).
+        + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "resources": {"requests": {**devices, "memory": MEMORY_REQUEST}, "limits": devices},
         "volumeMounts": [*fsx_mounts(team), {"name": "shm", "mountPath": "/dev/shm"}],
         # What the restricted Pod Security level requires of a container (Kubernetes "Pod Security Standards",
