@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import karpenter, karpenter_interruption, node_quarantine
+from infra import eks_access, karpenter, karpenter_interruption, node_quarantine
 from infra.config import StackConfig
 from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
 from infra.k8s_versions import (
@@ -328,7 +328,7 @@ class ClusterSoftware(pulumi.ComponentResource):
             # Made only once the deployer is known to be an admin (infra/eks_access.py).
             kubeconfig=pulumi.Output.all(
                 eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"], eks.deployer
-            ).apply(lambda values: kubeconfig(cfg.region, *values[:3])),
+            ).apply(lambda values: eks_access.kubeconfig(cfg.region, *values[:3])),
             # The admins' entries and associations: created before the first Kubernetes call, deleted after the
             # last (every object and release depends on this provider).
             opts=pulumi.ResourceOptions(
@@ -480,37 +480,4 @@ def custom_resource(
         metadata=obj["metadata"],
         spec=obj["spec"],
         opts=opts,
-    )
-
-
-def kubeconfig(region: str, cluster_name: str, endpoint: str, ca_data: str) -> str:
-    """The kubeconfig Pulumi's Kubernetes provider applies the releases with: `aws eks get-token` as the credential
-    plugin, as `aws eks update-kubeconfig` writes it (aws/aws-cli awscli/customizations/eks/update_kubeconfig.py)."""
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": "aws",
-            "args": [
-                "--region",
-                region,
-                "eks",
-                "get-token",
-                "--cluster-name",
-                cluster_name,
-                "--output",
-                "json",
-            ],
-        }
-    }
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
-            ],
-            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
-            "current-context": cluster_name,
-            "users": [{"name": cluster_name, "user": user}],
-        }
     )

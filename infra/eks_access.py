@@ -8,12 +8,14 @@ access entry grants: only `eksAdminArns` get one. Two things follow, both kept h
   before the first Kubernetes call and `pulumi destroy` deletes them only after the last object and release (Pulumi
   deletes in reverse dependency order; a resource depends on its provider). Without it a destroy may delete the
   association in parallel with the releases, whose deletes then get 401/403;
+- the provider's credential is the deployer's, through `aws eks get-token` (`kubeconfig`);
 - the deployer (STS GetCallerIdentity of the stack's AWS provider) must be one of `eksAdminArns`, or every
   Kubernetes call fails after the AWS half of the stack was built: refused before any resource is created.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import pulumi
@@ -98,3 +100,36 @@ def deployer(cfg: StackConfig, parent: pulumi.Resource) -> pulumi.Output[str]:
     """The deployer's ARN once checked to be an admin (the stack's AWS provider's caller)."""
     caller = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=parent))
     return caller.arn.apply(lambda arn: checked_deployer(arn, list(cfg.eks_admin_arns)))
+
+
+def kubeconfig(region: str, cluster_name: str, endpoint: str, ca_data: str) -> str:
+    """The kubeconfig Pulumi's Kubernetes provider applies the releases with: `aws eks get-token` as the credential
+    plugin, as `aws eks update-kubeconfig` writes it (aws/aws-cli awscli/customizations/eks/update_kubeconfig.py)."""
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": [
+                "--region",
+                region,
+                "eks",
+                "get-token",
+                "--cluster-name",
+                cluster_name,
+                "--output",
+                "json",
+            ],
+        }
+    }
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
+            ],
+            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+            "current-context": cluster_name,
+            "users": [{"name": cluster_name, "user": user}],
+        }
+    )
