@@ -43,6 +43,7 @@ from infra.k8s_versions import (
     HelmChart,
 )
 from trainer.contract.gpu_nodes import GPU_TOLERATION, PODS_READY_TIMEOUT_MINUTES
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT
 
 if TYPE_CHECKING:
     from infra.eks import Eks
@@ -392,6 +393,12 @@ class ClusterSoftware(pulumi.ComponentResource):
             # With teams, each team's ClusterQueue and LocalQueue instead (infra/eks_teams.py).
             for obj in (resource_flavor(cfg), *(() if cfg.teams else (cluster_queue(cfg), local_queue(cfg))))
         ]
+        # The stack's own jobs run as `trainer` here too, never as the namespace's `default` (checkov CKV_K8S_42).
+        k8s_object(
+            f"{prefix}-trainer",
+            {"kind": "ServiceAccount", "metadata": {"name": TEAM_SERVICE_ACCOUNT, "namespace": NAMESPACE}},
+            pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[self.namespace]),
+        )
         # A job's pod may taint and delete its own failed node, and nothing else (infra/node_quarantine.py).
         for obj in node_quarantine.quarantine_objects(node_quarantine.job_service_accounts(cfg, NAMESPACE)):
             k8s_object(f"{prefix}-quarantine-{obj['kind'].lower()}", obj, on_cluster)

@@ -1,8 +1,8 @@
 """What lets a JobSet pod take its own failed node out of service on EKS, and nothing more (trainer/preflight/
 quarantine.py does it: taint, then delete a Karpenter node).
 
-- a ClusterRole on nodes (get, patch, delete) bound to the job pods' service accounts: the stack namespace's
-  `default` and each team's `trainer`. RBAC cannot name "the node I run on" (resourceNames are fixed names), so
+- a ClusterRole on nodes (get, patch, delete) bound to the job pods' service account, `trainer` in the stack's
+  namespace and in each team's. RBAC cannot name "the node I run on" (resourceNames are fixed names), so
 - a ValidatingAdmissionPolicy narrows it, for those service accounts only: the node must be the one the request's
   pod-bound token names (`authentication.kubernetes.io/node-name` in the user's extra, Kubernetes KEP-4193 "Bound
   service account token improvements", on by default since 1.30), and an update may only add the quarantine taint,
@@ -25,11 +25,9 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 
 def job_service_accounts(cfg: StackConfig, stack_namespace: str) -> list[tuple[str, str]]:
-    """(namespace, service account) of every job's pods: the stack namespace's default one, each team's own."""
-    return [
-        (stack_namespace, "default"),
-        *((team_namespace(t.name), TEAM_SERVICE_ACCOUNT) for t in cfg.teams),
-    ]
+    """(namespace, service account) of every job's pods: `trainer` in the stack's namespace and in each team's."""
+    teams = (team_namespace(t.name) for t in cfg.teams)
+    return [(namespace, TEAM_SERVICE_ACCOUNT) for namespace in (stack_namespace, *teams)]
 
 
 def service_account_users(subjects: list[tuple[str, str]]) -> list[str]:

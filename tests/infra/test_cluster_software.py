@@ -69,6 +69,7 @@ def test_the_stack_creates_the_namespace_volume_claim_queue_and_node_objects(var
         "PersistentVolume",
         "PersistentVolumeClaim",
         "ResourceFlavor",
+        "ServiceAccount",  # `trainer`, which the stack's own jobs run as
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]

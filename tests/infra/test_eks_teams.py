@@ -97,7 +97,10 @@ def test_each_team_namespace_has_the_stacks_local_queue_name_its_claim_and_servi
                 "name": claim,
             }
     accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in objects(stack, "ServiceAccount")}
-    assert accounts == {(team_namespace(t), TEAM_SERVICE_ACCOUNT) for t in TEAMS}
+    # Each team's, and the stack namespace's own (infra/cluster_software.py).
+    assert accounts == {(team_namespace(t), TEAM_SERVICE_ACCOUNT) for t in TEAMS} | {
+        ("trainstack", TEAM_SERVICE_ACCOUNT)
+    }
     assert stack.plan.outputs["team_namespaces"] == {t: team_namespace(t) for t in TEAMS}
 
 

@@ -161,8 +161,10 @@ def jobset_manifest(
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec = {
-        # A team's pods run as its service account, whose Pod Identity reads only its S3 prefix (infra/eks_teams.py).
-        **({"serviceAccountName": TEAM_SERVICE_ACCOUNT} if team else {}),
+        # A job's pods run as the namespace's `trainer` service account, never `default`: a team's has a Pod Identity
+        # that reads only its S3 prefix (infra/eks_teams.py); both may quarantine their own node
+        # (infra/node_quarantine.py).
+        "serviceAccountName": TEAM_SERVICE_ACCOUNT,
         "restartPolicy": "Never",  # a podFailurePolicy needs it; restarts are the JobSet's
         # Above the trainer's SIGTERM grace, by the margin the Batch nodes' ECS stop timeout keeps
         # (trainer/contract/container.py), so a cancelled or preempted pod saves before SIGKILL.
