@@ -33,7 +33,10 @@ def pod_env(index: int, nodes: int, name: str = "llama-8b") -> dict[str, str]:
             env[variable["name"]] = variable["value"]
         else:
             path = variable["valueFrom"]["fieldRef"]["fieldPath"]
-            env[variable["name"]] = annotations[path.split("'")[1]]
+            # The node the kubelet runs the pod on (spec.nodeName), else one of JobSet's annotations.
+            env[variable["name"]] = (
+                "ip-10-0-1-17" if path == "spec.nodeName" else annotations[path.split("'")[1]]
+            )
     return env
 
 
