@@ -27,6 +27,14 @@ $(VENV)/.infra-installed: requirements/infra.txt requirements/lock.txt | $(PY)
 	$(INSTALL) -r requirements/infra.txt
 	touch $@
 
+# checkov pins boto3 and tabulate below this project's pins, so it has an environment of its own
+# (requirements/checkov.txt says which pins clash); make policy and make test use it.
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/.installed: requirements/checkov.txt requirements/checkov-lock.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r requirements/checkov.txt -c requirements/checkov-lock.txt
+	touch $@
+
 # dev.txt includes train.txt and infra.txt: its install satisfies their stamps too (make venv, then make train).
 $(VENV)/.dev-installed: requirements/dev.txt requirements/train.txt requirements/infra.txt requirements/lock.txt | $(PY)
 	$(INSTALL) -r requirements/dev.txt
@@ -180,11 +188,11 @@ TEST_WORKERS ?= auto
 PYTEST = $(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder)
 
 .PHONY: test
-test: $(VENV)/.dev-installed lint ## Lint and run every test (slow end-to-end ones included)
+test: $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed lint ## Lint and run every test (slow end-to-end ones included)
 	$(PYTEST)
 
 .PHONY: test-fast
-test-fast: $(VENV)/.dev-installed ## Run the tests not marked slow
+test-fast: $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed ## Run the tests not marked slow
 	$(PYTEST) -m "not slow"
 
 # --- infrastructure ------------------------------------------------------------------------------
@@ -206,9 +214,10 @@ preview-offline: $(VENV)/.infra-installed ## Plan STACK=<env> under Pulumi mocks
 	@$(PY) -m infra.preview --stack $(STACK) --format $(FORMAT)
 
 .PHONY: policy
-policy: $(VENV)/.infra-installed ## Run the policy pack (policy/) over STACK=<env>'s offline preview; fails on a mandatory violation
+policy: $(VENV)/.infra-installed $(VENV)/.train-installed $(CHECKOV_VENV)/.installed ## Run the policy pack (policy/) and, on EKS, checkov over STACK=<env>'s offline preview; fails on a mandatory violation or a finding outside policy/checkov-baseline.yaml
 	$(need_stack)
 	@$(PY) -m policy.offline --stack $(STACK)
+	@$(PY) -m policy.checkov_k8s --stack $(STACK) --checkov $(CHECKOV_VENV)/bin/checkov
 
 .PHONY: access
 access: $(VENV)/.infra-installed ## STACK=<env> [FORMAT=json]: every actor's needs and must-nots, decided from the planned policies (docs/policy.md#access)

@@ -12,8 +12,11 @@
     cluster         the GPU cluster on AWS Batch: EFA security group, placement, launch template, queues, jobs
     node_bootstrap  what a GPU node runs at boot (the launch template's user data)
     eks             the GPU cluster on EKS instead (orchestrator: eks): control plane, access, node groups, add-ons
+    eks_access      who administers an EKS cluster: the admins' access entries, the deployer checked to be one
     cluster_software  what an EKS stack installs in its cluster: device plugins, JobSet, Kueue, FSx volume, queues
     karpenter       GPU nodes that follow admitted work on EKS: EC2NodeClass, NodePool, NodeOverlay, controller IAM
+    karpenter_interruption  Karpenter's interruption queue: SQS, its policy, the EventBridge rules, the controller's grant
+    node_quarantine what lets a job's pod taint and delete its own failed node on EKS: ClusterRole, admission policy
     eks_teams       teams on an EKS stack: namespace, Kueue queues in a cohort, RBAC, access entry, pod identity
     data_prep       CPU capacity for data preparation: a Spot compute environment and queue, the data job role
     monitoring      alerting and the run dashboard: SNS, CloudWatch alarms, the dashboard

@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import karpenter
+from infra import eks_access, karpenter, karpenter_interruption, node_quarantine
 from infra.config import StackConfig
 from infra.eks import GPU_NODE_LABELS, efa_devices, eks_network_interfaces
 from infra.k8s_versions import (
@@ -36,12 +36,14 @@ from infra.k8s_versions import (
     JOBSET,
     KARPENTER,
     KARPENTER_AWS_API_VERSION,
+    KUBERNETES_MINOR,
     KUEUE,
     KUEUE_API_VERSION,
     NVIDIA_DEVICE_PLUGIN,
     HelmChart,
 )
 from trainer.contract.gpu_nodes import GPU_TOLERATION, PODS_READY_TIMEOUT_MINUTES
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT
 
 if TYPE_CHECKING:
     from infra.eks import Eks
@@ -102,10 +104,23 @@ KUEUE_DEFAULT_CONFIG: dict[str, Any] = {
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # Marks what the stack put in the cluster.
 JOB_LABELS = {"app.kubernetes.io/part-of": "trainstack"}
+# Pod Security Admission on the namespaces jobs run in (Kubernetes "Pod Security Admission": with no label and no
+# cluster configuration the level is privileged). Restricted, not baseline: a training pod needs no privilege at
+# all (GPUs and EFA devices are extended resources from the device plugins, hugepages a resource, /dev/shm an
+# emptyDir, the file system a PVC: volume types the restricted level allows), and restricted adds runAsNonRoot, no
+# privilege escalation, every capability dropped and a seccomp profile, which the JobSet sets (trainer/jobs/
+# jobset.py). Enforced, and warned and audited too, at the cluster's own minor ("Pod Security Standards").
+POD_SECURITY_LEVEL = "restricted"
+POD_SECURITY_LABELS = {
+    f"pod-security.kubernetes.io/{mode}{suffix}": value
+    for mode in ("enforce", "warn", "audit")
+    for suffix, value in (("", POD_SECURITY_LEVEL), ("-version", f"v{KUBERNETES_MINOR}"))
+}
 
 
 def namespace() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": JOB_LABELS}}
+    labels = {**JOB_LABELS, **POD_SECURITY_LABELS}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
 
 
 def fsx_persistent_volume(
@@ -246,6 +261,9 @@ def kueue_config(cfg: StackConfig) -> dict[str, Any]:
     config = json.loads(json.dumps(KUEUE_DEFAULT_CONFIG))
     config["waitForPodsReady"] = {
         "timeout": PODS_READY_TIMEOUT,
+        # The same wait after a restart, when a replacement pod is pending (configuration_types.go RecoveryTimeout:
+        # "If not set, there is no timeout"): a JobSet restarted onto a node that never comes is requeued too.
+        "recoveryTimeout": PODS_READY_TIMEOUT,
         "blockAdmission": True,
         "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600},
     }
@@ -270,7 +288,9 @@ def chart_values(chart: HelmChart, cfg: StackConfig) -> dict[str, Any]:
         # Its chart tolerates nothing by default (aws/eks-charts stable/aws-efa-k8s-device-plugin values.yaml).
         return {"nodeSelector": dict(GPU_NODE_LABELS), "tolerations": [dict(GPU_TOLERATION)]}
     if chart is KARPENTER:
-        return karpenter.chart_values(cfg.eks_cluster_name)
+        return karpenter.chart_values(
+            cfg.eks_cluster_name, cfg.region, karpenter_interruption.queue_name(cfg)
+        )
     if chart is KUEUE:
         return {
             "managerConfig": {
@@ -306,14 +326,24 @@ class ClusterSoftware(pulumi.ComponentResource):
         prefix = cfg.name_prefix
         self.provider = k8s.Provider(
             f"{prefix}-k8s",
+            # Made only once the deployer is known to be an admin (infra/eks_access.py).
             kubeconfig=pulumi.Output.all(
-                eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"]
-            ).apply(lambda values: kubeconfig(cfg.region, *values)),
+                eks.cluster.name, eks.cluster.endpoint, eks.outputs["eks_cluster_ca"], eks.deployer
+            ).apply(lambda values: eks_access.kubeconfig(cfg.region, *values[:3])),
+            # The admins' entries and associations: created before the first Kubernetes call, deleted after the
+            # last (every object and release depends on this provider).
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[eks.system_nodes, *([eks.gpu_nodes] if eks.gpu_nodes else [])]
+                parent=self,
+                depends_on=[
+                    eks.system_nodes,
+                    *([eks.gpu_nodes] if eks.gpu_nodes else []),
+                    *eks.admin_access,
+                ],
             ),
         )
         on_cluster = pulumi.ResourceOptions(parent=self, provider=self.provider)
+        # Karpenter's controller starts with its Pod Identity's credentials (infra/karpenter.py `chart_values`).
+        identity = [eks.karpenter_identity] if KARPENTER.release in {c.release for c in charts(cfg)} else []
         self.releases = {
             chart.release: k8s.helm.v3.Release(
                 chart.release,
@@ -324,7 +354,9 @@ class ClusterSoftware(pulumi.ComponentResource):
                 create_namespace=True,
                 repository_opts={"repo": chart.repository} if chart.repository else None,
                 values=chart_values(chart, cfg),
-                opts=on_cluster,
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=self.provider, depends_on=identity if chart is KARPENTER else []
+                ),
             )
             for chart in charts(cfg)
         }
@@ -361,6 +393,15 @@ class ClusterSoftware(pulumi.ComponentResource):
             # With teams, each team's ClusterQueue and LocalQueue instead (infra/eks_teams.py).
             for obj in (resource_flavor(cfg), *(() if cfg.teams else (cluster_queue(cfg), local_queue(cfg))))
         ]
+        # The stack's own jobs run as `trainer` here too, never as the namespace's `default` (checkov CKV_K8S_42).
+        k8s_object(
+            f"{prefix}-trainer",
+            {"kind": "ServiceAccount", "metadata": {"name": TEAM_SERVICE_ACCOUNT, "namespace": NAMESPACE}},
+            pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[self.namespace]),
+        )
+        # A job's pod may taint and delete its own failed node, and nothing else (infra/node_quarantine.py).
+        for obj in node_quarantine.quarantine_objects(node_quarantine.job_service_accounts(cfg, NAMESPACE)):
+            k8s_object(f"{prefix}-quarantine-{obj['kind'].lower()}", obj, on_cluster)
         assert (
             JOBSET.release in self.releases
         )  # JobSet's CRD comes with its chart, before any job is submitted
@@ -412,6 +453,29 @@ class ClusterSoftware(pulumi.ComponentResource):
         return objects
 
 
+def k8s_object(name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Resource:
+    """A Kubernetes object as the provider sends it (typed where pulumi-kubernetes has the kind)."""
+    typed = {
+        "Namespace": k8s.core.v1.Namespace,
+        "ServiceAccount": k8s.core.v1.ServiceAccount,
+        "PersistentVolumeClaim": k8s.core.v1.PersistentVolumeClaim,
+        "Role": k8s.rbac.v1.Role,
+        "RoleBinding": k8s.rbac.v1.RoleBinding,
+        "ClusterRole": k8s.rbac.v1.ClusterRole,
+        "ClusterRoleBinding": k8s.rbac.v1.ClusterRoleBinding,
+        "ValidatingAdmissionPolicy": k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
+        "ValidatingAdmissionPolicyBinding": k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
+    }.get(obj["kind"])
+    if typed is None:
+        return custom_resource(name, obj, opts)
+    body = {
+        {"roleRef": "role_ref"}.get(key, key): value
+        for key, value in obj.items()
+        if key not in ("apiVersion", "kind")
+    }
+    return typed(name, **body, opts=opts)
+
+
 def custom_resource(
     name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions
 ) -> k8s.apiextensions.CustomResource:
@@ -423,37 +487,4 @@ def custom_resource(
         metadata=obj["metadata"],
         spec=obj["spec"],
         opts=opts,
-    )
-
-
-def kubeconfig(region: str, cluster_name: str, endpoint: str, ca_data: str) -> str:
-    """The kubeconfig Pulumi's Kubernetes provider applies the releases with: `aws eks get-token` as the credential
-    plugin, as `aws eks update-kubeconfig` writes it (aws/aws-cli awscli/customizations/eks/update_kubeconfig.py)."""
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": "aws",
-            "args": [
-                "--region",
-                region,
-                "eks",
-                "get-token",
-                "--cluster-name",
-                cluster_name,
-                "--output",
-                "json",
-            ],
-        }
-    }
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
-            ],
-            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
-            "current-context": cluster_name,
-            "users": [{"name": cluster_name, "user": user}],
-        }
     )

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra import karpenter
+from infra import eks_access, karpenter, karpenter_interruption
 from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, main_purchase_option, root_volume
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, policy_text
@@ -59,8 +59,6 @@ SYSTEM_NODE_COUNT = 2
 # the first (aws/eks-charts stable/aws-efa-k8s-device-plugin README, `nodeSelector`), NVIDIA's feature discovery
 # the second.
 GPU_NODE_LABELS = {"vpc.amazonaws.com/efa.present": "true", "nvidia.com/gpu.present": "true"}
-# Cluster-wide admin through an access entry (EKS user guide, "Associate access policies with access entries").
-CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 # The AWS-managed policies the EKS user guide prescribes for the cluster role ("Amazon EKS cluster IAM role") and the
 # node role ("Amazon EKS node IAM role"), and the CloudWatch agent's ("Install the CloudWatch agent with the Amazon
 # CloudWatch Observability EKS add-on").
@@ -203,22 +201,9 @@ class Eks(pulumi.ComponentResource):
                 parent=self, depends_on=[self.control_plane_logs, *self._granted(cluster_role)]
             ),
         )
-        for index, arn in enumerate(cfg.eks_admin_arns):
-            entry = aws.eks.AccessEntry(
-                f"{prefix}-eks-admin-{index}",
-                cluster_name=self.cluster.name,
-                principal_arn=arn,
-                type="STANDARD",
-                opts=child,
-            )
-            aws.eks.AccessPolicyAssociation(
-                f"{prefix}-eks-admin-{index}",
-                cluster_name=self.cluster.name,
-                principal_arn=entry.principal_arn,
-                policy_arn=CLUSTER_ADMIN_POLICY,
-                access_scope={"type": "cluster"},
-                opts=child,
-            )
+        # The admins' access, which the Kubernetes provider depends on, and the deployer checked to be an admin.
+        self.admin_access = eks_access.admin_access(cfg, self.cluster, self)
+        self.deployer = eks_access.deployer(cfg, self)
 
         node_role = self._service_role(
             f"{prefix}-eks-node", "ec2.amazonaws.com", "EKS nodes", NODE_ROLE_POLICIES
@@ -401,6 +386,8 @@ class Eks(pulumi.ComponentResource):
             policy=statements.apply(lambda s: policy_text(*s)),
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # Its interruption queue and the controller's grant on it (infra/karpenter_interruption.py).
+        interruption = karpenter_interruption.interruption_queue(cfg, controller, self)
         namespace, service_account = karpenter.SERVICE_ACCOUNT
         self.karpenter_identity = aws.eks.PodIdentityAssociation(
             f"{prefix}-karpenter",
@@ -408,7 +395,7 @@ class Eks(pulumi.ComponentResource):
             namespace=namespace,
             service_account=service_account,
             role_arn=controller.arn,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, *interruption]),
         )
 
     def _pod_role(self, cfg: StackConfig, addon: str, *statements: dict[str, Any]) -> aws.iam.Role:

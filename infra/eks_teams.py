@@ -2,7 +2,8 @@
 
 Per team, built by pure functions below so that tests, the validator and the policy pack judge what is sent:
 
-- a namespace `team-<name>` with the FSx claim and a LocalQueue named as the stack's (so a JobSet's queue label is
+- a namespace `team-<name>` at the restricted Pod Security level, with claims on its own two directories of the file
+  system (Lustre filesets: `team_volumes`) and a LocalQueue named as the stack's (so a JobSet's queue label is
   the same for every team; the namespace tells them apart), and a ClusterQueue in the stack's cohort: nominal
   quota = the team's share of the stack's nodes by weight (whole nodes, summing to `nodeCount`), borrowing up to its
   `gpuQuota` from what the others leave idle, given back by preemption when they need it (Kueue
@@ -31,10 +32,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.cluster_software import (
-    FSX_CLAIM,
     JOB_LABELS,
-    custom_resource,
+    POD_SECURITY_LABELS,
     fsx_persistent_volume,
+    k8s_object,
     local_queue_name,
     node_quota,
     resource_flavor,
@@ -43,7 +44,7 @@ from infra.config import StackConfig, TeamConfig
 from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import JOBSET_API_VERSION, KUEUE_API_VERSION
 from trainer.contract.jobset import QUEUE_LABEL
-from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_prefix
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_directories, team_namespace, team_prefix
 
 if TYPE_CHECKING:
     from infra.cluster_software import ClusterSoftware
@@ -61,11 +62,6 @@ ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 JOBSET_GROUP = JOBSET_API_VERSION.split("/")[0]
 KUEUE_GROUP = KUEUE_API_VERSION.split("/")[0]
 READ = ["get", "list", "watch"]
-
-
-def team_namespace(team: str) -> str:
-    """`team-<name>`: a team named like a system namespace (kube-system) cannot land in it."""
-    return f"team-{team}"
 
 
 def team_group(team: str) -> str:
@@ -145,7 +141,11 @@ def team_objects(cfg: StackConfig, team: TeamConfig) -> list[dict[str, Any]]:
     ns = team_namespace(team.name)
     labels = {**JOB_LABELS, TEAM_LABEL: team.name}
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {**labels, **POD_SECURITY_LABELS}},
+        },
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -159,32 +159,44 @@ def team_objects(cfg: StackConfig, team: TeamConfig) -> list[dict[str, Any]]:
             "metadata": {"name": local_queue_name(cfg), "namespace": ns},
             "spec": {"clusterQueue": cluster_queue_name(cfg, team.name)},
         },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": FSX_CLAIM, "namespace": ns, "labels": labels},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "storageClassName": "",
-                "volumeName": team_volume_name(cfg, team.name),
-                "resources": {"requests": {"storage": f"{cfg.fsx_storage_capacity_gib}Gi"}},
-            },
-        },
+        *(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": ns, "labels": labels},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": team_volume_name(cfg, team.name, claim),
+                    "resources": {"requests": {"storage": f"{cfg.fsx_storage_capacity_gib}Gi"}},
+                },
+            }
+            for claim in team_directories(team.name)
+        ),
     ]
 
 
-def team_volume_name(cfg: StackConfig, team: str) -> str:
-    return f"{cfg.name_prefix}-fsx-{team}"
+def team_volume_name(cfg: StackConfig, team: str, claim: str) -> str:
+    return f"{cfg.name_prefix}-{team}-{claim}"
 
 
-def team_volume(
+def team_volumes(
     cfg: StackConfig, team: str, file_system_id: str, dns_name: str, mount_name: str
-) -> dict[str, Any]:
-    """The stack's file system again, bound to the team's claim (a volume binds one claim)."""
-    volume = fsx_persistent_volume(cfg, file_system_id, dns_name, mount_name)
-    volume["metadata"]["name"] = team_volume_name(cfg, team)
-    volume["spec"]["claimRef"] = {"namespace": team_namespace(team), "name": FSX_CLAIM}
-    return volume
+) -> list[dict[str, Any]]:
+    """The team's two directories of the stack's file system, each a volume of its own bound to the team's claim.
+
+    A Lustre client can mount one directory of a file system, a fileset, as `<dns>@tcp:/<mount name>/<directory>`
+    ("Mounting specific filesets", FSx for Lustre user guide), and sees nothing above it; the FSx CSI driver mounts
+    exactly `<dnsname>@tcp:/<mountname>` from the volume's attributes (kubernetes-sigs/aws-fsx-csi-driver
+    pkg/driver/node.go NodePublishVolume), so the directory goes into `mountname`. Not `subPath`: the team writes
+    the pod spec, and a subPath through a symlink the team made would reach any directory of the volume."""
+    volumes = []
+    for claim, directory in team_directories(team).items():
+        volume = fsx_persistent_volume(cfg, file_system_id, dns_name, f"{mount_name}/{directory}")
+        volume["metadata"]["name"] = team_volume_name(cfg, team, claim)
+        volume["spec"]["claimRef"] = {"namespace": team_namespace(team), "name": claim}
+        volumes.append(volume)
+    return volumes
 
 
 def team_role(team: str) -> dict[str, Any]:
@@ -272,8 +284,12 @@ def pod_read_statements(team: str, buckets: list[str], key_arn: str) -> list[dic
     ]
 
 
-def _volume(cfg: StackConfig, team: str, resolved: list[Any]) -> dict[str, Any]:
-    return team_volume(cfg, team, str(resolved[0]), str(resolved[1]), str(resolved[2]))
+def _volumes(cfg: StackConfig, team: str, resolved: list[Any]) -> list[dict[str, Any]]:
+    return team_volumes(cfg, team, str(resolved[0]), str(resolved[1]), str(resolved[2]))
+
+
+def _item(index: int, items: list[dict[str, Any]]) -> dict[str, Any]:
+    return items[index]
 
 
 def _pod_policy(team: str, resolved: list[Any]) -> str:
@@ -304,29 +320,33 @@ class EksTeams(pulumi.ComponentResource):
         )
         fs = args.lustre.file_system
         for policy in queue_label_policy():
-            self._k8s(f"{cfg.name_prefix}-{policy['kind'].lower()}", policy, on_cluster)
+            k8s_object(f"{cfg.name_prefix}-{policy['kind'].lower()}", policy, on_cluster)
         self.namespaces: dict[str, str] = {}
         for team in cfg.teams:
             prefix = f"{cfg.name_prefix}-team-{team.name}"
             objects = team_objects(cfg, team)
-            namespace = self._k8s(prefix, objects[0], on_cluster)
+            namespace = k8s_object(prefix, objects[0], on_cluster)
             for obj in objects[1:]:
                 depends = [namespace, *(software.queue_objects if obj["kind"] == "LocalQueue" else [])]
-                self._k8s(
-                    f"{prefix}-{obj['kind'].lower()}",
+                # A team has two claims; every other kind once.
+                claim = obj["kind"] == "PersistentVolumeClaim"
+                k8s_object(
+                    f"{prefix}-{obj['metadata']['name'] if claim else obj['kind'].lower()}",
                     obj,
                     pulumi.ResourceOptions(parent=self, provider=software.provider, depends_on=depends),
                 )
-            self._k8s(f"{prefix}-clusterqueue", team_cluster_queue(cfg, team), after_kueue)
-            volume = pulumi.Output.all(fs.id, fs.dns_name, fs.mount_name).apply(
-                partial(_volume, cfg, team.name)
+            k8s_object(f"{prefix}-clusterqueue", team_cluster_queue(cfg, team), after_kueue)
+            volumes = pulumi.Output.all(fs.id, fs.dns_name, fs.mount_name).apply(
+                partial(_volumes, cfg, team.name)
             )
-            k8s.core.v1.PersistentVolume(
-                f"{prefix}-fsx",
-                metadata=volume.apply(lambda v: v["metadata"]),
-                spec=volume.apply(lambda v: v["spec"]),
-                opts=on_cluster,
-            )
+            for index, claim in enumerate(team_directories(team.name)):
+                volume = volumes.apply(partial(_item, index))
+                k8s.core.v1.PersistentVolume(
+                    f"{prefix}-{claim}",
+                    metadata=volume.apply(lambda v: v["metadata"]),
+                    spec=volume.apply(lambda v: v["spec"]),
+                    opts=on_cluster,
+                )
             role = args.team_roles[team.name]
             aws.eks.AccessEntry(
                 prefix,
@@ -374,23 +394,3 @@ class EksTeams(pulumi.ComponentResource):
             self.namespaces[team.name] = team_namespace(team.name)
         self.outputs = {"team_namespaces": self.namespaces}
         self.register_outputs(self.outputs)
-
-    def _k8s(self, name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Resource:
-        """A Kubernetes object as the provider sends it (typed where pulumi-kubernetes has the kind)."""
-        typed = {
-            "Namespace": k8s.core.v1.Namespace,
-            "ServiceAccount": k8s.core.v1.ServiceAccount,
-            "PersistentVolumeClaim": k8s.core.v1.PersistentVolumeClaim,
-            "Role": k8s.rbac.v1.Role,
-            "RoleBinding": k8s.rbac.v1.RoleBinding,
-            "ValidatingAdmissionPolicy": k8s.admissionregistration.v1.ValidatingAdmissionPolicy,
-            "ValidatingAdmissionPolicyBinding": k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding,
-        }.get(obj["kind"])
-        if typed is None:
-            return custom_resource(name, obj, opts)
-        body = {
-            {"roleRef": "role_ref"}.get(key, key): value
-            for key, value in obj.items()
-            if key not in ("apiVersion", "kind")
-        }
-        return typed(name, **body, opts=opts)

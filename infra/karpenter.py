@@ -179,15 +179,21 @@ def node_overlay(cfg: StackConfig) -> dict[str, Any]:
     }
 
 
-def chart_values(cluster_name: str) -> dict[str, Any]:
-    """The Karpenter release's values (charts/karpenter/values.yaml at v1.14.1): the cluster, the feature gates."""
+def chart_values(cluster_name: str, region: str, interruption_queue: str) -> dict[str, Any]:
+    """The Karpenter release's values (charts/karpenter/values.yaml at v1.14.1): the cluster, its interruption queue
+    (`settings.interruptionQueue`: "Interruption handling is disabled if not specified"), the feature gates, and the
+    Region. The controller takes its Region from AWS_REGION, else from IMDS, and exits when neither answers
+    (v1.14.1 pkg/operator/operator.go); IMDS is out of a pod's reach at hop limit 1, and the AWS_REGION Pod Identity
+    sets comes only with a pod created after the association (EKS API, CreatePodIdentityAssociation: "Amazon EKS
+    sets environment variables in the containers of the pod"), so the Region is set here (`controller.env`, the
+    chart's own example is AWS_REGION) and the release also waits for the association (infra/cluster_software.py)."""
     return {
         "settings": {
             "clusterName": cluster_name,
-            # No interruption queue: no Spot here, and Capacity Block ends are Karpenter's own (docs/eks.md).
-            "interruptionQueue": "",
+            "interruptionQueue": interruption_queue,
             "featureGates": {"nodeOverlay": True, "reservedCapacity": True},
         },
+        "controller": {"env": [{"name": "AWS_REGION", "value": region}]},
     }
 
 

@@ -18,6 +18,8 @@ import pulumi
 from pulumi.runtime.mocks import MockCallArgs, MockMonitor, MockResourceArgs
 
 ACCOUNT_ID = "123456789012"
+# Who the offline preview deploys as, unless told (infra/preview.py `preview_caller`).
+PREVIEW_CALLER = f"arn:aws:iam::{ACCOUNT_ID}:user/preview"
 
 
 @dataclass
@@ -75,13 +77,13 @@ def _fake_id(name: str, prefix: str) -> str:
 class StackMocks(pulumi.runtime.Mocks):
     """Fakes what AWS would compute for each resource type this program registers."""
 
-    def __init__(self, region: str) -> None:
-        self.region = region
+    def __init__(self, region: str, caller_arn: str = PREVIEW_CALLER) -> None:
+        self.region, self.caller_arn = region, caller_arn
         self.recorded: dict[tuple[str, str], PlannedResource] = {}
 
     def call(self, args: MockCallArgs) -> tuple[dict, list]:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            arn = f"arn:aws:iam::{ACCOUNT_ID}:user/preview"
+            arn = self.caller_arn
             return {"accountId": ACCOUNT_ID, "arn": arn, "userId": "AIDAPREVIEW", "id": ACCOUNT_ID}, []
         raise NotImplementedError(f"no mock for data source {args.token}; add one to infra/mocks.py")
 
@@ -162,9 +164,9 @@ class RecordingMonitor(MockMonitor):
         return response
 
 
-def install(project: str, stack: str, region: str) -> StackMocks:
+def install(project: str, stack: str, region: str, caller_arn: str = PREVIEW_CALLER) -> StackMocks:
     """Route this process's Pulumi runtime to the mocks (preview mode) and return them for inspection."""
-    mocks = StackMocks(region)
+    mocks = StackMocks(region, caller_arn)
     pulumi.runtime.set_mocks(
         mocks, project=project, stack=stack, preview=True, monitor=RecordingMonitor(mocks)
     )

@@ -19,7 +19,13 @@ import base64
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
-from trainer.contract.container import FSX_MOUNT, STOP_TIMEOUT_MARGIN_SECONDS
+from trainer.contract.container import (
+    CHECKPOINTS_DIR,
+    CONTAINER_UID,
+    DATASETS_DIR,
+    FSX_MOUNT,
+    STOP_TIMEOUT_MARGIN_SECONDS,
+)
 from trainer.contract.image import image_pins
 
 ECS_CONFIG = "/etc/ecs/ecs.config"
@@ -70,6 +76,10 @@ echo "{fsx_dns_name}@tcp:/{fsx_mount_name} {FSX_MOUNT} lustre defaults,noatime,f
 mount {FSX_MOUNT}
 # A bind mount of an empty directory would look mounted inside the container: require Lustre here.
 findmnt --target {FSX_MOUNT} --types lustre > /dev/null
+# The image runs as a non-root user (image/Dockerfile USER): it writes runs and data below these two (the data
+# repository associations' roots), which Lustre creates owned by root.
+mkdir -p {DATASETS_DIR} {CHECKPOINTS_DIR}
+chown {CONTAINER_UID}:{CONTAINER_UID} {DATASETS_DIR} {CHECKPOINTS_DIR}
 """
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import ROOT, StackConfigError, read_stack_file
-from infra.mocks import PlannedResource, install
+from infra.mocks import PREVIEW_CALLER, PlannedResource, install
 
 PROJECT = "trainstack"
 PROGRAM = ROOT / "infra" / "__main__.py"
@@ -76,15 +76,32 @@ def cli_config(values: Mapping[str, Any]) -> dict[str, str]:
     return {key: as_cli_string(value) for key, value in values.items()}
 
 
-def run_program(stack: str, values: Mapping[str, Any] | None = None) -> Plan:
-    """Run infra/__main__.py under the mocks with Pulumi.<stack>.yaml's config (or `values`).
+def preview_caller(values: Mapping[str, Any]) -> str:
+    """Offline there is no deployer: an EKS stack's preview deploys as a session of its first admin role (or as its
+    first admin user), as `pulumi up` must (infra/eks_access.py); any other stack as a stand-in user."""
+    admins = list(values.get("trainstack:eksAdminArns") or [])
+    if not admins:
+        return PREVIEW_CALLER
+    parts = admins[0].split(":", 5)  # arn:aws:iam::<account>:role/<path/name>
+    account, (kind, name) = parts[4], parts[5].split("/", 1)
+    return (
+        f"arn:aws:sts::{account}:assumed-role/{name.rsplit('/', 1)[-1]}/preview"
+        if kind == "role"
+        else admins[0]
+    )
+
+
+def run_program(stack: str, values: Mapping[str, Any] | None = None, caller_arn: str | None = None) -> Plan:
+    """Run infra/__main__.py under the mocks with Pulumi.<stack>.yaml's config (or `values`), deploying as
+    `caller_arn` (default: `preview_caller`).
 
     Bad config raises pulumi.RunError (the program's StackConfigError message) before it registers any resource;
     a missing stack file raises StackConfigError.
     """
     values = read_stack_file(stack) if values is None else values
     settings.reset_options(project=PROJECT, stack=stack, preview=True)
-    mocks = install(PROJECT, stack, region=str(values.get("aws:region", "us-east-1")))
+    region = str(values.get("aws:region", "us-east-1"))
+    mocks = install(PROJECT, stack, region, caller_arn or preview_caller(values))
     set_all_config(cli_config(values))
     exported: dict[str, Any] = {}
 

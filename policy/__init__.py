@@ -28,4 +28,5 @@
     actors            the stack's actors and what each must and must not do, read from the planned policies
     iam_evaluation    IAM's and KMS's evaluation logic, offline: identity, resource and key policies, conditions
     cloudsplaining_check  cloudsplaining over every policy document, against cloudsplaining-baseline.yaml
+    checkov_k8s       `make policy` on EKS: checkov over the stack's Kubernetes objects and JobSets, a reviewed baseline
 """

@@ -252,7 +252,17 @@ _WRITTEN_AT_RUN_TIME = (".tmp",)
 
 def _sources() -> list[Path]:
     """The repository's text files where paths are named, outside virtualenvs, run outputs and git."""
-    skipped = {".venv", ".git", "runs", "data", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+    skipped = {
+        ".venv",
+        ".venv-checkov",
+        ".git",
+        "runs",
+        "data",
+        "__pycache__",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".mypy_cache",
+    }
     found = [ROOT / "Makefile", ROOT / "image" / "Dockerfile"]
     for directory, subdirectories, files in os.walk(ROOT):
         subdirectories[:] = [name for name in subdirectories if name not in skipped]

@@ -133,3 +133,14 @@ def test_the_build_checks_the_tested_set_and_the_plugin_in_the_image():
     assert "python -m trainer.contract.compatibility" in code
     assert "python image/build_checks.py versions" in code
     assert "python -m trainer.preflight.netplugin" in code
+
+
+def test_the_image_runs_as_the_contracts_non_root_user():
+    # Kubernetes "Pod Security Standards", restricted: runAsNonRoot, which the kubelet can verify only for a
+    # numeric USER; the pod's runAsUser (trainer/jobs/jobset.py) is the same id.
+    from trainer.contract.container import CONTAINER_UID
+
+    users = [line.split(maxsplit=1)[1] for line in INSTRUCTIONS if line.startswith("USER")]
+    assert users and users[-1] == f"{CONTAINER_UID}:{CONTAINER_UID}" and CONTAINER_UID != 0
+    (made,) = [line for line in INSTRUCTIONS if "useradd" in line]
+    assert f"--uid {CONTAINER_UID}" in made and f"--gid {CONTAINER_UID}" in made

@@ -23,6 +23,7 @@ from infra.keys import ADMIN_ACTIONS
 from infra.lustre import LUSTRE_PORTS
 from infra.node_bootstrap import ECS_CONFIG, FSTAB, FSX_MOUNT, ecs_stop_timeout_seconds, node_script
 from policy.aws_rules import configured_stop_timeout, user_data_script
+from trainer.contract.container import CHECKPOINTS_DIR, CONTAINER_UID, DATASETS_DIR
 from trainer.distributed.torchrun import add_supervision_arguments
 
 # --- defect 3: security groups on the interfaces only; the job containers' default group ------------------------
@@ -153,6 +154,7 @@ STAND_INS = {
     "dnf": "exit 0",
     "mount": 'exit "${FAKE_MOUNT_RC:-0}"',
     "findmnt": 'exit "${FAKE_FINDMNT_RC:-0}"',
+    "chown": "exit 0",
     "systemctl": "exit 0",
     "shutdown": "exit 0",
 }
@@ -192,7 +194,9 @@ def run_node_script(
 def test_node_with_the_amis_efa_module_skips_the_installer_mounts_and_sets_the_stop_timeout(tmp_path):
     status, calls, root = run_node_script(tmp_path, modinfo=0)
     assert status == 0
-    assert [c.split()[0] for c in calls] == ["modinfo", "dnf", "mount", "findmnt"]
+    assert [c.split()[0] for c in calls] == ["modinfo", "dnf", "mount", "findmnt", "chown"]
+    # The data repositories' roots, for the image's non-root user (image/Dockerfile USER).
+    assert calls[-1] == f"chown {CONTAINER_UID}:{CONTAINER_UID} {root}{DATASETS_DIR} {root}{CHECKPOINTS_DIR}"
     assert (root / ECS_CONFIG.lstrip("/")).read_text() == "ECS_CONTAINER_STOP_TIMEOUT=180s\n"
     assert "@tcp:/abcdefgh" in (root / FSTAB.lstrip("/")).read_text()
 

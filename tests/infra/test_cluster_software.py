@@ -59,6 +59,8 @@ def test_the_stack_creates_the_namespace_volume_claim_queue_and_node_objects(var
     kinds = sorted(as_object(r)["kind"] for r in kubernetes_objects(variant("eks-dev", **NO_TEAMS)))
     assert kinds == [
         "ClusterQueue",
+        "ClusterRole",  # these four: the quarantine of a failed node (infra/node_quarantine.py)
+        "ClusterRoleBinding",
         "EC2NodeClass",
         "LocalQueue",
         "Namespace",
@@ -67,6 +69,9 @@ def test_the_stack_creates_the_namespace_volume_claim_queue_and_node_objects(var
         "PersistentVolume",
         "PersistentVolumeClaim",
         "ResourceFlavor",
+        "ServiceAccount",  # `trainer`, which the stack's own jobs run as
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 

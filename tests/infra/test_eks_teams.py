@@ -24,7 +24,7 @@ from infra.eks_teams import (
     team_nodes,
 )
 from infra.iam import policy_text
-from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_prefix
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, team_directories, team_prefix
 
 TEAMS = ("vision", "language")
 
@@ -86,19 +86,29 @@ def test_each_team_namespace_has_the_stacks_local_queue_name_its_claim_and_servi
             "clusterQueue": cluster_queue_name(stack.config, team)
         }
     claims = {
-        c["metadata"]["namespace"]: c["spec"]["volumeName"] for c in objects(stack, "PersistentVolumeClaim")
+        (c["metadata"]["namespace"], c["metadata"]["name"]): c["spec"]["volumeName"]
+        for c in objects(stack, "PersistentVolumeClaim")
     }
     volumes = {v["metadata"]["name"]: v["spec"]["claimRef"] for v in objects(stack, "PersistentVolume")}
     for team in TEAMS:
-        assert volumes[claims[team_namespace(team)]] == {"namespace": team_namespace(team), "name": "fsx"}
+        for claim in team_directories(team):
+            assert volumes[claims[(team_namespace(team), claim)]] == {
+                "namespace": team_namespace(team),
+                "name": claim,
+            }
     accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in objects(stack, "ServiceAccount")}
-    assert accounts == {(team_namespace(t), TEAM_SERVICE_ACCOUNT) for t in TEAMS}
+    # Each team's, and the stack namespace's own (infra/cluster_software.py).
+    assert accounts == {(team_namespace(t), TEAM_SERVICE_ACCOUNT) for t in TEAMS} | {
+        ("trainstack", TEAM_SERVICE_ACCOUNT)
+    }
     assert stack.plan.outputs["team_namespaces"] == {t: team_namespace(t) for t in TEAMS}
 
 
 def test_a_jobset_without_a_queue_is_refused_in_team_namespaces(stack):
-    (policy,) = objects(stack, "ValidatingAdmissionPolicy")
-    (binding,) = objects(stack, "ValidatingAdmissionPolicyBinding")
+    (policy,) = [p for p in objects(stack, "ValidatingAdmissionPolicy") if "queue" in p["metadata"]["name"]]
+    (binding,) = [
+        b for b in objects(stack, "ValidatingAdmissionPolicyBinding") if "queue" in b["metadata"]["name"]
+    ]
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["jobsets"]
     assert "kueue.x-k8s.io/queue-name" in policy["spec"]["validations"][0]["expression"]
     assert binding["spec"]["validationActions"] == ["Deny"]

@@ -4,6 +4,7 @@ offline preview when the stack has no outputs to give."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 
 import pytest
@@ -81,24 +82,32 @@ def test_eks_render_prints_a_jobset_the_pinned_crd_accepts_with_no_aws_call(tmp_
     assert jobset_errors(jobset) == []
 
 
-def test_without_outputs_render_uses_the_offline_preview_of_the_stack_file():
-    result = subprocess.run(
-        [
-            "make",
-            "-s",
-            "--no-print-directory",
-            "render",
-            "STACK=dev",
-            f"IMAGE={IMAGE_TAG}",
-            "RUN=llama-dev",
-            "ARGS=" + " ".join(DATA),
-        ],
+def readme_render(stack: str) -> list[str]:
+    """The README's `make render STACK=<stack>` line, as a shell would split it (README, "make render")."""
+    marker = "tests/jobs/test_render.py runs each line of this block"
+    block = (ROOT / "README.md").read_text().split(marker, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    (line,) = [
+        line for line in block.splitlines() if shlex.split(line)[:3] == ["make", "render", f"STACK={stack}"]
+    ]
+    return shlex.split(line)
+
+
+def make_as_written(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [argv[0], "-s", "--no-print-directory", *argv[1:]],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},  # no Pulumi CLI on this PATH
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(ROOT),
+        },  # no Pulumi CLI on this PATH: the stack has no outputs
     )
+
+
+def test_the_readmes_make_render_on_dev_prints_the_request_from_the_offline_preview():
+    result = make_as_written(readme_render("dev"))
     assert result.returncode == 0, result.stderr
     assert "using the offline preview of Pulumi.dev.yaml" in result.stderr
     request = json.loads(result.stdout)
@@ -106,16 +115,9 @@ def test_without_outputs_render_uses_the_offline_preview_of_the_stack_file():
     assert request["nodeOverrides"]["numNodes"] == 1
 
 
-def test_make_render_eks_dev_prints_a_teams_jobset_from_the_offline_preview():
+def test_the_readmes_make_render_on_eks_dev_prints_a_teams_jobset_from_the_offline_preview():
     # eks-dev is shared by teams (docs/eks.md#teams): a job is a team's, its data under the team's prefix.
-    data = "/fsx/datasets/teams/vision/corpus/corpus"
-    team_data = f"--set data.prefixes=[{data}] --set data.tokenizer_path={data}.tokenizer.json"
-    result = subprocess.run(
-        ["make", "-s", "--no-print-directory", "render", "STACK=eks-dev", f"IMAGE={IMAGE_TAG}", "RUN=llama-eks",
-         "TEAM=vision", "ARGS=" + team_data],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)},  # no Pulumi CLI: the stack has no outputs to give
-    )  # fmt: skip
+    result = make_as_written(readme_render("eks-dev"))
     assert result.returncode == 0, result.stderr
     assert "using the offline preview of Pulumi.eks-dev.yaml" in result.stderr
     jobset = yaml.safe_load(result.stdout)
@@ -131,8 +133,9 @@ def test_make_render_eks_dev_prints_a_teams_jobset_from_the_offline_preview():
     )
     assert jobset["metadata"]["labels"]["team"] == "vision"
     assert job["template"]["spec"]["serviceAccountName"] == TEAM_SERVICE_ACCOUNT
+    run = jobset["metadata"]["name"]
     assert (
-        "logging.run_dir=/fsx/checkpoints/teams/vision/llama-eks"
+        f"logging.run_dir=/fsx/checkpoints/teams/vision/{run}"
         in job["template"]["spec"]["containers"][0]["args"]
     )
 

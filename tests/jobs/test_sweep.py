@@ -250,7 +250,12 @@ def test_an_eks_sweep_is_one_indexed_jobset_and_a_rerun_follows_it(teams_stack, 
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"  # one worker a node
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRAINSTACK_SWEEP"] == "lr" and env["TRAINSTACK_IMAGE_TAG"] == IMAGE_TAG
-    assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx"}} in pod["volumes"]
+    # The team's own directories only (infra/eks_teams.py team_volumes): the journal under its checkpoints one.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/fsx/checkpoints/teams/vision"] == "fsx-checkpoints" and "/fsx" not in mounts
+    assert {"name": "fsx-checkpoints", "persistentVolumeClaim": {"claimName": "fsx-checkpoints"}} in pod[
+        "volumes"
+    ]
 
     # The driver run again while the workers run: the JobSet is found in the team's namespace and followed.
     held = api_server.namespaces["team-vision"]["sweep-lr"]

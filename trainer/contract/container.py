@@ -12,6 +12,8 @@ FSX_MOUNT: str = _SETTINGS["TRAINSTACK_FSX_MOUNT"]  # the same path on the host 
 DATASETS_DIR: str = _SETTINGS["TRAINSTACK_DATASETS_DIR"]  # linked to the datasets bucket (auto-import)
 # Linked to the checkpoints bucket (auto-export).
 CHECKPOINTS_DIR: str = _SETTINGS["TRAINSTACK_CHECKPOINT_ROOT"]
+# The image's user and group (image/Dockerfile USER): a pod runs as them (trainer/jobs/jobset.py), not as root.
+CONTAINER_UID: int = int(_SETTINGS["TRAINSTACK_UID"])
 DEFAULT_CONFIG: str = _SETTINGS["TRAINSTACK_DEFAULT_CONFIG"]  # relative to the image's working directory
 DEFAULT_COMMAND: list[str] = ["train", "--config", DEFAULT_CONFIG]
 # After SIGTERM, how long the ranks get to save and exit before the supervisor kills them.

@@ -17,3 +17,13 @@ GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSched
 # Kueue evicts and requeues an admitted job whose pods are not all ready within this long (its waitForPodsReady
 # timeout, infra/cluster_software.py): the most node start-up one attempt of a job pays on an EKS stack.
 PODS_READY_TIMEOUT_MINUTES = 30
+
+# A node whose preflight failed taints itself with this before it leaves (trainer/preflight/quarantine.py): no pod
+# tolerates it, so a JobSet restart cannot land there again; the admission policy in infra/node_quarantine.py lets a
+# job's pod add only this, and only to the node it runs on.
+QUARANTINE_TAINT = {"key": "trainstack.dev/preflight-failed", "value": "true", "effect": "NoSchedule"}
+# The node a JobSet pod runs on, from the downward API (spec.nodeName; trainer/jobs/jobset.py).
+NODE_NAME_ENV = "TRAINSTACK_NODE_NAME"
+# Karpenter labels every node it makes with its NodePool (Karpenter concepts/scheduling.md, well-known labels); only
+# such a node is deleted on quarantine, since Karpenter's finalizer then terminates its instance.
+KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"

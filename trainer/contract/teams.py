@@ -29,6 +29,12 @@ def team_prefix(team: str) -> str:
     return f"{TEAMS_PREFIX}{team}/"
 
 
+def team_namespace(team: str) -> str:
+    """A team's Kubernetes namespace on EKS, `team-<name>`: a team named like a system namespace (kube-system)
+    cannot land in it."""
+    return f"team-{team}"
+
+
 def team_root(team: str | None) -> str:
     """The part of a bucket (and of /fsx) that is `team`'s: `teams/<team>/`, or the root ("") for no team."""
     return team_prefix(team) if team and team != STACK_TEAM else ""
@@ -44,3 +50,14 @@ def job_team(tags: dict[str, str] | None) -> str | None:
     """The team whose job this is, from its tags; None for the stack's own jobs."""
     team = (tags or {}).get(TEAM_TAG)
     return team if team and team != STACK_TEAM else None
+
+
+# A team's part of /fsx on EKS: each of its two directories is its own volume, a Lustre fileset mount of that
+# directory alone (infra/eks_teams.py), at the same path in the container as on the whole file system, so the
+# container contract's paths hold and nothing above them is mounted. (claim name, directory below /fsx.)
+TEAM_CLAIMS = (("fsx-datasets", "datasets"), ("fsx-checkpoints", "checkpoints"))
+
+
+def team_directories(team: str) -> dict[str, str]:
+    """claim -> the team's directory below /fsx (`datasets/teams/<team>`, `checkpoints/teams/<team>`)."""
+    return {claim: f"{top}/{team_prefix(team).rstrip('/')}" for claim, top in TEAM_CLAIMS}

@@ -18,13 +18,14 @@ from trainer.aws.outputs import StackOutputs
 from trainer.contract.catalog import InstanceType, instance_type
 from trainer.contract.container import (
     CHECKPOINTS_DIR,
+    CONTAINER_UID,
     FSX_MOUNT,
     JOBSET_NAME_ENV,
     NUM_NODES_ENV,
     PURCHASE_OPTION_ENV,
     STOP_TIMEOUT_MARGIN_SECONDS,
 )
-from trainer.contract.gpu_nodes import GPU_TOLERATION
+from trainer.contract.gpu_nodes import GPU_TOLERATION, NODE_NAME_ENV
 from trainer.contract.image import efa_environment
 from trainer.contract.jobset import (
     JOBSET_NAME_KEY,
@@ -35,7 +36,7 @@ from trainer.contract.jobset import (
 )
 from trainer.contract.outputs import PURCHASE_OPTION_OUTPUT
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
-from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG
+from trainer.contract.teams import TEAM_SERVICE_ACCOUNT, TEAM_TAG, team_directories
 from trainer.jobs.teams import job_namespace
 from trainer.monitoring.cloudwatch import JOB_QUEUE_ENV
 
@@ -150,16 +151,20 @@ def jobset_manifest(
         + [
             {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}}
             for name, key in from_annotation.items()
-        ],
+        ]
+        # The node, for the preflight's quarantine of a node that fails it (trainer/preflight/quarantine.py).
+        + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
         "resources": {"requests": {**devices, "memory": MEMORY_REQUEST}, "limits": devices},
-        "volumeMounts": [
-            {"name": "fsx", "mountPath": FSX_MOUNT},
-            {"name": "shm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": [*fsx_mounts(team), {"name": "shm", "mountPath": "/dev/shm"}],
+        # What the restricted Pod Security level requires of a container (Kubernetes "Pod Security Standards",
+        # restricted: allowPrivilegeEscalation false, every capability dropped); a team namespace enforces it.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec = {
-        # A team's pods run as its service account, whose Pod Identity reads only its S3 prefix (infra/eks_teams.py).
-        **({"serviceAccountName": TEAM_SERVICE_ACCOUNT} if team else {}),
+        # A job's pods run as the namespace's `trainer` service account, never `default`: a team's has a Pod Identity
+        # that reads only its S3 prefix (infra/eks_teams.py); both may quarantine their own node
+        # (infra/node_quarantine.py).
+        "serviceAccountName": TEAM_SERVICE_ACCOUNT,
         "restartPolicy": "Never",  # a podFailurePolicy needs it; restarts are the JobSet's
         # Above the trainer's SIGTERM grace, by the margin the Batch nodes' ECS stop timeout keeps
         # (trainer/contract/container.py), so a cancelled or preempted pod saves before SIGKILL.
@@ -167,9 +172,17 @@ def jobset_manifest(
         "nodeSelector": {INSTANCE_TYPE_LABEL: instance.name},
         # The GPU nodes are tainted for the pods meant for them (trainer/contract/gpu_nodes.py).
         "tolerations": [dict(GPU_TOLERATION)],
+        # Not root, as the image (image/Dockerfile USER), and the runtime's default seccomp profile: the rest of
+        # the restricted level (runAsNonRoot, seccompProfile RuntimeDefault or Localhost).
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": CONTAINER_UID,
+            "runAsGroup": CONTAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": [
-            {"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}},
+            *fsx_volumes(outputs, team),
             # PyTorch data workers and NCCL's intra-node transport live in /dev/shm: an eighth of the node's
             # memory, as the Batch job definition gives (infra/cluster.py sharedMemorySize).
             {
@@ -232,6 +245,25 @@ def jobset_manifest(
             "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec}}],
         },
     }
+
+
+def fsx_mounts(team: str | None) -> list[dict[str, str]]:
+    """The stack's whole file system at /fsx; for a team, its two directories only, each at its own path
+    (trainer/contract/teams.py TEAM_CLAIMS: the team's volumes are Lustre filesets of those directories)."""
+    if not team:
+        return [{"name": "fsx", "mountPath": FSX_MOUNT}]
+    return [
+        {"name": claim, "mountPath": f"{FSX_MOUNT}/{directory}"}
+        for claim, directory in team_directories(team).items()
+    ]
+
+
+def fsx_volumes(outputs: StackOutputs, team: str | None) -> list[dict[str, Any]]:
+    if not team:
+        return [{"name": "fsx", "persistentVolumeClaim": {"claimName": outputs["fsx_claim"]}}]
+    return [
+        {"name": claim, "persistentVolumeClaim": {"claimName": claim}} for claim in team_directories(team)
+    ]
 
 
 def termination_grace_seconds(stop_grace_seconds: int) -> int:

@@ -5,8 +5,9 @@ completion mode Indexed). The node count is TRAINSTACK_NUM_NODES, set by the sub
 store at its pod DNS name `<jobset>-<replicated job>-0-0.<subdomain>`: JobSet names Jobs `<jobset>-<rjob>-<job
 index>` and the Indexed Job's pods `<job>-<completion index>`, under a headless service named after the JobSet
 (kubernetes-sigs/jobset v0.12.0 pkg/controllers/jobset_controller.go GenJobName, GetSubdomain). That name can
-resolve seconds after the pods start (pytorch/pytorch#73682: TCPStore treats an unresolvable host as fatal), so
-the lookup is retried before torchrun starts.
+resolve seconds after the pods start (pytorch/pytorch#73682: TCPStore treats an unresolvable host as fatal), or
+only once node 0's pod is placed, so the lookup is retried before torchrun starts, for longer than Kueue waits for
+the job's pods to be ready.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ import time
 from collections.abc import Callable, Mapping
 
 from trainer.contract.container import JOBSET_NAME_ENV, NUM_NODES_ENV
+from trainer.contract.gpu_nodes import PODS_READY_TIMEOUT_MINUTES
 from trainer.contract.jobset import COMPLETION_INDEX_ENV, REPLICATED_JOB_ENV, leader_host
 from trainer.distributed.torchrun import LaunchError, Rendezvous
 
-# Kueue admits every pod together, but the DNS record can lag the pod by tens of seconds on a busy cluster.
-DNS_ATTEMPTS = 30
+# Node rank 0's name resolves once its pod has an address (publishNotReadyAddresses), so a follower waits for it
+# as long as Kueue waits for the job's pods, and a bit longer: Karpenter starts a job's nodes one by one
+# (kubernetes-sigs/karpenter issue 3138), and while node 0's pod is pending it is Kueue's waitForPodsReady that
+# evicts and requeues the whole job (infra/cluster_software.py kueue_config). A follower giving up first would
+# exit, fail its Job and, through the JobSet's FailJobSet rule, fail the run for good instead of requeueing it.
 DNS_DELAY_S = 2.0
+DNS_WAIT_MARGIN_S = 300
+DNS_ATTEMPTS = int((PODS_READY_TIMEOUT_MINUTES * 60 + DNS_WAIT_MARGIN_S) / DNS_DELAY_S)
 
 
 def in_jobset(env: Mapping[str, str]) -> bool:

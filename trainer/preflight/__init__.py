@@ -9,5 +9,5 @@ nccl_log    NCCL's and aws-ofi-nccl's INFO lines: the network and provider chose
 netplugin   whether NCCL finds the network plugin image/efa.env asks for (also run by the image build)
 pairwise    below the bandwidth floor, which node is slow (pairs in rounds)
 storage     whether the checkpoint root is the shared Lustre file system; cross-node tokens
-quarantine  a node that failed its own checks leaves service (Auto Scaling unhealthy)
+quarantine  a node that failed its own checks leaves service (Auto Scaling unhealthy; on EKS tainted, deleted)
 """

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from trainer.contract.catalog import ALLREDUCE_MESSAGE_BYTES, InstanceType, instance_type
 from trainer.contract.container import FSX_MOUNT
+from trainer.contract.gpu_nodes import NODE_NAME_ENV
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_EXIT_CODE as NODE_FAULT  # a node unfit to train
 from trainer.preflight.checks import (
@@ -180,13 +181,16 @@ def _exit_status(rows: list[dict]) -> int:
     return 1 if any(row["status"] == FAILED for row in rows) else 0
 
 
-def _take_out_of_service(checks: list[Check]) -> Check | None:
-    """On a node with a fault of its own, in Batch: leave service. Returns the check that says what happened."""
+def _take_out_of_service(checks: list[Check], node_name: str | None = None) -> Check | None:
+    """On a node with a fault of its own, in Batch or (with its node's name) in a JobSet pod: leave service.
+    Returns the check that says what happened."""
     if not any(c.status == FAILED and c.node_fault for c in checks):
         return None
-    from trainer.preflight.quarantine import instance_identity, take_out_of_service
+    from trainer.preflight.quarantine import instance_identity, quarantine_node, take_out_of_service
 
     try:
+        if node_name:
+            return Check("out of service", OK, quarantine_node(node_name), node_fault=True)
         instance_id, region = instance_identity()
         return Check("out of service", OK, take_out_of_service(instance_id, region), node_fault=True)
     except Exception as error:  # reported, never raised: the job must still exit with the retry code
@@ -235,7 +239,12 @@ def main(args: argparse.Namespace) -> int:
         checks.append(_nccl_check(here, log_dir))
     shutil.rmtree(log_dir, ignore_errors=True)
     in_batch = "AWS_BATCH_JOB_ID" in os.environ and not args.no_quarantine
-    if here.local_rank == 0 and in_batch and (leaving := _take_out_of_service(checks)) is not None:
+    # A JobSet pod knows its node from the downward API (trainer/jobs/jobset.py).
+    node_name = None if args.no_quarantine else os.environ.get(NODE_NAME_ENV)
+    leaving = (
+        _take_out_of_service(checks, node_name) if here.local_rank == 0 and (in_batch or node_name) else None
+    )
+    if leaving is not None:
         checks.append(leaving)
     return _report(here, checks, dist)
 
