@@ -155,3 +155,16 @@ def test_top_k_top_p_and_min_p_keep_the_tokens_their_definitions_keep():
     assert kept(min_p=0.35) == [True, True, False, False]  # 0.15 < 0.35 * 0.5
     halved = sampling_distribution(logits, SamplingParams(max_tokens=1, temperature=0.5))
     assert torch.allclose(halved, torch.softmax(logits / 0.5, dim=-1))
+
+
+def test_min_tokens_over_max_tokens_is_refused_as_vllm_refuses_it(engine):
+    # vllm/sampling_params.py SamplingParams._verify_args: "min_tokens must be less than or equal to max_tokens".
+    with pytest.raises(Refusal) as refused:
+        check(COMPLETIONS, body(prompt="the tiger", max_tokens=2, min_tokens=3), engine)
+    assert refused.value.status == 400 and refused.value.param == "min_tokens"
+    assert "max_tokens=2" in refused.value.message
+    assert (
+        check(COMPLETIONS, body(prompt="the tiger", max_tokens=3, min_tokens=3), engine).params.min_tokens
+        == 3
+    )
+

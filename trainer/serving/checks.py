@@ -120,6 +120,15 @@ def check(path: str, raw: bytes, model: Model) -> Job:
             "messages" if path == CHAT else "prompt",
             "context_length_exceeded",
         )
+    if (
+        request.min_tokens > new
+    ):  # vllm/sampling_params.py SamplingParams._verify_args, against the max it serves
+        raise Refusal(
+            400,
+            f"'min_tokens': must be less than or equal to max_tokens={new}, got {request.min_tokens}",
+            "min_tokens",
+            "invalid_value",
+        )
     return Job(path, request, prompt, sampling(request, new, model.defaults), echo)
 
 
