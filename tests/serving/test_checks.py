@@ -168,3 +168,11 @@ def test_min_tokens_over_max_tokens_is_refused_as_vllm_refuses_it(engine):
         == 3
     )
 
+
+def test_an_empty_allowed_token_ids_is_refused_as_vllm_refuses_it(engine):
+    # vllm/v1/engine/processor.py _validate_sampling_params: "allowed_token_ids is not None and empty!"; an empty
+    # list masks every logit (a NaN draw when sampling).
+    with pytest.raises(Refusal) as refused:
+        check(COMPLETIONS, body(prompt="the tiger", allowed_token_ids=[]), engine)
+    assert refused.value.status == 400 and refused.value.param == "allowed_token_ids"
+
