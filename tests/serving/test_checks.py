@@ -176,3 +176,12 @@ def test_an_empty_allowed_token_ids_is_refused_as_vllm_refuses_it(engine):
         check(COMPLETIONS, body(prompt="the tiger", allowed_token_ids=[]), engine)
     assert refused.value.status == 400 and refused.value.param == "allowed_token_ids"
 
+
+def test_echo_of_a_token_id_prompt_is_its_decoded_text_as_vllm_echoes_it(engine):
+    # vllm/entrypoints/openai/serving_engine.py _normalize_prompt_tokens_to_input: the echoed prompt text is
+    # tokenizer.decode(input_ids) (after truncate_prompt_tokens).
+    ids = engine.tokenizer("the tiger plays")["input_ids"]
+    job = check(COMPLETIONS, body(prompt=ids, echo=True), engine)
+    assert job.echo == engine.tokenizer.decode(ids) and "the tiger plays" in job.echo
+    truncated = check(COMPLETIONS, body(prompt=ids, echo=True, truncate_prompt_tokens=2), engine)
+    assert truncated.echo == engine.tokenizer.decode(ids[-2:])

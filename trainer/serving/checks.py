@@ -53,6 +53,8 @@ class Model(Protocol):
 
     def render_chat(self, messages: list[dict], **template: Any) -> str: ...
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
 
 @dataclass(frozen=True)
 class Job:
@@ -110,6 +112,10 @@ def check(path: str, raw: bytes, model: Model) -> Job:
         requested = request.new_tokens()
     if request.truncate_prompt_tokens is not None:
         prompt = prompt[-request.truncate_prompt_tokens :]
+    if isinstance(request, CompletionRequest) and request.echo and isinstance(request.prompt, list):
+        # vllm/entrypoints/openai/serving_engine.py _normalize_prompt_tokens_to_input: token ids echo as
+        # tokenizer.decode(ids), after truncation.
+        echo = model.decode(prompt, skip_special_tokens=False)
     new = requested if requested is not None else model.context - len(prompt)
     if len(prompt) + new > model.context or new < 1:
         raise Refusal(
