@@ -185,3 +185,19 @@ def test_echo_of_a_token_id_prompt_is_its_decoded_text_as_vllm_echoes_it(engine)
     assert job.echo == engine.tokenizer.decode(ids) and "the tiger plays" in job.echo
     truncated = check(COMPLETIONS, body(prompt=ids, echo=True, truncate_prompt_tokens=2), engine)
     assert truncated.echo == engine.tokenizer.decode(ids[-2:])
+
+
+def test_a_chat_without_a_generation_prompt_answers_in_the_last_messages_role_as_vllm_does(engine):
+    # vllm/entrypoints/openai/serving_chat.py get_chat_request_role: the response role is the last message's when
+    # add_generation_prompt is false, and echo prepends the last message when its role is the response's.
+    from trainer.serving.app import Answer
+    from trainer.serving.metrics import ServingMetrics
+
+    messages = [{"role": "user", "content": "the tiger"}]
+    job = check(CHAT, body(messages=messages, add_generation_prompt=False, echo=True, max_tokens=2), engine)
+    assert job.role == "user" and job.echo == "the tiger"
+    answer = Answer(job, engine, ServingMetrics({"run": "r", "job_id": "j", "model": "m"})).whole()
+    message = answer["choices"][0]["message"]
+    assert message["role"] == "user" and message["content"].startswith("the tiger")
+    usual = check(CHAT, body(messages=messages, echo=True, max_tokens=2), engine)
+    assert usual.role == "assistant" and usual.echo == ""

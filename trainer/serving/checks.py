@@ -65,6 +65,7 @@ class Job:
     prompt: list[int]
     params: SamplingParams
     echo: str = ""
+    role: str = "assistant"  # a chat answer's role
 
     def choices(self) -> list[SamplingParams]:
         """Choice i of n draws with seed + i (vllm/v1/engine/parallel_sampling.py `_get_child_sampling_params`)."""
@@ -97,6 +98,7 @@ def check(path: str, raw: bytes, model: Model) -> Job:
             400, f"'{field}' is not supported by this server: {why}", field, "unsupported_parameter"
         )
     _check_token_ids(request, model.vocab_size)
+    role = "assistant"
     if isinstance(request, CompletionRequest):
         # One string or one list of ids (CompletionRequest._prompt refuses a batch).
         given = cast("str | list[int]", request.prompt)
@@ -108,7 +110,10 @@ def check(path: str, raw: bytes, model: Model) -> Job:
         rendered = _rendered(request, model)
         prompt = model.completion_prompt(rendered, request.add_special_tokens)
         last = request.messages[-1]
-        echo = last.text() if request.echo and last.role == "assistant" else ""
+        # vllm serving_chat.py get_chat_request_role: without a generation prompt the answer continues the last
+        # message in its role; echo prepends the last message when it is in the answer's role.
+        role = "assistant" if request.add_generation_prompt else last.role
+        echo = last.text() if request.echo and last.role == role else ""
         requested = request.new_tokens()
     if request.truncate_prompt_tokens is not None:
         prompt = prompt[-request.truncate_prompt_tokens :]
@@ -135,7 +140,7 @@ def check(path: str, raw: bytes, model: Model) -> Job:
             "min_tokens",
             "invalid_value",
         )
-    return Job(path, request, prompt, sampling(request, new, model.defaults), echo)
+    return Job(path, request, prompt, sampling(request, new, model.defaults), echo, role)
 
 
 def _parsed(path: str, body: dict) -> CompletionRequest | ChatCompletionRequest:
