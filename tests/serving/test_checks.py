@@ -201,3 +201,11 @@ def test_a_chat_without_a_generation_prompt_answers_in_the_last_messages_role_as
     assert message["role"] == "user" and message["content"].startswith("the tiger")
     usual = check(CHAT, body(messages=messages, echo=True, max_tokens=2), engine)
     assert usual.role == "assistant" and usual.echo == ""
+
+
+def test_a_messages_name_reaches_the_chat_template_as_vllm_passes_it(engine):
+    # vllm/entrypoints/chat_utils.py _parse_chat_message_content: a message's "name" is kept for the template.
+    template = "{% for m in messages %}{{ m.get('name', 'nobody') }}: {{ m.content }}\n{% endfor %}"
+    messages = [{"role": "user", "content": "the tiger", "name": "ann"}]
+    job = check(CHAT, body(messages=messages, chat_template=template, max_tokens=1), engine)
+    assert engine.decode(job.prompt) == "ann: the tiger\n"

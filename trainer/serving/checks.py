@@ -172,7 +172,11 @@ def _rendered(request: ChatCompletionRequest, model: Model) -> str:
         template["chat_template"] = request.chat_template
     if request.documents is not None:
         template["documents"] = request.documents
-    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    # vllm/entrypoints/chat_utils.py _parse_chat_message_content keeps a message's name for the template.
+    messages = [
+        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
+        for m in request.messages
+    ]
     try:
         return model.render_chat(messages, **template)
     except Exception as error:  # a template's own error (jinja's, or raise_exception): the request's fault
