@@ -137,8 +137,9 @@ class Fake:
         config: str = "old-config",
         instances: int = 1,
         instance_type: str = "ml.g5.2xlarge",
+        status: str = "InService",
     ):
-        self.status("InService", config=config, instances=instances)
+        self.status(status, config=config, instances=instances)
         self.sm.add_response(
             "describe_endpoint_config",
             {
@@ -605,3 +606,13 @@ def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rol
     assert "differs from the one recorded at evaluation" in err and "ROLLBACK=1" in err
     [record] = ep.deployments(fake.clients, registry.versions, ENDPOINT)
     assert (record["version"], record["previous"]) == (newest, older)
+
+
+def test_a_failed_endpoint_is_not_live_and_is_refused_naming_the_only_way_out(world, capsys):
+    """botocore sagemaker DescribeEndpointOutput.EndpointStatus: "Failed: ... DeleteEndpoint is the only operation
+    that can be performed on a failed endpoint"; a first deploy that failed leaves its version's Model behind."""
+    fake, registry, (_, newest), _ = world
+    fake.live(newest, status="Failed")
+    assert fake.run(registry, model=newest) == 2  # no create or update stubbed: none is called
+    err = capsys.readouterr().err
+    assert f"{ENDPOINT} is Failed" in err and "DeleteEndpoint" in err and "nothing to do" not in err
