@@ -616,3 +616,31 @@ def test_a_failed_endpoint_is_not_live_and_is_refused_naming_the_only_way_out(wo
     assert fake.run(registry, model=newest) == 2  # no create or update stubbed: none is called
     err = capsys.readouterr().err
     assert f"{ENDPOINT} is Failed" in err and "DeleteEndpoint" in err and "nothing to do" not in err
+
+
+def test_the_docs_name_every_permission_the_deploy_verb_uses():
+    """docs/serving-stack.md lists what the workflow's role needs for make deploy: every API the verb calls
+    (trainer/deploy/), and what AWS asks besides: sagemaker:AddTags for Tags on create, iam:PassRole on the
+    execution role, iam:CreateServiceLinkedRole for Application Auto Scaling's role (SageMaker Developer Guide,
+    "Auto scaling prerequisites"), kms:CreateGrant on the key the EndpointConfig names (CreateEndpointConfig
+    KmsKeyId: "The KMS key policy must grant permission to the IAM role that you specify in your CreateEndpoint,
+    UpdateEndpoint requests")."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    prefix = {
+        "sagemaker": "sagemaker",
+        "runtime": "sagemaker",
+        "cloudwatch": "cloudwatch",
+        "autoscaling": "application-autoscaling",
+    }
+    calls = {
+        f"{prefix[client]}:{''.join(word.title() for word in op.split('_'))}"
+        for path in (root / "trainer" / "deploy").glob("*.py")
+        for client, op in re.findall(r"clients\.(\w+)\.(\w+)\(", path.read_text())
+        if client in prefix
+    }
+    needed = calls | {"sagemaker:AddTags", "iam:PassRole", "iam:CreateServiceLinkedRole", "kms:CreateGrant"}
+    doc = (root / "docs" / "serving-stack.md").read_text()
+    assert sorted(action for action in needed if f"`{action}`" not in doc) == []
