@@ -209,3 +209,17 @@ def test_a_messages_name_reaches_the_chat_template_as_vllm_passes_it(engine):
     messages = [{"role": "user", "content": "the tiger", "name": "ann"}]
     job = check(CHAT, body(messages=messages, chat_template=template, max_tokens=1), engine)
     assert engine.decode(job.prompt) == "ann: the tiger\n"
+
+
+def test_chat_template_kwargs_override_the_requests_template_fields_as_in_vllm(engine):
+    # vllm/entrypoints/openai/serving_engine.py _preprocess_chat: the template's kwargs are the request's
+    # add_generation_prompt, continue_final_message, documents and chat_template, then chat_template_kwargs on top.
+    messages = [{"role": "user", "content": "the tiger"}]
+    closed = check(CHAT, body(messages=messages, add_generation_prompt=False, max_tokens=1), engine).prompt
+    overridden = check(
+        CHAT,
+        body(messages=messages, chat_template_kwargs={"add_generation_prompt": False}, max_tokens=1),
+        engine,
+    ).prompt
+    assert overridden == closed
+    assert check(CHAT, body(messages=messages, max_tokens=1), engine).prompt != closed

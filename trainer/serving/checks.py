@@ -163,15 +163,17 @@ def _parsed(path: str, body: dict) -> CompletionRequest | ChatCompletionRequest:
 
 
 def _rendered(request: ChatCompletionRequest, model: Model) -> str:
-    template: dict[str, Any] = dict(request.chat_template_kwargs or {})
-    template.update(
-        add_generation_prompt=request.add_generation_prompt,
-        continue_final_message=request.continue_final_message,
-    )
+    # vllm/entrypoints/openai/serving_engine.py _preprocess_chat: the request's template fields, then
+    # chat_template_kwargs over them.
+    template: dict[str, Any] = {
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+    }
     if request.chat_template is not None:
         template["chat_template"] = request.chat_template
     if request.documents is not None:
         template["documents"] = request.documents
+    template.update(request.chat_template_kwargs or {})
     # vllm/entrypoints/chat_utils.py _parse_chat_message_content keeps a message's name for the template.
     messages = [
         {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
