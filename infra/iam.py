@@ -36,6 +36,15 @@ KARPENTER_DISCOVERY_ACTIONS = (
 )
 KARPENTER_UNSCOPED_ACTIONS = ("pricing:GetProducts", "iam:ListInstanceProfiles")
 # Actions without resource-level permissions: AWS accepts them only with "Resource": "*".
+# An endpoint in a VPC looks up its network (SageMaker Developer Guide, "Give SageMaker AI Hosted Endpoints Access to
+# Resources in Your Amazon VPC"); EC2's Describe actions name no resource type.
+SAGEMAKER_VPC_DESCRIBE_ACTIONS = (
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeVpcs",
+)
 WILDCARD_RESOURCE_ACTIONS = (
     "ecr:GetAuthorizationToken",
     "ecs:DiscoverPollEndpoint",
@@ -52,13 +61,7 @@ WILDCARD_RESOURCE_ACTIONS = (
     *BATCH_READ_ACTIONS,
     *KARPENTER_DISCOVERY_ACTIONS,
     *KARPENTER_UNSCOPED_ACTIONS,
-    # An endpoint in a VPC looks up its network (SageMaker Developer Guide, "Give SageMaker AI Hosted Endpoints
-    # Access to Resources in Your Amazon VPC"); EC2's Describe actions name no resource type.
-    "ec2:DescribeDhcpOptions",
-    "ec2:DescribeNetworkInterfaces",
-    "ec2:DescribeSecurityGroups",
-    "ec2:DescribeSubnets",
-    "ec2:DescribeVpcs",
+    *SAGEMAKER_VPC_DESCRIBE_ACTIONS,
 )
 # What a node that fails its preflight does to itself (trainer/preflight/quarantine.py): mark itself Unhealthy in the
 # Auto Scaling group Batch runs it in, or terminate itself where it is in none.

@@ -30,7 +30,7 @@ import pulumi_aws as aws
 from infra.config import ServingConfig, StackConfig
 from infra.iam import (
     ECR_PULL_ACTIONS,
-    WILDCARD_RESOURCE_ACTIONS,
+    SAGEMAKER_VPC_DESCRIBE_ACTIONS,
     allow,
     policy_document,
     service_trust_policy,
@@ -60,10 +60,9 @@ ENI_ACTIONS = [
     "ec2:DeleteNetworkInterface",
     "ec2:DeleteNetworkInterfacePermission",
 ]
-# ... and the Describe actions, which name no resource type (listed in infra/iam.py WILDCARD_RESOURCE_ACTIONS).
-ENI_DESCRIBE_ACTIONS = [
-    a for a in WILDCARD_RESOURCE_ACTIONS if a.startswith("ec2:Describe") and a != "ec2:DescribeTags"
-]
+# ... and the Describe actions, which name no resource type: only the VPC guide's five (every ec2:Describe* of
+# WILDCARD_RESOURCE_ACTIONS would hand the role Karpenter's instance, image and price discovery too).
+ENI_DESCRIBE_ACTIONS = list(SAGEMAKER_VPC_DESCRIBE_ACTIONS)
 # Its log group exists (the stack creates it): streams and events only.
 ENDPOINT_LOG_ACTIONS = ["logs:CreateLogStream", "logs:PutLogEvents"]
 

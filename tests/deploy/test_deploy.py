@@ -137,8 +137,9 @@ class Fake:
         config: str = "old-config",
         instances: int = 1,
         instance_type: str = "ml.g5.2xlarge",
+        status: str = "InService",
     ):
-        self.status("InService", config=config, instances=instances)
+        self.status(status, config=config, instances=instances)
         self.sm.add_response(
             "describe_endpoint_config",
             {
@@ -496,13 +497,15 @@ def test_the_verbs_requests_hold_to_the_policy_packs_endpoint_rules(world):
 
 
 def test_the_served_length_is_what_the_kv_cache_holds_beside_the_weights():
-    """Llama 3.1 8B on one A10G (24 GiB): 90 % of it (vLLM's gpu_memory_utilization), less 2 GiB, less 16 GB of
-    weights, leaves room for about 38,000 tokens at 128 KiB each (2 x 32 layers x 8 heads x 128 x 2 bytes), not
-    the 131,072 its config would give vLLM, which then refuses to start. Eight A100s of 40 GiB hold all of it."""
+    """Llama 3.1 8B on one A10G (23,028 MiB, what nvidia-smi and torch.cuda.mem_get_info report and vLLM takes
+    gpu_memory_utilization of; AWS's "24 GB" is not 24 GiB): 90 % of it, less 2 GiB, less 16 GB of weights, leaves
+    room for about 26,900 tokens at 128 KiB each (2 x 32 layers x 8 heads x 128 x 2 bytes), not the 131,072 its
+    config would give vLLM, which then refuses to start. Eight A100s of 40 GiB hold all of it."""
     g5, p4d = SERVING_INSTANCES["ml.g5.2xlarge"], SERVING_INSTANCES["ml.p4d.24xlarge"]
+    assert g5.gpu_memory_gib * 1024 == 23_028  # MiB, not 24 x 1024
     on_g5 = max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, g5.gpus, g5.gpu_memory_gib)
-    assert on_g5 == int((24 * 2**30 * 0.9 - 2 * 2**30 - LLAMA_31_8B_WEIGHTS) // (2 * 32 * 8 * 128 * 2))
-    assert 30_000 < on_g5 < 131_072
+    assert on_g5 == int((23_028 * 2**20 * 0.9 - 2 * 2**30 - LLAMA_31_8B_WEIGHTS) // (2 * 32 * 8 * 128 * 2))
+    assert 26_000 < on_g5 < 28_000
     assert max_model_len(LLAMA_31_8B, LLAMA_31_8B_WEIGHTS, p4d.gpus, p4d.gpu_memory_gib) == 131_072
     # 70B's weights (140 GB) do not fit an A10G at all: the deploy is refused before any call.
     assert max_model_len(LLAMA_31_8B, 140 * 10**9, g5.gpus, g5.gpu_memory_gib) == 0
@@ -605,3 +608,41 @@ def test_a_version_live_with_a_wrong_smoke_answer_exits_1_and_is_recorded_so_rol
     assert "differs from the one recorded at evaluation" in err and "ROLLBACK=1" in err
     [record] = ep.deployments(fake.clients, registry.versions, ENDPOINT)
     assert (record["version"], record["previous"]) == (newest, older)
+
+
+def test_a_failed_endpoint_is_not_live_and_is_refused_naming_the_only_way_out(world, capsys):
+    """botocore sagemaker DescribeEndpointOutput.EndpointStatus: "Failed: ... DeleteEndpoint is the only operation
+    that can be performed on a failed endpoint"; a first deploy that failed leaves its version's Model behind."""
+    fake, registry, (_, newest), _ = world
+    fake.live(newest, status="Failed")
+    assert fake.run(registry, model=newest) == 2  # no create or update stubbed: none is called
+    err = capsys.readouterr().err
+    assert f"{ENDPOINT} is Failed" in err and "DeleteEndpoint" in err and "nothing to do" not in err
+
+
+def test_the_docs_name_every_permission_the_deploy_verb_uses():
+    """docs/serving-stack.md lists what the workflow's role needs for make deploy: every API the verb calls
+    (trainer/deploy/), and what AWS asks besides: sagemaker:AddTags for Tags on create, iam:PassRole on the
+    execution role, iam:CreateServiceLinkedRole for Application Auto Scaling's role (SageMaker Developer Guide,
+    "Auto scaling prerequisites"), kms:CreateGrant on the key the EndpointConfig names (CreateEndpointConfig
+    KmsKeyId: "The KMS key policy must grant permission to the IAM role that you specify in your CreateEndpoint,
+    UpdateEndpoint requests")."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    prefix = {
+        "sagemaker": "sagemaker",
+        "runtime": "sagemaker",
+        "cloudwatch": "cloudwatch",
+        "autoscaling": "application-autoscaling",
+    }
+    calls = {
+        f"{prefix[client]}:{''.join(word.title() for word in op.split('_'))}"
+        for path in (root / "trainer" / "deploy").glob("*.py")
+        for client, op in re.findall(r"clients\.(\w+)\.(\w+)\(", path.read_text())
+        if client in prefix
+    }
+    needed = calls | {"sagemaker:AddTags", "iam:PassRole", "iam:CreateServiceLinkedRole", "kms:CreateGrant"}
+    doc = (root / "docs" / "serving-stack.md").read_text()
+    assert sorted(action for action in needed if f"`{action}`" not in doc) == []

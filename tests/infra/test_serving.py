@@ -64,6 +64,21 @@ def test_the_role_pulls_the_pinned_image_and_manages_enis_in_the_private_subnets
     assert found["WriteEndpointLogs"]["Action"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
 
 
+def test_the_roles_unscoped_actions_are_only_the_network_lookups_an_endpoint_in_a_vpc_makes(stack):
+    """SageMaker Developer Guide, "Give SageMaker AI Hosted Endpoints Access to Resources in Your Amazon VPC": the
+    Describe actions an endpoint's role needs; not Karpenter's instance, image and price discovery."""
+    unscoped = statements(stack)["AwsRequiresWildcardResource"]
+    assert unscoped["Resource"] == ["*"]
+    assert sorted(unscoped["Action"]) == [
+        "ec2:DescribeDhcpOptions",
+        "ec2:DescribeNetworkInterfaces",
+        "ec2:DescribeSecurityGroups",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeVpcs",
+        "ecr:GetAuthorizationToken",
+    ]
+
+
 def test_the_role_reads_the_rollback_alarms_deployment_guardrails_watch(stack):
     """SageMaker Developer Guide, "Auto-Rollback Configuration and Monitoring": the execution role needs
     cloudwatch:DescribeAlarms on the auto-rollback alarms; exactly those the outputs name."""

@@ -155,3 +155,71 @@ def test_top_k_top_p_and_min_p_keep_the_tokens_their_definitions_keep():
     assert kept(min_p=0.35) == [True, True, False, False]  # 0.15 < 0.35 * 0.5
     halved = sampling_distribution(logits, SamplingParams(max_tokens=1, temperature=0.5))
     assert torch.allclose(halved, torch.softmax(logits / 0.5, dim=-1))
+
+
+def test_min_tokens_over_max_tokens_is_refused_as_vllm_refuses_it(engine):
+    # vllm/sampling_params.py SamplingParams._verify_args: "min_tokens must be less than or equal to max_tokens".
+    with pytest.raises(Refusal) as refused:
+        check(COMPLETIONS, body(prompt="the tiger", max_tokens=2, min_tokens=3), engine)
+    assert refused.value.status == 400 and refused.value.param == "min_tokens"
+    assert "max_tokens=2" in refused.value.message
+    assert (
+        check(COMPLETIONS, body(prompt="the tiger", max_tokens=3, min_tokens=3), engine).params.min_tokens
+        == 3
+    )
+
+
+def test_an_empty_allowed_token_ids_is_refused_as_vllm_refuses_it(engine):
+    # vllm/v1/engine/processor.py _validate_sampling_params: "allowed_token_ids is not None and empty!"; an empty
+    # list masks every logit (a NaN draw when sampling).
+    with pytest.raises(Refusal) as refused:
+        check(COMPLETIONS, body(prompt="the tiger", allowed_token_ids=[]), engine)
+    assert refused.value.status == 400 and refused.value.param == "allowed_token_ids"
+
+
+def test_echo_of_a_token_id_prompt_is_its_decoded_text_as_vllm_echoes_it(engine):
+    # vllm/entrypoints/openai/serving_engine.py _normalize_prompt_tokens_to_input: the echoed prompt text is
+    # tokenizer.decode(input_ids) (after truncate_prompt_tokens).
+    ids = engine.tokenizer("the tiger plays")["input_ids"]
+    job = check(COMPLETIONS, body(prompt=ids, echo=True), engine)
+    assert job.echo == engine.tokenizer.decode(ids) and "the tiger plays" in job.echo
+    truncated = check(COMPLETIONS, body(prompt=ids, echo=True, truncate_prompt_tokens=2), engine)
+    assert truncated.echo == engine.tokenizer.decode(ids[-2:])
+
+
+def test_a_chat_without_a_generation_prompt_answers_in_the_last_messages_role_as_vllm_does(engine):
+    # vllm/entrypoints/openai/serving_chat.py get_chat_request_role: the response role is the last message's when
+    # add_generation_prompt is false, and echo prepends the last message when its role is the response's.
+    from trainer.serving.app import Answer
+    from trainer.serving.metrics import ServingMetrics
+
+    messages = [{"role": "user", "content": "the tiger"}]
+    job = check(CHAT, body(messages=messages, add_generation_prompt=False, echo=True, max_tokens=2), engine)
+    assert job.role == "user" and job.echo == "the tiger"
+    answer = Answer(job, engine, ServingMetrics({"run": "r", "job_id": "j", "model": "m"})).whole()
+    message = answer["choices"][0]["message"]
+    assert message["role"] == "user" and message["content"].startswith("the tiger")
+    usual = check(CHAT, body(messages=messages, echo=True, max_tokens=2), engine)
+    assert usual.role == "assistant" and usual.echo == ""
+
+
+def test_a_messages_name_reaches_the_chat_template_as_vllm_passes_it(engine):
+    # vllm/entrypoints/chat_utils.py _parse_chat_message_content: a message's "name" is kept for the template.
+    template = "{% for m in messages %}{{ m.get('name', 'nobody') }}: {{ m.content }}\n{% endfor %}"
+    messages = [{"role": "user", "content": "the tiger", "name": "ann"}]
+    job = check(CHAT, body(messages=messages, chat_template=template, max_tokens=1), engine)
+    assert engine.decode(job.prompt) == "ann: the tiger\n"
+
+
+def test_chat_template_kwargs_override_the_requests_template_fields_as_in_vllm(engine):
+    # vllm/entrypoints/openai/serving_engine.py _preprocess_chat: the template's kwargs are the request's
+    # add_generation_prompt, continue_final_message, documents and chat_template, then chat_template_kwargs on top.
+    messages = [{"role": "user", "content": "the tiger"}]
+    closed = check(CHAT, body(messages=messages, add_generation_prompt=False, max_tokens=1), engine).prompt
+    overridden = check(
+        CHAT,
+        body(messages=messages, chat_template_kwargs={"add_generation_prompt": False}, max_tokens=1),
+        engine,
+    ).prompt
+    assert overridden == closed
+    assert check(CHAT, body(messages=messages, max_tokens=1), engine).prompt != closed

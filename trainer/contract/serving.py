@@ -135,15 +135,19 @@ SMOKE_METRIC = "SmokeMismatch"
 class ServingInstance:
     name: str
     gpus: int
-    gpu_memory_gib: int  # per GPU
+    gpu_memory_gib: (
+        float  # per GPU, as the device reports it (vLLM's gpu_memory_utilization is a share of that)
+    )
 
 
 # SageMaker ML instance types for the pool, those with a price in trainer/cost/prices.json "sagemaker-hosting"
-# (Amazon EC2 G5 and P4d instance pages: A10G 24 GB, A100 40 GB).
+# (Amazon EC2 G5 and P4d instance pages: A10G "24 GB", A100 40 GB). The A10G's "24 GB" is 23,028 MiB (22.5 GiB) as
+# nvidia-smi and torch.cuda.mem_get_info report it on a g5; read as 24 GiB it overstated the KV cache by 1.4 GiB
+# and so OPTION_MAX_MODEL_LEN by ~11,000 tokens of Llama 3.1 8B, past what vLLM then fits. A100-SXM4-40GB: 40,960 MiB.
 SERVING_INSTANCES = {
     i.name: i
     for i in (
-        ServingInstance("ml.g5.2xlarge", 1, 24),
+        ServingInstance("ml.g5.2xlarge", 1, 23_028 / 1024),
         ServingInstance("ml.p4d.24xlarge", 8, 40),
     )
 }

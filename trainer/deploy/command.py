@@ -69,6 +69,14 @@ def deploy(
 ) -> int:
     try:
         now = ep.live(clients, pool)
+        if now is not None and now.status == "Failed":
+            # botocore sagemaker DescribeEndpointOutput.EndpointStatus: "DeleteEndpoint is the only operation that
+            # can be performed on a failed endpoint"; its Model's version serves nothing.
+            raise ep.DeployError(
+                f"{pool.endpoint} is Failed (its reason: aws sagemaker describe-endpoint --endpoint-name "
+                f"{pool.endpoint}): DeleteEndpoint is the only operation SageMaker allows on it; delete it "
+                f"(aws sagemaker delete-endpoint --endpoint-name {pool.endpoint}) and deploy again"
+            )
         live = now.version if now is not None else None
         if rollback:
             history = [

@@ -45,7 +45,7 @@ RESERVE_BYTES_PER_GPU = 2 * 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
-def max_model_len(config: dict[str, Any], weight_bytes: int, gpus: int, gpu_memory_gib: int) -> int:
+def max_model_len(config: dict[str, Any], weight_bytes: int, gpus: int, gpu_memory_gib: float) -> int:
     """The longest sequence whose KV cache fits beside the weights on `gpus` GPUs (tensor parallel over all of
     them), at most the model's context (max_position_embeddings). vLLM refuses to start when one sequence of its
     max_model_len does not fit the KV cache ("larger than the maximum number of tokens that can be stored in KV

@@ -96,7 +96,7 @@ class Answer:
                 "finish_reason": steps[-1].finish_reason,
             }
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = {"role": self.job.role, "content": text}
             else:
                 choice["text"] = text
             choices.append(choice)
@@ -114,7 +114,7 @@ class Answer:
             for index, params in enumerate(self.job.choices()):
                 if self.chat:
                     yield self._event(
-                        [{"index": index, "delta": {"role": "assistant", "content": self.job.echo}}]
+                        [{"index": index, "delta": {"role": self.job.role, "content": self.job.echo}}]
                     )
                 elif self.job.echo:
                     yield self._event([{"index": index, "text": self.job.echo}])

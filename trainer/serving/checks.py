@@ -53,6 +53,8 @@ class Model(Protocol):
 
     def render_chat(self, messages: list[dict], **template: Any) -> str: ...
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
 
 @dataclass(frozen=True)
 class Job:
@@ -63,6 +65,7 @@ class Job:
     prompt: list[int]
     params: SamplingParams
     echo: str = ""
+    role: str = "assistant"  # a chat answer's role
 
     def choices(self) -> list[SamplingParams]:
         """Choice i of n draws with seed + i (vllm/v1/engine/parallel_sampling.py `_get_child_sampling_params`)."""
@@ -95,6 +98,7 @@ def check(path: str, raw: bytes, model: Model) -> Job:
             400, f"'{field}' is not supported by this server: {why}", field, "unsupported_parameter"
         )
     _check_token_ids(request, model.vocab_size)
+    role = "assistant"
     if isinstance(request, CompletionRequest):
         # One string or one list of ids (CompletionRequest._prompt refuses a batch).
         given = cast("str | list[int]", request.prompt)
@@ -106,10 +110,17 @@ def check(path: str, raw: bytes, model: Model) -> Job:
         rendered = _rendered(request, model)
         prompt = model.completion_prompt(rendered, request.add_special_tokens)
         last = request.messages[-1]
-        echo = last.text() if request.echo and last.role == "assistant" else ""
+        # vllm serving_chat.py get_chat_request_role: without a generation prompt the answer continues the last
+        # message in its role; echo prepends the last message when it is in the answer's role.
+        role = "assistant" if request.add_generation_prompt else last.role
+        echo = last.text() if request.echo and last.role == role else ""
         requested = request.new_tokens()
     if request.truncate_prompt_tokens is not None:
         prompt = prompt[-request.truncate_prompt_tokens :]
+    if isinstance(request, CompletionRequest) and request.echo and isinstance(request.prompt, list):
+        # vllm/entrypoints/openai/serving_engine.py _normalize_prompt_tokens_to_input: token ids echo as
+        # tokenizer.decode(ids), after truncation.
+        echo = model.decode(prompt, skip_special_tokens=False)
     new = requested if requested is not None else model.context - len(prompt)
     if len(prompt) + new > model.context or new < 1:
         raise Refusal(
@@ -120,7 +131,16 @@ def check(path: str, raw: bytes, model: Model) -> Job:
             "messages" if path == CHAT else "prompt",
             "context_length_exceeded",
         )
-    return Job(path, request, prompt, sampling(request, new, model.defaults), echo)
+    if (
+        request.min_tokens > new
+    ):  # vllm/sampling_params.py SamplingParams._verify_args, against the max it serves
+        raise Refusal(
+            400,
+            f"'min_tokens': must be less than or equal to max_tokens={new}, got {request.min_tokens}",
+            "min_tokens",
+            "invalid_value",
+        )
+    return Job(path, request, prompt, sampling(request, new, model.defaults), echo, role)
 
 
 def _parsed(path: str, body: dict) -> CompletionRequest | ChatCompletionRequest:
@@ -143,16 +163,22 @@ def _parsed(path: str, body: dict) -> CompletionRequest | ChatCompletionRequest:
 
 
 def _rendered(request: ChatCompletionRequest, model: Model) -> str:
-    template: dict[str, Any] = dict(request.chat_template_kwargs or {})
-    template.update(
-        add_generation_prompt=request.add_generation_prompt,
-        continue_final_message=request.continue_final_message,
-    )
+    # vllm/entrypoints/openai/serving_engine.py _preprocess_chat: the request's template fields, then
+    # chat_template_kwargs over them.
+    template: dict[str, Any] = {
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+    }
     if request.chat_template is not None:
         template["chat_template"] = request.chat_template
     if request.documents is not None:
         template["documents"] = request.documents
-    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    template.update(request.chat_template_kwargs or {})
+    # vllm/entrypoints/chat_utils.py _parse_chat_message_content keeps a message's name for the template.
+    messages = [
+        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
+        for m in request.messages
+    ]
     try:
         return model.render_chat(messages, **template)
     except Exception as error:  # a template's own error (jinja's, or raise_exception): the request's fault

@@ -115,6 +115,9 @@ class Common(BaseModel):
             raise ValueError("stream_options: only with stream=true")
         if any(not text for text in self.stops()):
             raise ValueError("stop: give non-empty strings")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            # vllm/v1/engine/processor.py _validate_sampling_params: "allowed_token_ids is not None and empty!"
+            raise ValueError("allowed_token_ids: give at least one token id, or leave it out")
         if self.top_k == 0:
             self.top_k = None  # vLLM: 0 (and -1) disable top-k
         for key, bias in (self.logit_bias or {}).items():
