@@ -83,10 +83,10 @@ def test_stack_gives_the_instance_type_and_node_count(capsys):
     assert status == 0
     printed = capsys.readouterr().out
     assert "on 4 x p5.48xlarge (32 x H100 80 GiB)" in printed
-    # the stack's inference pool (trainstack:serving: 1..2 ml.g5.2xlarge); prod is in us-west-2, which the price
+    # the stack's inference pool (trainstack:serving: 2..4 ml.g5.2xlarge); prod is in us-west-2, which the price
     # snapshot lacks: said so, not guessed (the priced line: tests/cost/test_pricing.py)
     assert (
-        "inference pool (trainstack:serving, docs/serving-stack.md): 1..2 x ml.g5.2xlarge: no SageMaker real-time "
+        "inference pool (trainstack:serving, docs/serving-stack.md): 2..4 x ml.g5.2xlarge: no SageMaker real-time "
         "inference price for ml.g5.2xlarge in us-west-2"
     ) in " ".join(printed.split())
 
