@@ -3,17 +3,37 @@ boto3's own; the region is the stack's, where its resources live."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 from urllib.parse import quote
 
 import boto3
+import botocore.session
 from botocore.config import Config
+from botocore.loaders import Loader
 
 RETRIES = Config(retries={"mode": "adaptive", "max_attempts": 10})
 
+_loader: Loader | None = None
+_loader_lock = threading.Lock()
+
+
+def session() -> boto3.session.Session:
+    """A new session (credentials, profile and endpoint read afresh, as a team's or a test's may change), sharing
+    one loader of botocore's service models: each session otherwise parses every model it uses from JSON again,
+    about 0.1 s a client (botocore/session.py: the `data_loader` component, `register_component`)."""
+    global _loader
+    core = botocore.session.Session()
+    with _loader_lock:
+        if _loader is None:
+            _loader = core.get_component("data_loader")
+        else:
+            core.register_component("data_loader", _loader)
+    return boto3.session.Session(botocore_session=core)
+
 
 def client(service: str, region: str) -> Any:
-    return boto3.session.Session().client(service, region_name=region, config=RETRIES)
+    return session().client(service, region_name=region, config=RETRIES)
 
 
 def _console_path(name: str) -> str:

@@ -101,10 +101,11 @@ class AwsClients:
     @classmethod
     def from_credentials(cls, region: str) -> AwsClients | None:
         """Clients for `region` when boto3 finds credentials (environment, profile, instance role), else None."""
-        import boto3
         from botocore.config import Config
 
-        session = boto3.session.Session()
+        from trainer.aws.clients import session as new_session
+
+        session = new_session()
         if session.get_credentials() is None:
             return None
         config = Config(**LOOKUP_CONFIG)
