@@ -240,9 +240,12 @@ def main(args: argparse.Namespace) -> int:
         region = _region(args)
         if args.compare and args.price_per_hour:
             raise PlanError("--price-per-hour prices one instance type; --compare prices each type from AWS")
-        plan = plan_for(args.config, args.overrides, instance, nodes, assumptions)
-        if args.calibration:
-            plan, calibrated = calibrate(plan, args.calibration)
+        cfg, planned = load_for_planning(args.config, args.overrides)
+        # A bad record is refused before the search, which takes seconds on a large config.
+        calibration = calibration_ratio(args.calibration, cfg, instance, nodes) if args.calibration else None
+        plan = search(cfg, instance, nodes, planned or LAYOUT_KEYS, assumptions)
+        if calibration:
+            plan, calibrated = calibrate(plan, *calibration, args.calibration)
         interval_costs = _interval_costs(args, plan)
     except (ConfigError, PlanError) as error:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
@@ -410,10 +413,10 @@ def _checkpoint_interval(
     return recommendation
 
 
-def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
+def calibration_ratio(path: Path, cfg: TrainConfig, instance: InstanceType, nodes: int) -> tuple[float, int]:
     """The median measured/predicted step time of the layouts a `plan --measure` record (trainer/plan/measure.py
-    write_record) measured, and how many; refused when it was measured on another world size or a config of
-    another shape (model, sequence, global batch) than the plan's, or measured nothing."""
+    write_record) measured, and how many; refused when it was measured on another world size than `nodes` x
+    `instance` or a config of another shape (model, sequence, global batch) than `cfg`, or measured nothing."""
     try:
         record = json.loads(path.read_text())
         machine, config = str(record["machine"]), str(record["config"])
@@ -426,7 +429,7 @@ def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
         raise PlanError(
             f"--calibration {path}: not a plan --measure record (FILE.measured.json): {error}"
         ) from None
-    world = plan.nodes * plan.instance.gpus
+    world = nodes * instance.gpus
     # write_record's machine: "<P> CPU processes on <C> cores" (local) or "<N> x <instance> (stack <S>)"
     words = machine.split()
     measured_world = None
@@ -436,14 +439,13 @@ def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
         measured_world = int(words[0]) * INSTANCE_TYPES[words[2]].gpus
     if measured_world != world:
         raise PlanError(
-            f"--calibration {path}: measured on {machine}, not this plan's {world} GPUs ({plan.nodes} x "
-            f"{plan.instance.name}); calibrate with a record of the same world size"
+            f"--calibration {path}: measured on {machine}, not this plan's {world} GPUs ({nodes} x "
+            f"{instance.name}); calibrate with a record of the same world size"
         )
     try:
         measured_cfg = load_config(config, device="cuda")
     except (ConfigError, OSError) as error:
         raise PlanError(f"--calibration {path}: its config {config} cannot be read: {error}") from None
-    cfg = plan.config
     shape = (cfg.model, cfg.data.seq_length, cfg.schedule.global_batch_size)
     if (measured_cfg.model, measured_cfg.data.seq_length, measured_cfg.schedule.global_batch_size) != shape:
         raise PlanError(
@@ -455,10 +457,9 @@ def calibration_ratio(path: Path, plan: Plan) -> tuple[float, int]:
     return statistics.median(measured / predicted for measured, predicted in pairs), len(pairs)
 
 
-def calibrate(plan: Plan, path: Path) -> tuple[Plan, str]:
-    """The plan with every predicted step time scaled by the record's measured/predicted ratio (throughput and
-    MFU by its inverse), and the line that says so."""
-    ratio, layouts = calibration_ratio(path, plan)
+def calibrate(plan: Plan, ratio: float, layouts: int, path: Path) -> tuple[Plan, str]:
+    """The plan with every predicted step time scaled by the record's measured/predicted `ratio` (throughput and
+    MFU by its inverse; calibration_ratio), and the line that says so."""
     timed = (
         *("compute_s", "tensor_parallel_s", "pipeline_p2p_s", "bubble_s"),
         *("data_parallel_s", "context_parallel_s", "hidden_s"),
