@@ -34,9 +34,14 @@ from trainer.contract.serving import (
     lmi_problem,
 )
 from trainer.contract.stack import (
+    DEFAULT_FSX_DEPLOYMENT_TYPE,
+    DEFAULT_FSX_PERSISTENT_2_MB_S_PER_TIB,
     DEFAULT_INSTANCE_TYPE,
     DEFAULT_JOB_TIMEOUT_HOURS,
     DEFAULT_NODE_COUNT,
+    FSX_FIRST_STEP_GIB,
+    FSX_PERSISTENT_2_THROUGHPUTS,
+    FSX_STEP_GIB,
     NAMESPACE,
     ROOT,
     StackFileError,
@@ -58,10 +63,6 @@ LOG_RETENTION_DAYS = (
 
 # VPC interface endpoints a stack may ask for (S3 always gets a free gateway endpoint).
 INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ssm", "ssmmessages")
-
-# FSx for Lustre SSD capacity steps, and the PERSISTENT_2 throughput tiers in MB/s per TiB.
-FSX_FIRST_STEP_GIB, FSX_STEP_GIB = 1200, 2400
-FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
 
 # A one-minute alarm looks back at most a day (CloudWatch PutMetricAlarm: EvaluationPeriods x Period <= 86,400 s).
 MAX_ALARM_MINUTES = 1440
@@ -259,7 +260,7 @@ class StackConfig(BaseModel):
     public_subnet_cidrs: list[str] | None = None
     nat_gateways: int = 1
     interface_endpoints: list[str] = []
-    fsx_deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
+    fsx_deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = DEFAULT_FSX_DEPLOYMENT_TYPE
     fsx_storage_capacity_gib: int = FSX_FIRST_STEP_GIB
     fsx_throughput_per_tib: int | None = None
     fsx_kms_encryption: bool | None = None
@@ -665,8 +666,10 @@ class StackConfig(BaseModel):
 
     @property
     def fsx_throughput(self) -> int | None:
-        """MB/s per TiB for persistent file systems (default 250), None for scratch ones."""
-        return (self.fsx_throughput_per_tib or 250) if self.fsx_persistent else None
+        """MB/s per TiB for persistent file systems (their default tier where none is set), None for scratch ones."""
+        if not self.fsx_persistent:
+            return None
+        return self.fsx_throughput_per_tib or DEFAULT_FSX_PERSISTENT_2_MB_S_PER_TIB
 
     @property
     def creates_placement_group(self) -> bool:

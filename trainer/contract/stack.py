@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -16,6 +16,14 @@ DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
 DEFAULT_NODE_COUNT = 1
 # A hung job must not hold the nodes forever; a longer run resubmits and resumes from its newest checkpoint.
 DEFAULT_JOB_TIMEOUT_HOURS = 72
+# FSx for Lustre SSD: capacity of 1.2 TiB, or a multiple of 2.4 TiB (Amazon FSx for Lustre User Guide, "Storage
+# capacity"); PERSISTENT_2's throughput tiers in MB/s per TiB, and SCRATCH_2's baseline (the same guide, "Performance
+# characteristics of SSD and HDD storage classes", docs.aws.amazon.com/fsx/latest/LustreGuide/ssd-storage.html).
+DEFAULT_FSX_DEPLOYMENT_TYPE: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
+FSX_FIRST_STEP_GIB, FSX_STEP_GIB = 1200, 2400
+FSX_PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
+DEFAULT_FSX_PERSISTENT_2_MB_S_PER_TIB = 250  # the tier a PERSISTENT_2 stack gets when its file names none
+FSX_SCRATCH_2_MB_S_PER_TIB = 200
 
 
 class StackFileError(ValueError):
@@ -52,6 +60,31 @@ def stack_cluster(stack: str, root: Path = ROOT) -> tuple[str, int]:
     return (
         str(values.get(f"{NAMESPACE}:instanceType", DEFAULT_INSTANCE_TYPE)),
         int(values.get(f"{NAMESPACE}:nodeCount", DEFAULT_NODE_COUNT)),
+    )
+
+
+@dataclass(frozen=True)
+class StackStorage:
+    """A stack's FSx for Lustre file system: deployment type, capacity and throughput tier."""
+
+    deployment_type: str  # SCRATCH_2 | PERSISTENT_2
+    capacity_gib: int
+    mb_s_per_tib: int  # the tier for PERSISTENT_2, the baseline for SCRATCH_2
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.capacity_gib / 1024 * self.mb_s_per_tib * 1e6
+
+
+def stack_storage(stack: str, root: Path = ROOT) -> StackStorage:
+    """The stack file's FSx keys (the stack's defaults where its file leaves them out)."""
+    values = read_stack_file(stack, root)
+    kind = str(values.get(f"{NAMESPACE}:fsxDeploymentType", DEFAULT_FSX_DEPLOYMENT_TYPE))
+    per_tib = FSX_SCRATCH_2_MB_S_PER_TIB
+    if kind == "PERSISTENT_2":
+        per_tib = int(values.get(f"{NAMESPACE}:fsxThroughputPerTib", DEFAULT_FSX_PERSISTENT_2_MB_S_PER_TIB))
+    return StackStorage(
+        kind, int(values.get(f"{NAMESPACE}:fsxStorageCapacityGib", FSX_FIRST_STEP_GIB)), per_tib
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import TrainConfig
-from trainer.contract.stack import StackFileError, read_stack_file
+from trainer.contract.stack import StackFileError, stack_storage
 from trainer.cost.ledger import Ledger
 
 GB = 1e9
@@ -24,10 +24,6 @@ GB = 1e9
 # dist_optimizer.html): bf16 parameters with fp32 gradients 18 bytes a parameter (2 + 4 gradient + 12), fp32 ones 16.
 OPTIMIZER_BYTES_PER_PARAMETER = 8
 FP32 = 4
-# FSx for Lustre throughput per TiB of storage (Amazon FSx for Lustre User Guide, "Performance characteristics of
-# SSD and HDD storage classes", docs.aws.amazon.com/fsx/latest/LustreGuide/ssd-storage.html: SCRATCH_2 a baseline of 200 MB/s per TiB; PERSISTENT_2 the tier the stack sets, 250 by default as
-# infra/config.py fsx_throughput reads it) and its default capacity (infra/config.py FSX_FIRST_STEP_GIB).
-SCRATCH_2_MB_S_PER_TIB, PERSISTENT_2_DEFAULT_MB_S_PER_TIB, DEFAULT_CAPACITY_GIB = 200, 250, 1200
 # A restart's start-up before the checkpoint is read (the image pulled and started, the rendezvous): no public
 # figure for this image; an assumption to replace with --startup-seconds or a ledger's measurement.
 ASSUMED_STARTUP_S = 300.0
@@ -72,16 +68,11 @@ def checkpoint_bytes(cfg: TrainConfig, parameters: int) -> float:
 
 def storage_throughput(stack: str) -> tuple[float, str]:
     """The stack's FSx for Lustre aggregate throughput in bytes/s, and how it was worked out."""
-    values = read_stack_file(stack)
-    kind = str(values.get("trainstack:fsxDeploymentType", "SCRATCH_2"))
-    capacity = int(values.get("trainstack:fsxStorageCapacityGib", DEFAULT_CAPACITY_GIB))
-    per_tib = (
-        int(values.get("trainstack:fsxThroughputPerTib", PERSISTENT_2_DEFAULT_MB_S_PER_TIB))
-        if kind == "PERSISTENT_2"
-        else SCRATCH_2_MB_S_PER_TIB
+    fsx = stack_storage(stack)
+    return fsx.bytes_per_s, (
+        f"FSx for Lustre {fsx.deployment_type} {fsx.capacity_gib:,} GiB x {fsx.mb_s_per_tib} MB/s per TiB = "
+        f"{fsx.bytes_per_s / 1e6:,.0f} MB/s"
     )
-    mb_s = capacity / 1024 * per_tib
-    return mb_s * 1e6, f"FSx for Lustre {kind} {capacity:,} GiB x {per_tib} MB/s per TiB = {mb_s:,.0f} MB/s"
 
 
 def estimate(cfg: TrainConfig, parameters: int, stack: str, startup_s: float | None) -> Costs:
