@@ -3,10 +3,10 @@
 Everything that depends on the instance type (EFA interfaces, uverbs devices, vCPUs, memory, GPUs) is read from
 `trainer.contract.catalog`. The job definition is the container contract the image is built to:
 
-- image: `trainstack:image`, else `<ecr repository url>:latest` (a placeholder the IMMUTABLE repository never
-  receives: no job may be submitted to it by name, since Batch cannot override a job's image at submission; the
-  submit tools register or reuse a revision with the tag they run, and `make push` one of every exported definition,
-  trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS);
+- image: `trainstack:image`, else `<ecr repository url>:latest`, a placeholder the IMMUTABLE repository never
+  receives; such a definition is named `<name>-template` (template_name) to say so in the console and the CLI. Batch
+  cannot override a job's image at submission, so the submit tools register or reuse a revision with the tag they
+  run, and `make push` one of every exported definition (trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS);
 - entrypoint: baked into the image (`/opt/trainstack/image/entrypoint.sh`); the job definition sets only the
   command, by default `train --config trainer/configs/llama3-8b.yaml`;
 - `/fsx` from the host (user data mounts FSx there): datasets under /fsx/datasets, checkpoints under
@@ -115,6 +115,19 @@ def main_purchase_option(cfg: StackConfig) -> str:
     if cfg.capacity_reservation_id is None:
         return "on-demand"
     return "capacity-block" if cfg.capacity_block else "reservation"
+
+
+def placeholder_image(cfg: StackConfig, registry: Any) -> pulumi.Input[str]:
+    """`trainstack:image`, else the repository's `:latest`, which no push writes (ECR User Guide, "Image tag
+    mutability": the repository is IMMUTABLE and `make push` pushes commit tags)."""
+    return cfg.image or pulumi.Output.concat(registry.repository.repository_url, ":latest")
+
+
+def template_name(cfg: StackConfig, logical: str) -> str | None:
+    """A job definition's name: `<logical>-template` while it names the placeholder image, so nobody mistakes it
+    for one that runs (issue 46 item 9); Pulumi's auto-name (`<logical>-<suffix>`) once `trainstack:image` is set.
+    Either matches the team policy's `<name prefix>-train-*` and `-spot-*` patterns (infra/teams.py)."""
+    return None if cfg.image else f"{logical}-template"
 
 
 def job_container(
@@ -321,11 +334,12 @@ class Cluster(pulumi.ComponentResource):
             kms_key_id=args.keys.key.arn,
             opts=child,
         )
-        image = cfg.image or pulumi.Output.concat(args.registry.repository.repository_url, ":latest")
+        image = placeholder_image(cfg, args.registry)
         roles = (args.identity.job_role.arn, args.identity.execution_role.arn)
         container = job_container(cfg, image, *roles, self.log_group.name, main_purchase_option(cfg))
         self.job_definition = aws.batch.JobDefinition(
             f"{prefix}-train",
+            name=template_name(cfg, f"{prefix}-train"),
             type="multinode",
             platform_capabilities=["EC2"],
             propagate_tags=True,
@@ -488,6 +502,7 @@ class Cluster(pulumi.ComponentResource):
         )
         definition = aws.batch.JobDefinition(
             f"{cfg.name_prefix}-spot",
+            name=template_name(cfg, f"{cfg.name_prefix}-spot"),
             type="container",
             platform_capabilities=["EC2"],
             propagate_tags=True,

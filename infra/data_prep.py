@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.cluster import RETRY_ON_HOST_FAILURE, root_volume
+from infra.cluster import RETRY_ON_HOST_FAILURE, placeholder_image, root_volume, template_name
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, service_trust_policy
 from infra.network import https_out_group
@@ -149,9 +149,10 @@ class DataPrep(pulumi.ComponentResource):
         self.job_role = self._job_role(prefix, args)
         # A placeholder, as the GPU one's (infra/cluster.py): `make data STACK=` submits to a revision naming the
         # pushed tag, and `make push` registers one (trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS).
-        image = cfg.image or pulumi.Output.concat(args.registry.repository.repository_url, ":latest")
+        image = placeholder_image(cfg, args.registry)
         self.job_definition = aws.batch.JobDefinition(
             prefix,
+            name=template_name(cfg, prefix),
             type="container",
             platform_capabilities=["EC2"],
             propagate_tags=True,

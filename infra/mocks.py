@@ -138,7 +138,7 @@ class StackMocks(pulumi.runtime.Mocks):
                 "clusterSecurityGroupId": _fake_id(f"{cluster}-cluster", "sg"),
             }
         elif typ == "aws:batch/jobDefinition:JobDefinition":
-            state["arn"] = f"arn:aws:batch:{region}:{account}:job-definition/{name}:1"
+            state["arn"] = f"arn:aws:batch:{region}:{account}:job-definition/{inputs.get('name', name)}:1"
         return resource_id, state
 
 

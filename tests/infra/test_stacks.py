@@ -135,6 +135,27 @@ def test_job_definition_runs_every_node_of_the_stack(batch_stack):
     assert [r["targetNodes"] for r in nodes["nodeRangeProperties"]] == ["0:"]
 
 
+def test_a_definition_that_names_the_placeholder_image_is_named_a_template_and_one_with_an_image_is_not(
+    batch_stack, variant
+):
+    """Issue 46 item 9: `:latest` is never pushed to the IMMUTABLE repository, so a definition naming it cannot run;
+    its name says it is a template the verbs re-point. With `trainstack:image` it runs and takes Pulumi's name."""
+    repository = batch_stack.one("ecr.Repository").outputs["repositoryUrl"]
+    definitions = batch_stack.all("batch.JobDefinition")
+    assert {d.name.rsplit("-", 1)[-1] for d in definitions} >= {"train", "data"}
+    for definition in definitions:
+        properties = definition.inputs.get("nodeProperties") or definition.inputs["containerProperties"]
+        assert f'"{repository}:latest"' in properties
+        assert definition.inputs["name"] == f"{definition.name}-template"
+        assert definition.outputs["arn"].endswith(f":job-definition/{definition.name}-template:1")
+    image = f"{repository.split('/')[0]}/trainstack@sha256:{'0' * 64}"
+    pinned = variant(batch_stack.stack, **{"trainstack:image": image})
+    for definition in pinned.all("batch.JobDefinition"):
+        properties = definition.inputs.get("nodeProperties") or definition.inputs["containerProperties"]
+        assert f'"{image}"' in properties and ":latest" not in properties
+        assert "name" not in definition.inputs
+
+
 def test_job_container_contract(batch_stack):
     container = batch_stack.node_container
     repository = batch_stack.one("ecr.Repository").outputs["repositoryUrl"]
