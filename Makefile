@@ -184,8 +184,11 @@ prometheus: monitoring ## A Prometheus on 127.0.0.1:PROM_PORT scraping `make tra
 # tests/support/durations.py; xdist's own reorder by test count is off): many tests wait on processes, timers or
 # servers, and the session fixtures a file's tests share stay in one worker, while what many files read (the tiny
 # corpus, the shared launches) is built once per run (tests/support/shared.py). TEST_WORKERS=1 runs them in order.
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, empty: "set to a non-empty
+# string", Python's command-line docs), into the clone's ignored __pycache__ directories: the suite starts hundreds
+# of interpreters that import the same trainer modules, and pytest caches its rewritten test modules there.
 TEST_WORKERS ?= auto
-PYTEST = $(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder)
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile --no-loadscope-reorder)
 
 .PHONY: test
 test: $(VENV)/.dev-installed $(CHECKOV_VENV)/.installed lint ## Lint and run every test (slow end-to-end ones included)
