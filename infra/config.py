@@ -703,6 +703,12 @@ class StackConfig(BaseModel):
         return self.name_prefix
 
     @property
+    def eks_cluster_role(self) -> str:
+        """The logical name of the EKS control plane's role; Pulumi names it `<this>-<7 hex>`, which the key policy
+        matches before the role exists (infra/keys.py)."""
+        return f"{self.name_prefix}-eks-cluster"
+
+    @property
     def eks_log_group(self) -> str:
         """Where EKS sends the control plane's logs: /aws/eks/<cluster>/cluster (EKS user guide, "Send control plane
         logs to CloudWatch Logs"); the stack creates it first, under its key and retention."""

@@ -40,6 +40,7 @@ from infra.cluster import IMDS_HOP_LIMIT, efa_security_group, main_purchase_opti
 from infra.config import StackConfig
 from infra.iam import allow, policy_document, policy_text
 from infra.k8s_versions import EKS_ADDONS, KUBERNETES_MINOR, OBSERVABILITY
+from infra.keys import EKS_CLUSTER_ROLE_KEY_ACTIONS
 from trainer.contract.catalog import InstanceType
 from trainer.contract.gpu_nodes import GPU_NODE_TAINT
 
@@ -163,17 +164,14 @@ class Eks(pulumi.ComponentResource):
             opts=child,
         )
         cluster_role = self._service_role(
-            f"{prefix}-eks-cluster",
+            cfg.eks_cluster_role,
             "eks.amazonaws.com",
             "EKS control plane",
             CLUSTER_ROLE_POLICIES,
             # Envelope encryption of Secrets with the stack key (EKS user guide, "Encrypt Kubernetes secrets with
-            # KMS on existing clusters": the cluster role needs these on the key).
-            allow(
-                "EncryptSecretsWithStackKey",
-                ["kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:ListGrants", "kms:CreateGrant"],
-                [args.keys.key.arn],
-            ),
+            # KMS on existing clusters": the cluster role needs these on the key); the key policy allows the same
+            # to this role by name (infra/keys.py EKS_CLUSTER_ROLE_KEY_ACTIONS), since the role calls KMS itself.
+            allow("EncryptSecretsWithStackKey", list(EKS_CLUSTER_ROLE_KEY_ACTIONS), [args.keys.key.arn]),
         )
         public = bool(cfg.eks_public_access_cidrs)
         self.cluster = aws.eks.Cluster(

@@ -6,6 +6,7 @@ Who may use the key, and how:
   role reads checkpoints through S3 but cannot call KMS directly; `kms:CreateGrant` only under that condition
   (AWS KMS developer guide, "kms:ViaService"), for services that hold a grant while they work (EBS, FSx);
 - CloudWatch Logs, only for the stack's log groups (the `aws:logs:arn` encryption context);
+- on EKS stacks, the control plane's cluster role, for Secrets' envelope encryption (eks_cluster_role_statement);
 - the service-linked roles that act for us without IAM policies of ours: Auto Scaling and Batch (encrypted EBS root
   volumes of GPU nodes) and FSx's S3 access role (data repository associations with SSE-KMS buckets). They are
   matched by `aws:PrincipalArn` so the key can be created before those roles exist in a fresh account; their
@@ -53,9 +54,17 @@ ADMIN_ACTIONS = [
 ]
 # Services that encrypt the stack's data with the key on a caller's behalf.
 VIA_SERVICES = ("s3", "fsx", "ecr", "ec2")
-# EKS stacks: the control plane encrypts Secrets with the key through EKS (EKS user guide, "Encrypt Kubernetes secrets
-# with KMS on existing clusters"); whether its calls carry kms:ViaService eks.* only a real account shows.
+# EKS stacks: the principal that creates the cluster lets EKS create the key grant the control plane uses (EKS user
+# guide, "Encrypt Kubernetes secrets with KMS on existing clusters"), a call EKS makes on its behalf (kms:ViaService
+# eks.<region>).
 EKS_VIA_SERVICES = ("eks",)
+# The control plane's own calls are its cluster role's session (CloudTrail shows them "invokedBy":
+# "eks.amazonaws.com" under the role: terraform-aws-modules/terraform-aws-eks issue 1913), not calls for a caller, so
+# whether they carry kms:ViaService is not documented (the KMS developer guide's ViaService table does not list EKS).
+# The key policy therefore names the role itself, with the actions terraform-aws-eks v19 gives it (main.tf,
+# aws_iam_policy.cluster_encryption); no kms:ViaService condition, and no kms:CreateGrant (the creator's grant goes
+# through EKS, above; a grant without kms:ViaService would break the policy pack's kms-create-grant rule).
+EKS_CLUSTER_ROLE_KEY_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:ListGrants")
 # The inference pool (infra/serving.py): SageMaker encrypts the endpoint's ML storage volumes with the key named in
 # the endpoint configuration (SageMaker API reference, CreateEndpointConfig KmsKeyId).
 SERVING_VIA_SERVICES = ("sagemaker",)
@@ -70,6 +79,23 @@ SERVICE_LINKED_ROLES = (
 # its key (SNS Developer Guide, "Enable compatibility between event sources from AWS services and encrypted topics").
 # Budgets too (Cost Management User Guide, "Creating an Amazon SNS topic for budget notifications"; infra/budget.py).
 TOPIC_PUBLISHERS = ("cloudwatch.amazonaws.com", "events.amazonaws.com", "budgets.amazonaws.com")
+
+
+def eks_cluster_role_statement(cfg: StackConfig, account: pulumi.Input[str]) -> dict[str, Any]:
+    """The EKS control plane's role encrypts and decrypts Secrets with the key (EKS_CLUSTER_ROLE_KEY_ACTIONS). Matched
+    by `aws:PrincipalArn` on its name (Pulumi's `<eks_cluster_role>-<suffix>`), as the key exists before the role."""
+    role = pulumi.Output.concat("arn:aws:iam::", account, ":role/", cfg.eks_cluster_role, "*")
+    return {
+        "Sid": "EksClusterRoleEncryptsSecrets",
+        "Effect": "Allow",
+        "Principal": {"AWS": "*"},
+        "Action": list(EKS_CLUSTER_ROLE_KEY_ACTIONS),
+        "Resource": "*",
+        "Condition": {
+            "StringEquals": {"aws:PrincipalAccount": account},
+            "ArnLike": {"aws:PrincipalArn": role},
+        },
+    }
 
 
 def topic_key_statement() -> dict[str, Any]:
@@ -258,6 +284,7 @@ class Keys(pulumi.ComponentResource):
                 "Resource": "*",
                 "Condition": {**linked_roles, "Bool": {"kms:GrantIsForAWSResource": "true"}},
             },
+            *([eks_cluster_role_statement(cfg, account)] if cfg.orchestrator == "eks" else []),
             topic_key_statement(),  # the alarm topic (infra/monitoring.py)
             # The audit trail (infra/audit.py), unless the organisation's trail records this account.
             *(cloudtrail_key_statements(cfg, account) if cfg.organization_trail is None else []),

@@ -25,6 +25,10 @@ KMS_SOURCE = "KMS developer guide, Determining access to an AWS KMS key"
 KARPENTER_SOURCE = (
     'Karpenter troubleshooting v1.14, "Node terminates before ready on failed encrypted EBS volume"'
 )
+EKS_SECRETS_SOURCE = (
+    'EKS user guide, "Encrypt Kubernetes secrets with KMS on existing clusters"; terraform-aws-modules/terraform-aws-eks '
+    "v19 main.tf cluster_encryption and issue 1913 (the role's own calls, invokedBy eks.amazonaws.com)"
+)
 CLOUDTRAIL_SOURCE = 'CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail"'
 CLOUDTRAIL_LOGS_SOURCE = 'CloudTrail User Guide, "Sending events to CloudWatch Logs"'
 CLOUDTRAIL_S3_SOURCE = 'CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail"'
@@ -169,6 +173,18 @@ def karpenter_needs(stack: StackPolicies) -> list[Need]:
         Need(actor, "kms:Decrypt", key, KMS_SOURCE, {"kms:CallerAccount": stack.account}, allowed=False)
     )
     return needs
+
+
+def eks_cluster_needs(stack: StackPolicies) -> list[Need]:
+    """The control plane encrypts and decrypts Secrets with the stack key as its cluster role, calling KMS itself:
+    no kms:ViaService in the request (infra/keys.py EKS_CLUSTER_ROLE_KEY_ACTIONS), only the caller's account."""
+    found = stack.role("-eks-cluster")
+    if found is None:
+        return []
+    actor, key = found[0], stack.stack_key
+    caller = {"kms:CallerAccount": stack.account}
+    actions = ("kms:Encrypt", "kms:Decrypt", "kms:DescribeKey", "kms:ListGrants")
+    return [Need(actor, action, key, EKS_SECRETS_SOURCE, caller) for action in actions]
 
 
 def cloudtrail_needs(stack: StackPolicies) -> list[Need]:
@@ -479,6 +495,7 @@ def team_needs(stack: StackPolicies) -> list[Need]:
 
 NEEDS = (
     karpenter_needs,
+    eks_cluster_needs,
     cloudtrail_needs,
     config_needs,
     log_group_needs,

@@ -90,6 +90,29 @@ def test_karpenter_grant_without_grant_is_for_aws_resource_is_refused():
     assert not access.decide(stack, bare).decision.allowed
 
 
+def test_the_eks_control_plane_encrypts_secrets_without_relying_on_kms_via_service():
+    """Issue 46 item 7: the cluster role's own KMS calls carry no kms:ViaService (undocumented for EKS), so the key
+    policy names the role. Without that statement, its identity policy alone does not reach the key: every need fails
+    on the key policy, which delegates to IAM only for calls through the stack's services."""
+    rows = rows_of("eks-dev")
+    cluster = [row for row in rows if row.need.actor == "trainstack-eks-dev-eks-cluster"]
+    assert {row.need.action for row in cluster} == {
+        "kms:Encrypt",
+        "kms:Decrypt",
+        "kms:DescribeKey",
+        "kms:ListGrants",
+    }
+    assert all(row.ok and "kms:ViaService" not in row.need.context for row in cluster)
+    failed = failing(
+        rows_of("eks-dev", edit=without_statements("trainstack-eks-dev-key", "EksClusterRoleEncryptsSecrets"))
+    )
+    # DescribeKey and ListGrants stay allowed: the key administrators' statement delegates them to IAM for any
+    # principal of the account, and the role's identity policy allows them.
+    assert {(row.need.actor, row.need.action) for row in failed} == {
+        ("trainstack-eks-dev-eks-cluster", action) for action in ("kms:Encrypt", "kms:Decrypt")
+    }
+
+
 def test_cloudtrail_without_its_decrypt_statement_fails_the_check():
     """Round 4's fault: the trail key without CloudTrail's kms:Decrypt (bucket key on the log bucket)."""
     failed = failing(

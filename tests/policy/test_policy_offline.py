@@ -70,7 +70,7 @@ def test_a_failing_access_row_exits_1_and_names_actor_action_and_policy(capsys, 
     monkeypatch.setattr("policy.offline.run_program", lambda stack: edited)
     assert main(["--stack", "eks-dev"]) == 1
     out = capsys.readouterr().out
-    assert "[mandatory]" not in out and "Access: 73 rows, 5 failing" in out
+    assert "[mandatory]" not in out and "Access: 77 rows, 5 failing" in out
     assert "- trainstack-eks-dev-karpenter needs kms:CreateGrant on arn:aws:kms:" in out
     assert "nothing allows it in trainstack-eks-dev-karpenter (inline)" in out
 
