@@ -6,7 +6,8 @@ Everything that depends on the instance type (EFA interfaces, uverbs devices, vC
 - image: `trainstack:image`, else `<ecr repository url>:latest`, a placeholder the IMMUTABLE repository never
   receives; such a definition is named `<name>-template` (template_name) to say so in the console and the CLI. Batch
   cannot override a job's image at submission, so the submit tools register or reuse a revision with the tag they
-  run, and `make push` one of every exported definition (trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS);
+  run, under `<name>-run` (trainer/contract/container.py runnable_definition_name), and `make push` one of every
+  exported definition (trainer/jobs/submit.py JOB_DEFINITION_OUTPUTS);
 - entrypoint: baked into the image (`/opt/trainstack/image/entrypoint.sh`); the job definition sets only the
   command, by default `train --config trainer/configs/llama3-8b.yaml`;
 - `/fsx` from the host (user data mounts FSx there): datasets under /fsx/datasets, checkpoints under
@@ -32,7 +33,13 @@ from infra.config import StackConfig
 from infra.lustre import LUSTRE_PORTS, Lustre
 from infra.node_bootstrap import node_user_data
 from trainer.contract.catalog import InstanceType
-from trainer.contract.container import CHECKPOINTS_DIR, DEFAULT_COMMAND, FSX_MOUNT, PURCHASE_OPTION_ENV
+from trainer.contract.container import (
+    CHECKPOINTS_DIR,
+    DEFAULT_COMMAND,
+    FSX_MOUNT,
+    PURCHASE_OPTION_ENV,
+    TEMPLATE_SUFFIX,
+)
 from trainer.contract.image import efa_environment
 from trainer.contract.retry import RETRY_ATTEMPTS, RETRY_EXIT_CODE
 
@@ -127,7 +134,7 @@ def template_name(cfg: StackConfig, logical: str) -> str | None:
     """A job definition's name: `<logical>-template` while it names the placeholder image, so nobody mistakes it
     for one that runs (issue 46 item 9); Pulumi's auto-name (`<logical>-<suffix>`) once `trainstack:image` is set.
     Either matches the team policy's `<name prefix>-train-*` and `-spot-*` patterns (infra/teams.py)."""
-    return None if cfg.image else f"{logical}-template"
+    return None if cfg.image else f"{logical}{TEMPLATE_SUFFIX}"
 
 
 def job_container(

@@ -111,7 +111,11 @@ class StackMocks(pulumi.runtime.Mocks):
             resource_id = state["keyId"] = _fake_id(name, "key")
             state["arn"] = f"arn:aws:kms:{region}:{account}:key/{resource_id}"
         elif typ == "aws:iam/role:Role":
-            state["arn"] = f"arn:aws:iam::{account}:role/{name}"
+            # Pulumi auto-names a role `<logical name>-<7 random hex>` unless `name` is given (Pulumi docs,
+            # "Resource names: Autonaming"); a fixed suffix stands in for the random one, so that policies matching a
+            # role by name are checked against the name AWS will see.
+            state["name"] = inputs.get("name") or f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:7]}"
+            state["arn"] = f"arn:aws:iam::{account}:role/{state['name']}"
         elif typ == "aws:iam/instanceProfile:InstanceProfile":
             state["arn"] = f"arn:aws:iam::{account}:instance-profile/{name}"
         elif typ == "aws:cloudwatch/logGroup:LogGroup":

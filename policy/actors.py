@@ -17,6 +17,7 @@ from infra.config import StackConfig
 from infra.mocks import ACCOUNT_ID, PlannedResource
 from infra.preview import Plan
 from policy.iam_evaluation import Policy, Principal
+from trainer.contract.container import runnable_definition_name
 from trainer.contract.teams import TEAM_TAG, team_prefix
 
 # Pulumi's auto-names end in a random suffix of 7 hex characters; the access check stands one in for it.
@@ -111,8 +112,9 @@ class StackPolicies:
             return (self.trust.get(name) if name else None), False
         return self.topics.get(resource), False
 
-    def batch_arn(self, kind: str, suffix: str) -> str | None:
-        """A Batch queue's or job definition's ARN as AWS names it: `<name>-<suffix>`, revision 1."""
+    def batch_arn(self, kind: str, suffix: str, runnable: bool = False) -> str | None:
+        """A Batch queue's or job definition's ARN as AWS names it: `<name>-<suffix>`, revision 1; `runnable`: the
+        definition the verbs register revisions under (`<x>-run` for a template, trainer/contract/container.py)."""
         type_ = {
             "job-queue": "aws:batch/jobQueue:JobQueue",
             "job-definition": "aws:batch/jobDefinition:JobDefinition",
@@ -122,6 +124,8 @@ class StackPolicies:
             return None
         physical = found[0].inputs.get("name") or found[0].name + AUTONAME_SUFFIX
         revision = ":1" if kind == "job-definition" else ""
+        if kind == "job-definition" and runnable:
+            physical = runnable_definition_name(physical)
         return f"arn:aws:batch:{self.region}:{self.account}:{kind}/{physical}{revision}"
 
     @property
@@ -367,7 +371,7 @@ def team_needs(stack: StackPolicies) -> list[Need]:
     needs: list[Need] = []
     repository = f"{stack.account}.dkr.ecr.{stack.region}.amazonaws.com/{stack.cfg.name_prefix}-trainer"
     queue = stack.batch_arn("job-queue", "-gpu")
-    definition = stack.batch_arn("job-definition", "-train")
+    definition = stack.batch_arn("job-definition", "-train", runnable=True)  # where a team's revisions go
     job_role, instance_role = stack.role("-job"), stack.role("-instance")
     for team in teams:
         if stack.role(f"-team-{team}") is None:

@@ -87,6 +87,38 @@ def test_a_planted_revision_with_the_image_but_other_settings_is_not_reused(stac
     assert registered.get("parameters") == (own.get("parameters") or None)
 
 
+def test_a_templates_runnable_revisions_go_under_its_run_name_and_the_template_stays_as_deployed(stack):
+    """Issue 46 item 9: a stack without trainstack:image registers `<name>-template` (infra/cluster.py); the verbs
+    register what runs under `<name>-run`, a family Pulumi never replaces (which would deregister every revision of
+    the name), so the template never gains a runnable revision and a `-run` one is reused."""
+    batch = stack.client("batch")
+    (own,) = batch.describe_job_definitions(jobDefinitions=[stack.outputs["job_definition"]])[
+        "jobDefinitions"
+    ]
+    template = batch.register_job_definition(
+        jobDefinitionName="trainstack-test-train-template",
+        type="multinode",
+        nodeProperties=own["nodeProperties"],
+        retryStrategy=own["retryStrategy"],
+        propagateTags=True,
+    )["jobDefinitionArn"]
+    stack.outputs_file.write_text(json.dumps({**stack.outputs, "job_definition": template}))
+    assert train(stack, "RUN=first").returncode == 0
+    assert train(stack, "RUN=second").returncode == 0
+    first, second = stack.requests("SubmitJob")
+    assert first["jobDefinition"] == second["jobDefinition"]
+    assert first["jobDefinition"].endswith(":job-definition/trainstack-test-train-run:1")
+    (registered,) = [
+        r for r in stack.requests("RegisterJobDefinition") if r["jobDefinitionName"].endswith("-run")
+    ]
+    image = f"{stack.outputs['ecr_repository_url']}:{IMAGE_TAG}"
+    assert [r["container"]["image"] for r in registered["nodeProperties"]["nodeRangeProperties"]] == [image]
+    revisions = batch.describe_job_definitions(jobDefinitionName="trainstack-test-train-template")[
+        "jobDefinitions"
+    ]
+    assert [r["revision"] for r in revisions] == [1]
+
+
 def test_run_name_defaults_to_the_config_name_so_resubmitting_resumes(stack):
     assert train(stack).returncode == 0
     (submitted,) = stack.requests("SubmitJob")

@@ -113,6 +113,25 @@ def test_the_eks_control_plane_encrypts_secrets_without_relying_on_kms_via_servi
     }
 
 
+def test_only_a_role_named_as_pulumi_names_the_cluster_role_reaches_the_key_directly():
+    """The statement matches `<prefix>-eks-cluster-` and Pulumi's 7 characters, not every name that starts so."""
+    stack = actors.StackPolicies(stack_plan("eks-dev"), load_stack_config("eks-dev"))
+    role = stack.roles["trainstack-eks-dev-eks-cluster"]
+    assert role.arn.rsplit("/", 1)[1].startswith(
+        "trainstack-eks-dev-eks-cluster-"
+    )  # the mock names it as Pulumi
+    policy, _ = stack.resource_policy(stack.stack_key)
+    request = Request("kms:Decrypt", stack.stack_key, {"kms:CallerAccount": ACCOUNT_ID})
+    assert authorize(role, request, policy, key=True).allowed
+    for name in (
+        "trainstack-eks-dev-eks-cluster-admin",
+        "trainstack-eks-dev-eks-cluster",
+        "trainstack-eks-dev-eks-clusterx1234567",
+    ):
+        other = dataclasses.replace(role, arn=f"arn:aws:iam::{ACCOUNT_ID}:role/{name}")
+        assert not authorize(other, request, policy, key=True).allowed, name
+
+
 def test_cloudtrail_without_its_decrypt_statement_fails_the_check():
     """Round 4's fault: the trail key without CloudTrail's kms:Decrypt (bucket key on the log bucket)."""
     failed = failing(

@@ -41,3 +41,16 @@ NUM_NODES_ENV = "TRAINSTACK_NUM_NODES"
 # PURCHASE_OPTIONS; unset it assumes on-demand): a Batch job definition says what its compute environment buys
 # (infra/cluster.py), a JobSet's pods what the EKS stack's GPU nodes are bought as (its purchase_option output).
 PURCHASE_OPTION_ENV = "TRAINSTACK_PURCHASE_OPTION"
+
+# A stack's job definition that names the placeholder image (no `trainstack:image`) is called `<name>-template`
+# (infra/cluster.py template_name); the verbs register the revisions that run, with a pushed image, under
+# `<name>-run` (trainer/jobs/submit.py job_definition_for). Pulumi never manages that family, so replacing the
+# template (which deregisters every revision of its name) leaves them in service.
+TEMPLATE_SUFFIX = "-template"
+RUNNABLE_SUFFIX = "-run"
+
+
+def runnable_definition_name(name: str) -> str:
+    """Where revisions that run are registered: `<x>-run` for a stack template `<x>-template`; a definition the stack
+    registered with its image (`trainstack:image`) takes them under its own name."""
+    return name.removesuffix(TEMPLATE_SUFFIX) + RUNNABLE_SUFFIX if name.endswith(TEMPLATE_SUFFIX) else name

@@ -32,6 +32,7 @@ from trainer.contract.container import (
     IMAGE_DIGEST_ENV,
     IMAGE_TAG_ENV,
     SUBMITTED_AT_ENV,
+    runnable_definition_name,
 )
 from trainer.contract.teams import run_path, team_prefix
 from trainer.jobs.job import LIVE, run_jobs, stop_and_wait
@@ -282,7 +283,8 @@ JOB_DEFINITION_OUTPUTS = ("job_definition", "spot_job_definition", "data_job_def
 
 def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_definition") -> str:
     """The stack's job definition `output` with `image`: itself, an earlier revision that differs from it only by
-    that image, or a new revision. Multi-node definitions get it on every node range (Batch cannot override a
+    that image, or a new revision, under the name runnable_definition_name gives (`<x>-run` for the stack's
+    `<x>-template`). Multi-node definitions get it on every node range (Batch cannot override a
     multi-node job's image at submission), single-node container definitions in their container properties."""
     batch = client("batch", outputs.region)
     described = batch.describe_job_definitions(jobDefinitions=[outputs[output]])["jobDefinitions"]
@@ -301,14 +303,15 @@ def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_def
         raise SubmitError(
             [f"job definition {outputs[output]!r} ({output}) has neither node nor container properties"]
         )
-    pages = batch.get_paginator("describe_job_definitions").paginate(
-        jobDefinitionName=definition["jobDefinitionName"], status="ACTIVE"
-    )
+    name = runnable_definition_name(
+        definition["jobDefinitionName"]
+    )  # a template's revisions run as <name>-run
+    pages = batch.get_paginator("describe_job_definitions").paginate(jobDefinitionName=name, status="ACTIVE")
     for revision in (d for page in pages for d in page["jobDefinitions"]):
         if revision.get(field) == wanted and _settings(revision) == _settings(definition):
             return revision["jobDefinitionArn"]
     registered = batch.register_job_definition(
-        jobDefinitionName=definition["jobDefinitionName"],
+        jobDefinitionName=name,
         type=kind,
         **{field: wanted},
         **_settings(definition),
