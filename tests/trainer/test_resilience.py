@@ -169,7 +169,8 @@ def test_torn_save_and_killed_rank_restart_resume_and_end_with_the_uninterrupted
     # with no restarts allowed the run ends there.
     torn = Training(tmp_path, "faulty", tiny_config, *layout, fault="kill-in-save step=8 rank=1")
     output = _failed(torn)
-    assert re.search(r"rank\s*: 1 \(local_rank: 1\)\n\s*exitcode\s*: -9 ", output), output[-3000:]  # the fault struck
+    # The fault struck: torchrun's summary names rank 1 killed by SIGKILL.
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)\n\s*exitcode\s*: -9 ", output), output[-3000:]
     checkpoints = torn.checkpoints
     assert (checkpoints / LATEST).read_text() == "iter_0000004\n"
     assert damage(checkpoints / "iter_0000004") is None
