@@ -140,12 +140,21 @@ def signals_held() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP held back while a trial writes to the journal, delivered just after: one that
     lands inside Optuna's lock release makes it unlink the lock file twice and raise FileNotFoundError in place of
     the interruption, with a traceback (optuna/storages/journal/_file.py JournalFileSymlinkLock.release, v5.1.0;
-    seen in tests/sweep/test_driver.py). No process is started while they are held (a child inherits the mask)."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    seen in tests/sweep/test_driver.py). Held by Python handlers that only note the signal, not by the thread's
+    signal mask: the driver runs a second thread, and the kernel gives a process's signal to any thread that does
+    not block it, whose C handler then has the main thread run the Python one at once (signal module docs,
+    "Signals and threads"). Call from the main thread (signal.signal)."""
+    caught: list[int] = []
+    before = {
+        signum: signal.signal(signum, lambda signum, _: caught.append(signum)) for signum in HELD_SIGNALS
+    }
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if caught:  # to the handler that was in place: KeyboardInterrupt, SystemExit, or the default action
+            signal.raise_signal(caught[0])
 
 
 def heldout_evaluator(sweep: Sweep, directory: Path) -> Evaluate:
