@@ -187,12 +187,12 @@ def test_bad_measure_arguments_are_refused_before_any_run(capsys, extra, message
 
 
 @pytest.mark.slow
-def test_measure_writes_the_measured_fastest_of_three_layouts_on_4_cpu_processes(tmp_path, tiny_config):
+def test_measure_writes_the_measured_fastest_of_three_layouts_on_2_cpu_processes(tmp_path, tiny_config):
     out = tmp_path / "measured.yaml"
     done = subprocess.run(
         [
             *(sys.executable, "-m", "trainer", "plan", "--config", str(tiny_config)),
-            *("--measure", "3", "--nproc", "4", "--measure-steps", "5", "--measure-repeats", "2"),
+            *("--measure", "3", "--nproc", "2", "--measure-steps", "5", "--measure-repeats", "2"),
             *("--out", str(out)),
         ],
         cwd=ROOT,

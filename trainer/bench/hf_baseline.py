@@ -39,7 +39,7 @@ def train_steps(config: Path, overrides: list[str], micro_batch_size: int, steps
     hf = to_hf_config(model_cfg, None, torch.float32, cfg.data.seq_length)
     with torch.device(device):  # initialized where it trains: 1.24 B parameters take seconds on a CPU
         # transformers 5.24 configuration_utils.py PreTrainedConfig takes attn_implementation among its kwargs
-        model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))  # type: ignore[call-arg]
+        model = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))
     # fused=True: one kernel for every parameter (torch docs, torch.optim.AdamW; CPU and CUDA since torch 2.4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, fused=True)
     accumulation = cfg.schedule.global_batch_size // micro_batch_size
