@@ -303,9 +303,8 @@ def job_definition_for(image: str, outputs: StackOutputs, output: str = "job_def
         raise SubmitError(
             [f"job definition {outputs[output]!r} ({output}) has neither node nor container properties"]
         )
-    name = runnable_definition_name(
-        definition["jobDefinitionName"]
-    )  # a template's revisions run as <name>-run
+    # A template's revisions run as <name>-run (trainer/contract/container.py).
+    name = runnable_definition_name(definition["jobDefinitionName"])
     pages = batch.get_paginator("describe_job_definitions").paginate(jobDefinitionName=name, status="ACTIVE")
     for revision in (d for page in pages for d in page["jobDefinitions"]):
         if revision.get(field) == wanted and _settings(revision) == _settings(definition):
