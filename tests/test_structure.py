@@ -7,6 +7,8 @@ import os
 import re
 from pathlib import Path
 
+from trainer.data.stdlib_chat import parse_python
+
 from .conftest import ROOT
 
 PACKAGES = ("infra", "policy", "trainer")
@@ -24,7 +26,7 @@ def _modules() -> dict[str, Path]:
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Project modules a file imports, at its top or inside functions (a lazy import is an edge too)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_python(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -205,7 +207,7 @@ def test_the_trainer_imports_nothing_from_infra_or_policy():
 def test_the_contract_imports_no_torch_megatron_or_pulumi():
     heavy = ("torch", "megatron", "pulumi", "deepspeed")
     for path in (ROOT / "trainer" / "contract").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 assert not any(name.split(".")[0] in heavy for name in names), f"{path.name} imports {names}"
@@ -234,7 +236,7 @@ def _package_dirs() -> list[Path]:
 def test_every_package_docstring_names_each_of_its_modules():
     unnamed = []
     for package in _package_dirs():
-        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        doc = ast.get_docstring(parse_python((package / "__init__.py").read_text())) or ""
         members = [p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
         members += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
         words = set(re.findall(r"[\w]+", doc))

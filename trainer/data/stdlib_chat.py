@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import json
 import sysconfig
 from collections.abc import Callable
@@ -26,6 +27,19 @@ MAX_ANSWER_CHARS = 100
 HELD_OUT_EVERY = 20
 
 
+def parse_python(text: str) -> ast.Module:
+    """ast.parse with garbage collection paused: CPython 3.11's AST constructor raises SystemError ("AST constructor
+    recursion depth mismatch") when a collection during it runs Python finalizers (python/cpython#106905,
+    pytest-dev/pytest#10763; seen in CI after a leaked asyncio Future's finalizer logged)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(text)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @functools.cache
 def stdlib_conversations() -> tuple[dict, ...]:
     """The chat set as OpenAI-style `messages` records (parsed once per process: the training file and the held-out
@@ -35,7 +49,7 @@ def stdlib_conversations() -> tuple[dict, ...]:
     for path in stdlib_sources():
         module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            tree = parse_python(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # a few stdlib files are templates or other encodings: not part of the set
         for node in tree.body:
