@@ -84,7 +84,8 @@ TOPIC_PUBLISHERS = ("cloudwatch.amazonaws.com", "events.amazonaws.com", "budgets
 def eks_cluster_role_statement(cfg: StackConfig, account: pulumi.Input[str]) -> dict[str, Any]:
     """The EKS control plane's role encrypts and decrypts Secrets with the key (EKS_CLUSTER_ROLE_KEY_ACTIONS). Matched
     by `aws:PrincipalArn` (a role session's is the role's ARN: IAM User Guide, "AWS global condition context keys")
-    on exactly Pulumi's name for it, `<eks_cluster_role>-` and 7 characters (ArnLike's `?` is one character), as the
+    on exactly Pulumi's name for it, `<eks_cluster_role>-` and 7 characters (`?` is one character: IAM User Guide,
+    "IAM JSON policy elements: Condition operators", ARN condition operators), as the
     key exists before the role. A role of exactly that form made by whoever may create roles would match too (such a
     principal can already give a role of its own any identity policy); docs/eks.md says so."""
     role = pulumi.Output.concat("arn:aws:iam::", account, ":role/", cfg.eks_cluster_role, "-???????")

@@ -45,7 +45,9 @@ PURCHASE_OPTION_ENV = "TRAINSTACK_PURCHASE_OPTION"
 # A stack's job definition that names the placeholder image (no `trainstack:image`) is called `<name>-template`
 # (infra/cluster.py template_name); the verbs register the revisions that run, with a pushed image, under
 # `<name>-run` (trainer/jobs/submit.py job_definition_for). Pulumi never manages that family, so replacing the
-# template (which deregisters every revision of its name) leaves them in service.
+# template leaves them in service: the provider's delete deregisters every ACTIVE revision of the name
+# (terraform-provider-aws PR 34281, resourceJobDefinitionDelete), and a fixed name is deleted before it is replaced
+# (pulumi-terraform-bridge provider.go, nameRequiresDeleteBeforeReplace).
 TEMPLATE_SUFFIX = "-template"
 RUNNABLE_SUFFIX = "-run"
 
