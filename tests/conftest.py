@@ -5,12 +5,13 @@ and config, multi-process runs)."""
 import functools
 import socket
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.servers import serve_in_background
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -83,7 +84,7 @@ class Imds(BaseHTTPRequestHandler):
 def imds():
     """The endpoint of a local IMDSv2 (set Imds.instance_id with monkeypatch to change what it answers)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 

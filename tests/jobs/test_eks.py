@@ -12,7 +12,6 @@ import ipaddress
 import json
 import re
 import ssl
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.support.servers import serve_in_background
 from trainer.__main__ import main as trainer_main
 from trainer.aws.outputs import load_outputs
 from trainer.contract.container import SUBMISSION_ENV
@@ -233,8 +233,7 @@ def api_server(request, tmp_path: Path) -> Iterator[ApiServer]:
         state.ca = cert_file.read_bytes()
         scheme = "https"
     state.endpoint = f"{scheme}://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    serve_in_background(httpd)
     yield state
     httpd.shutdown()
     httpd.server_close()

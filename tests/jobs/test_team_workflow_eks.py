@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -38,6 +37,7 @@ from policy.offline import policy_resources
 from policy.rbac import Request as RbacRequest
 from policy.rbac import allows, rbac_objects
 from tests.infra.conftest import Planned, planned
+from tests.support.servers import serve_in_background
 
 from .conftest import IMAGE_TAG
 from .test_eks import ApiServer, handler_for, pod
@@ -152,7 +152,7 @@ def workflow(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
     api = ApiServer(plan.one("eks.Cluster").outputs["name"])
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(api))
     api.endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    serve_in_background(httpd)
     outputs = _build_stack(plan, api)
     outputs_file, prefix = team_inputs(tmp, outputs)
     team_session = _assume_team_role(plan)

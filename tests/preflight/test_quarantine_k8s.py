@@ -5,7 +5,6 @@ RBAC and admission policy that allow exactly that (infra/node_quarantine.py)."""
 from __future__ import annotations
 
 import json
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -14,6 +13,7 @@ import pytest
 from infra.cluster_software import NAMESPACE
 from infra.node_quarantine import NAME, NODE_NAME_EXTRA, job_service_accounts, quarantine_objects
 from tests.infra.conftest import planned
+from tests.support.servers import serve_in_background
 from trainer.contract.gpu_nodes import (
     GPU_NODE_TAINT,
     KARPENTER_NODEPOOL_LABEL,
@@ -63,8 +63,7 @@ class ApiServer(BaseHTTPRequestHandler):
 def api_server():
     ApiServer.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), ApiServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_background(server)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()

@@ -27,6 +27,9 @@ from prometheus_client.registry import Collector
 from trainer.contract import metrics as registry
 from trainer.monitoring.node import NodeReaders
 
+# How often the endpoint's server looks for close(): what a rank's end waits for it, at most.
+SHUTDOWN_POLL_S = 0.05
+
 
 class PrometheusExporter:
     def __init__(self, labels: dict[str, str], node: NodeReaders | None) -> None:
@@ -58,7 +61,14 @@ class PrometheusExporter:
             return _Delivered(app(environ, start_response), lambda: self.scrapes.append(began))
 
         self.server = server = make_server(address, port, scraped, ThreadingWSGIServer, handler_class=_Quiet)
-        threading.Thread(target=server.serve_forever, daemon=True, name="prometheus-endpoint").start()
+        # close() waits for serve_forever to look, every poll_interval (0.5 s by default; Python docs,
+        # socketserver.BaseServer.serve_forever): each rank's end would wait up to half a second for it.
+        threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": SHUTDOWN_POLL_S},
+            daemon=True,
+            name="prometheus-endpoint",
+        ).start()
 
     def wait_for_scrape(self, since: float, timeout_s: float) -> bool:
         """Keep serving until a scrape that began after `since` (time.monotonic) was answered; give up after two

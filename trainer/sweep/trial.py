@@ -109,7 +109,8 @@ def run_trial(
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     _kill(process)
                     raise TrialFailed(f"still running after {timeout_s:.0f} s", log)
-                time.sleep(POLL_S)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=POLL_S)  # back at once when the trainer ends
         except BaseException:
             _kill(process)  # the driver interrupted: no trainer left behind
             raise
