@@ -85,7 +85,7 @@ def test_cycle_finder_finds_a_cycle():
 # The trainer's floors, bottom to top (docs/architecture.md, "Floors"): a package or top-level module imports only
 # those on floors below its own, lazy imports inside functions included, so no two packages reach each other.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("contract", "arguments", "lock_file"),
+    ("contract", "arguments", "lock_file", "device"),
     ("aws", "monitoring"),
     ("config",),
     ("cost", "distributed"),
@@ -98,6 +98,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("metrics", "health", "preflight", "serving", "tracking"),
     ("launch", "sweep", "deploy"),
     ("jobs",),
+    ("loop",),
     ("train",),
     ("bench", "__main__"),
 )
@@ -302,7 +303,7 @@ def test_the_path_finder_finds_a_path_that_is_gone():
 
 def test_the_tests_mirror_the_packages():
     # tests/<name>/ for infra/, policy/, image/ and each trainer package; tests/trainer/ for the trainer's own
-    # modules (train.py, metrics.py, faults.py); support/ and fixtures/ are shared.
+    # modules (train.py, loop.py, device.py, metrics.py, faults.py); support/ and fixtures/ are shared.
     packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
     expected = {"infra", "policy", "image", "trainer", "support", "fixtures", *packages}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}

@@ -5,6 +5,7 @@ By floor, bottom to top; a package imports only the floors below it (tests/test_
 contract    what infra/, image/ and the trainer share
 arguments   argument types shared by the verbs
 lock_file   a directory's flock(2) lock file, or why the directory cannot hold one
+device      cpu or cuda and the GPU count, torch asked only where a GPU driver's device file exists
 aws         AWS clients with the project's retries, the instance metadata, a stack's outputs
 monitoring  Prometheus and CloudWatch exporters, alert rules and dashboards
 config      the typed config tree, its checks, the layout (ParallelDims), precision and the YAML/--set loader
@@ -29,7 +30,8 @@ launch      a cluster node's share of a job: each backend's rendezvous, prefligh
 deploy      `make deploy`: a model version onto the stack's SageMaker endpoint, behind a canary, rolled back by alarms
 jobs        runs on a stack's cluster (submit, status, logs, cancel, push, upload, smoke)
 sweep       hyperparameter sweeps: an Optuna study, each trial a trainer run (`sweep`)
-train       the `train` command and the engine-agnostic training loop
+loop        the engine-agnostic training loop of one torchrun process
+train       the `train` command: checks, then torchrun under its supervisor, or the loop under torchrun
 bench       `make bench` and `make bench-gpu`
 """
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.distributed import parallel
+from trainer.device import device_type
 
 
 class TrainingStopped(RuntimeError):
@@ -58,7 +58,7 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """A collective: every rank calls it at the same step boundary and gets the same answer."""
-        flag = torch.tensor([1.0 if self.received else 0.0], device=parallel.device_type())
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device_type())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return flag.item() > 0
 

@@ -1,4 +1,4 @@
-"""One process of the end-of-run memory test, launched by torchrun: the trainer's whole loop (trainer/train.py)
+"""One process of the end-of-run memory test, launched by torchrun: the trainer's whole loop (trainer/loop.py)
 with background saves every 2 steps and an evaluation at the last step, every allocation traced; writes the
 peak of each training step and of the final evaluation.
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainer import engines, train
+from trainer import engines, loop
 from trainer.bench.allocations import AllocationTrace
 from trainer.config import load_config
+from trainer.device import device_type
 from trainer.distributed import parallel
 
 
@@ -27,7 +28,7 @@ def main() -> None:
     dims = parallel.initialize(cfg)
     build = engines.build
     try:
-        with AllocationTrace(parallel.device_type()) as trace:
+        with AllocationTrace(device_type()) as trace:
 
             def traced_build(cfg, dims):
                 run = build(cfg, dims)
@@ -44,8 +45,8 @@ def main() -> None:
                 run.train_step, run.evaluate = traced_step, traced_evaluate
                 return run
 
-            engines.build = train.engines.build = traced_build
-            train.train(cfg, dims, Console(quiet=True), fresh=True)
+            engines.build = loop.engines.build = traced_build
+            loop.train(cfg, dims, Console(quiet=True), fresh=True)
         peaks = {
             "steps": [trace.peak_during(p) for p in trace.phases("step")],
             "evaluations": [trace.peak_during(p) for p in trace.phases("evaluate")],

@@ -1,6 +1,6 @@
 """A run's end must not need more memory than its steady state: the final evaluation runs while the last
 interval's background save may still be in flight (its staging copies held), after every training step's
-allocator state. The whole loop of trainer/train.py runs with every allocation traced (trainer/bench/allocations.py,
+allocator state. The whole loop of trainer/loop.py runs with every allocation traced (trainer/bench/allocations.py,
 on CPU the same counts torch.cuda.max_memory_allocated reports on a GPU)."""
 
 import json

@@ -14,7 +14,7 @@ from tests.conftest import free_port
 from tests.monitoring.test_cloudwatch import spec_problems
 from trainer.config import load_config
 from trainer.contract import metrics as r
-from trainer.evaluation.during_training import evaluation_problems
+from trainer.evaluation.suite import evaluation_problems
 from trainer.monitoring import exporters
 from trainer.monitoring.cloudwatch import EmfWriter
 from trainer.monitoring.prometheus import PrometheusExporter

@@ -180,7 +180,7 @@ def test_a_checkpoint_directory_that_is_the_run_directory_is_one_lock(tmp_path):
 @pytest.mark.parametrize("checkpoint_dir", ["run", "run/checkpoints"])
 def test_fresh_removes_the_checkpoints_but_never_a_lock_it_holds(tmp_path, checkpoint_dir):
     from trainer.config import load_config
-    from trainer.train import _remove_run_outputs
+    from trainer.loop import _remove_run_outputs
 
     run_dir, checkpoints = tmp_path / "run", tmp_path / checkpoint_dir
     cfg = load_config(

@@ -17,7 +17,7 @@ from megatron.core import parallel_state
 from megatron.core.utils import unwrap_model
 from rich.console import Console
 
-from trainer import engines, train
+from trainer import engines, loop
 from trainer.config import load_config
 from trainer.distributed import parallel
 from trainer.model import llama as model
@@ -121,7 +121,7 @@ def main() -> None:
                 steps = []
                 if cfg.engine == "megatron":  # DeepSpeed's runs are compared by their losses
                     record_gradients(steps)
-                train.train(cfg, dims, console)
+                loop.train(cfg, dims, console)
             if (
                 parallel_state.get_tensor_model_parallel_rank() == 0
                 and parallel_state.get_data_parallel_rank() == 0

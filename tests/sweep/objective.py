@@ -7,7 +7,7 @@ step 10, as a crashing trainer would. `dollars_per_trial` (another override) mak
 ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py).
 At its end it writes heldout-losses.json: 64 windows' losses around its last validation loss, varying by window
 and by `seed` as a trained model's would (by `seed_spread` x sin(seed), 0.02 unless given) (read by conftest.objective_evaluate in the held-out scorer's place).
-`stop_at=N` stops it at step N as the trainer's dollar cap does (trainer/train.py): that step's line, the
+`stop_at=N` stops it at step N as the trainer's dollar cap does (trainer/loop.py): that step's line, the
 trainer's "saved and stopped" message, exit 0. `nan_at=N` makes the validation loss NaN from step N on."""
 
 import json

@@ -115,7 +115,7 @@ def test_a_sweeps_trials_are_runs_of_its_experiment_with_their_state(tmp_path, s
 
 def test_a_trial_logged_by_the_trainer_and_by_the_sweep_is_one_run_in_the_sweeps_experiment(tmp_path):
     from trainer.config import load_config
-    from trainer.train import _track
+    from trainer.loop import _track
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = sweep_of(tmp_path)

@@ -4,7 +4,7 @@
 
 bare     megatron-core alone: the same model, DDP, optimizer and schedule, one fixed synthetic micro-batch,
          get_forward_backward_func, optimizer.step(), scheduler.step(); nothing else in the loop.
-trainer  the production loop (trainer/train.py train()) at the same config: data from the dataset, loss reduction,
+trainer  the production loop (trainer/loop.py train()) at the same config: data from the dataset, loss reduction,
          the non-finite check, metrics, console and progress bar; a loop iteration is timed from one
          MetricsLogger.log call to the next (log_interval 1), so the logging is counted.
 OUT/<mode>.json (rank 0): every iteration's seconds after the warm-up ones.
@@ -23,9 +23,10 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from rich.console import Console
 
-from trainer import metrics, train
+from trainer import loop, metrics
 from trainer.config import ParallelDims, TrainConfig, load_config
-from trainer.data.loader import with_resolved_model
+from trainer.data.tokenizer import with_resolved_model
+from trainer.device import device_type
 from trainer.distributed import parallel
 from trainer.engines.megatron import build_model_and_optimizer
 
@@ -39,7 +40,7 @@ def bare_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float]:
     generator = torch.Generator().manual_seed(cfg.seed)
     assert cfg.model.vocab_size is not None  # with_resolved_model filled it
     tokens = torch.randint(cfg.model.vocab_size, (s.micro_batch_size, seq + 1), generator=generator)
-    device = parallel.device_type()
+    device = device_type()
     batch = {
         "tokens": tokens[:, :-1].contiguous().to(device),
         "labels": tokens[:, 1:].contiguous().to(device),
@@ -83,7 +84,7 @@ def trainer_loop(cfg: TrainConfig, dims: ParallelDims, steps: int) -> list[float
 
     metrics.MetricsLogger.log = timed_log  # type: ignore[method-assign]  # the bench times every log call
     console = Console(stderr=True, quiet=True)
-    train.train(cfg, dims, console, fresh=True)
+    loop.train(cfg, dims, console, fresh=True)
     # logged[0] is the untrained model's evaluation, logged[-1] the last step's (with its evaluation).
     gaps = [b - a for a, b in itertools.pairwise(logged[1:-1])]
     return gaps[WARMUP - 1 :][:steps]

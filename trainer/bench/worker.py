@@ -30,7 +30,8 @@ from rich.console import Console
 from trainer.bench.allocations import AllocationTrace
 from trainer.bench.checkpointing import BACKGROUND_SAVES, time_checkpoint, time_load
 from trainer.config import ParallelDims, load_config
-from trainer.data.loader import with_resolved_model
+from trainer.data.tokenizer import with_resolved_model
+from trainer.device import device_type
 from trainer.distributed import parallel
 from trainer.engines import megatron
 from trainer.model import attention
@@ -52,7 +53,7 @@ class PipelineWaits:
 
 def kernels() -> str:
     """The planner's name for the layer implementation this process runs (trainer/model/llama.py picks it)."""
-    backend = attention.core_attention_backend(parallel.device_type(), HAVE_TRANSFORMER_ENGINE)
+    backend = attention.core_attention_backend(device_type(), HAVE_TRANSFORMER_ENGINE)
     return attention.PLANNER_KERNELS[backend]
 
 
@@ -85,7 +86,7 @@ def measure(
     checkpoint_keep_last: int | None = None,
     background_saves: int = BACKGROUND_SAVES,
 ) -> dict:
-    device = parallel.device_type()
+    device = device_type()
     waits = PipelineWaits()
     with AllocationTrace(device) as trace:
         with trace.phase("build"):

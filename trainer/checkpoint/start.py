@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint import formats
 from trainer.checkpoint.record import ModelRecord, model_mismatches
 from trainer.checkpoint.settings import ALLOW, KEY, setting_changes
 from trainer.checkpoint.store import CheckpointError, damaged_checkpoints, latest_checkpoint
@@ -37,6 +36,8 @@ def starting_checkpoint(
     if own is not None:
         return Start(own, weights_only=False, resumed=True)
     if cfg.checkpoint.load:
+        from trainer.checkpoint import formats  # its readers import torch: only where a checkpoint is read
+
         try:
             source = formats.resolve(cfg.checkpoint.load)
         except CheckpointError as error:
@@ -64,6 +65,8 @@ def start_problems(cfg: TrainConfig, model: ModelConfig, *, fresh: bool = False)
         return [str(error)]
     if start is None:
         return []
+    from trainer.checkpoint import formats  # its readers import torch: only where a checkpoint is read
+
     saved_by = formats.saved_by(start.path)
     if start.resumed and saved_by != cfg.engine:
         return [

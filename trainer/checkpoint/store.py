@@ -11,6 +11,9 @@ directory that does not match its manifest (a copy cut short, a truncated file, 
 warning, never loaded: finding the newest checks every size and the small files' digests (`damage`), and the
 checkpoint a run loads has every byte's digest checked first, the files shared out over the ranks (`verify`). A
 save that fails on any rank fails on every rank, and `latest` keeps naming the previous checkpoint.
+
+Only the collectives (`verify`, `stage`, `publish`, `agree_or_raise`) import torch: the `train` command reads the
+directory (`latest_checkpoint`, `damage`) before any process group exists, and without torch (trainer/train.py).
 """
 
 from __future__ import annotations
@@ -25,9 +28,6 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint import digest
 
@@ -133,6 +133,8 @@ def _file_damage(checkpoint: Path, name: str, expected: dict, *, every_byte: boo
 def verify(checkpoint: Path) -> str | None:
     """Every byte of a checkpoint against its manifest, the files shared out over the ranks (each reads about
     1/world of the bytes); what is wrong, the same on every rank, or None. A collective."""
+    import torch
+
     problem = damage(checkpoint)  # the manifest, every size, the small files
     if problem is None:
         files = json.loads((checkpoint / MANIFEST).read_text())["files"]
@@ -183,6 +185,8 @@ def damaged_checkpoints(directory: Path, known: Mapping[Path, str] | None = None
 
 def stage(directory: Path, step: int) -> Path:
     """The empty `iter_NNNNNNN.tmp` directory every rank writes step's checkpoint into (any engine's format)."""
+    import torch
+
     staging = directory / (checkpoint_name(step) + ".tmp")
     if torch.distributed.get_rank() == 0:
         for unfinished in directory.glob("iter_*.tmp"):  # left by a crash mid-save
@@ -195,6 +199,8 @@ def stage(directory: Path, step: int) -> Path:
 def publish(staging: Path, step: int, metrics: dict[str, Any] | None = None) -> Path:
     """Once every rank has written `staging` (and agreed so): rank 0 seals it (its manifest, with `metrics`),
     renames it and points `latest` at it; every rank learns whether that worked."""
+    import torch
+
     final = staging.with_suffix("")
     failure = None
     if torch.distributed.get_rank() == 0:
@@ -242,6 +248,8 @@ def prune(directory: Path, keep_last: int, keep_best: int = 0) -> list[Path]:
 def agree_or_raise(failure: BaseException | None, doing: str, staging: Path) -> None:
     """Every rank learns whether any rank failed; if one did, all raise, after rank 0 clears the staging
     directory (freeing the space a full disk needs back). The previous checkpoint and `latest` stay as they were."""
+    import torch
+
     # One integer all-reduce when no rank failed (every save, twice); the ranks' messages only when one did.
     failing = torch.tensor([int(failure is not None)], device="cuda" if torch.cuda.is_available() else "cpu")
     torch.distributed.all_reduce(failing, op=torch.distributed.ReduceOp.MAX)
@@ -286,6 +294,9 @@ _WRITER_STOPPED = (
 def _failures(error: BaseException) -> dict[int, str]:
     """The failing ranks and their errors in one line each (dist_checkpointing gathers every rank's failures
     into a CheckpointException keyed by rank)."""
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+
     if isinstance(error, CheckpointException) and error.failures:
         return {
             rank: str(exc).removeprefix("Worker failure: ").splitlines()[0] or type(exc).__name__

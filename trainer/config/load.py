@@ -16,6 +16,7 @@ from pydantic_core import ErrorDetails
 
 from trainer.config.checks import consistency_problems
 from trainer.config.schema import ConfigError, TrainConfig
+from trainer.device import device_type
 
 if TYPE_CHECKING:
     from trainer.config.precision import PrecisionChoice
@@ -87,9 +88,9 @@ def _resolve_precision(
                 str(path),
             )
         return None
-    from trainer.config.precision import choose_precision, local_device  # imports torch: only for `auto`
+    from trainer.config.precision import choose_precision  # imports torch: only for `auto`
 
-    choice = choose_precision(device or local_device())
+    choice = choose_precision(device or device_type())
     raw["precision"] = choice.precision
     return choice
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from trainer.device import device_type
+
 AUTO = "auto"
 Precision = Literal["bf16", "fp32"]
 PRECISIONS = ("bf16", "fp32")
@@ -25,12 +27,6 @@ class PrecisionChoice:
 
     precision: Precision
     reason: str
-
-
-def local_device() -> Literal["cpu", "cuda"]:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def native_bf16_cpu_flags() -> list[str]:
@@ -80,7 +76,7 @@ def precision_note(cfg: PrecisionSetting, device: Literal["cpu", "cuda"] | None 
         other = "fp32" if choice.precision == "bf16" else "bf16"
         return f"precision: {choice.precision} (auto: {choice.reason}; --set precision={other} to override)"
     note = f"precision: {cfg.precision} (set in the config)"
-    if cfg.precision == "bf16" and (device or local_device()) == "cpu" and not native_bf16_cpu_flags():
+    if cfg.precision == "bf16" and (device or device_type()) == "cpu" and not native_bf16_cpu_flags():
         note += (
             "; this CPU has neither AVX-512 BF16 nor AMX and emulates bf16, several times slower than fp32 "
             "(precision: auto would choose fp32 here)"

@@ -3,7 +3,7 @@ per million tokens, goodput, and the hard cap (budget.max_dollars, budget.max_ho
 
 Every second between this attempt's start and its last mark is charged to exactly one category, so the shares add
 up to 100 % of paid time by construction: goodput is the productive share. The training loop marks its points
-(trainer/train.py); a resume reconciles the ledger its checkpoint stored with the one the run directory holds, so
+(trainer/loop.py); a resume reconciles the ledger its checkpoint stored with the one the run directory holds, so
 productive time after that checkpoint becomes lost work and a retry's gap becomes restart time.
 
 Torch-free: `make status` and the tests read it anywhere.

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import TrainConfig
 from trainer.data.datasets import build_gpt_datasets
 from trainer.data.sampler import sample_batches
 from trainer.data.tokenizer import load_tokenizer
-from trainer.distributed.parallel import device_type
+from trainer.device import device_type
 
 if TYPE_CHECKING:
     import torch
@@ -89,14 +89,3 @@ def micro_batch_streams(
             yield fast_path.this_context_parallel_rank(on_device) if dims.cp > 1 else on_device
 
     return [stream() for _ in range(dims.vp)]
-
-
-def resolved_model(cfg: TrainConfig) -> ModelConfig:
-    """The model section with its vocabulary size set: the tokenizer's unless the config gives one."""
-    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
-    return cfg.model.model_copy(update={"vocab_size": vocab_size})
-
-
-def with_resolved_model(cfg: TrainConfig) -> TrainConfig:
-    """cfg with resolved_model's model section: what the model is built from."""
-    return cfg.model_copy(update={"model": resolved_model(cfg)})

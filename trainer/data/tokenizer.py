@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from trainer.config import ModelConfig, TrainConfig
 from trainer.data import DataError
 
 EOD_TOKEN = "<|endoftext|>"
@@ -186,3 +187,14 @@ class HuggingFaceTokenizer:
 
 def load_tokenizer(path: str | Path) -> HuggingFaceTokenizer:
     return HuggingFaceTokenizer(path)
+
+
+def resolved_model(cfg: TrainConfig) -> ModelConfig:
+    """The model section with its vocabulary size set: the tokenizer's unless the config gives one."""
+    vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer_path).vocab_size
+    return cfg.model.model_copy(update={"vocab_size": vocab_size})
+
+
+def with_resolved_model(cfg: TrainConfig) -> TrainConfig:
+    """cfg with resolved_model's model section: what the model is built from."""
+    return cfg.model_copy(update={"model": resolved_model(cfg)})

@@ -13,9 +13,8 @@ import socket
 import sys
 from collections.abc import Iterator
 
-import torch
-
 from trainer.config import TrainConfig
+from trainer.device import device_type, gpu_count
 from trainer.distributed.torchrun import MASTER_PORT, Rendezvous, supervise, torchrun_command
 
 
@@ -34,14 +33,14 @@ def first_attempt() -> bool:
 def processes(cfg: TrainConfig, nproc: int | None) -> int:
     if nproc:
         return nproc
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
+    if device_type() == "cuda":
+        return gpu_count()
     return cfg.parallel.model_parallel_size * (cfg.parallel.data_parallel_size or 1)
 
 
 def _torchrun_command(nproc: int, verb_args: list[str], max_restarts: int) -> list[str]:
     """`torchrun --standalone` running `python -m trainer <verb_args>` N times."""
-    if not torch.cuda.is_available():
+    if device_type() == "cpu":
         # The processes share the cores; more threads only contend.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     single_node = Rendezvous(nnodes=1, node_rank=0, master_addr=None)

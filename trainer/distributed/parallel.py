@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Literal
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -26,11 +25,8 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
 
 from trainer.config import ParallelDims, TrainConfig
+from trainer.device import device_type
 from trainer.distributed import fast_path, megatron_compat
-
-
-def device_type() -> Literal["cpu", "cuda"]:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def initialize(cfg: TrainConfig, dims: ParallelDims | None = None) -> ParallelDims:

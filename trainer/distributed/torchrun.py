@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trainer.contract import retry
 from trainer.contract.container import STOP_GRACE_SECONDS
+from trainer.device import gpu_count
 
 MASTER_PORT = 29500
 # The preflight gets its own port so its store never collides with the training run's.
@@ -53,9 +54,7 @@ class Rendezvous:
 
 
 def devices_per_node() -> int:
-    import torch  # imported here: the launcher's other paths need no torch
-
-    return torch.cuda.device_count()
+    return gpu_count()
 
 
 def torchrun() -> list[str]:

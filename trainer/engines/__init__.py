@@ -5,7 +5,7 @@
     deepspeed_config  the DeepSpeed config derived from the trainer's, merged with raw `deepspeed:` keys
     step              StepResult: what one optimizer step reports
 
-The loop in trainer/train.py knows only `Engine`, and its checkpoints only through the checkpointer
+The loop in trainer/loop.py knows only `Engine`, and its checkpoints only through the checkpointer
 (trainer/checkpoint/checkpointer.py), which calls the engine's `save` and `load`. A new engine is a module here
 with a `build(cfg, dims)` that returns one, a value of `engine:` in trainer/config/schema.py, and its checkpoint
 format in trainer/checkpoint/.
@@ -65,7 +65,7 @@ def problems(cfg: TrainConfig, world_size: int) -> list[str]:
 def build(cfg: TrainConfig, dims: ParallelDims) -> Engine:
     """The engine cfg names, built for this rank: data, model, optimizer and LR schedule from the seed; its cfg
     is `cfg` with the vocabulary resolved (the train command resolves it before: then `cfg` itself)."""
-    from trainer.data.loader import with_resolved_model
+    from trainer.data.tokenizer import with_resolved_model
 
     cfg = with_resolved_model(cfg)
     if cfg.engine == "deepspeed":

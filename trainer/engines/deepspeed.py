@@ -37,7 +37,7 @@ from trainer.checkpoint.store import Progress
 from trainer.checkpoint.writer import Write, Writer
 from trainer.config import ParallelDims, TrainConfig
 from trainer.data.loader import micro_batch_streams, train_and_valid
-from trainer.distributed import parallel
+from trainer.device import device_type
 from trainer.distributed.optimizer import apply_config_schedule, build_scheduler
 from trainer.engines.deepspeed_config import derived_config, merged_config
 from trainer.engines.step import StepResult
@@ -80,7 +80,7 @@ class DeepSpeedEngine:
         # summed loss is divided by the global batch's token count, counted before any backward. DeepSpeed
         # averages gradients over DP (zero/stage_1_and_2.py average_tensor divides by the DP size, deepspeed
         # 0.19.8); scale_wrt_gas=False stops its division by the micro-batches per step (runtime/engine.py).
-        tokens = sum(batch["loss_mask"].float().sum() for batch in micro_batches).to(parallel.device_type())
+        tokens = sum(batch["loss_mask"].float().sum() for batch in micro_batches).to(device_type())
         torch.distributed.all_reduce(tokens, group=parallel_state.get_data_parallel_group())
         scale = self.dims.dp / tokens.clamp(min=1)
         totals = torch.zeros(2)
@@ -226,7 +226,7 @@ def _adamw(cfg: TrainConfig, chunk: torch.nn.Module) -> tuple[torch.optim.Optimi
 
 def _loss_and_tokens(engine: deepspeed.DeepSpeedEngine, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The micro-batch's summed loss over its loss-masked tokens, and their count."""
-    device = parallel.device_type()
+    device = device_type()
     per_token_loss = engine(
         batch["tokens"].to(device), batch["position_ids"].to(device), None, labels=batch["labels"].to(device)
     )
@@ -242,4 +242,4 @@ def set_full_weights(engine: deepspeed.DeepSpeedEngine, full_weights: dict[str, 
     tied = engine.module.share_embeddings_and_output_weights
     for name, param in engine.module.named_parameters():
         full = full_weights[llama.full_weight_name(engine.module, name, tied)]
-        safe_set_full_fp32_param(param, full.to(parallel.device_type()))
+        safe_set_full_fp32_param(param, full.to(device_type()))

@@ -32,6 +32,7 @@ from trainer.config import ParallelDims, TrainConfig
 from trainer.contract import metrics as registry
 from trainer.data import packing
 from trainer.data.loader import micro_batch_streams, train_and_valid
+from trainer.device import device_type
 from trainer.distributed import fast_path, parallel
 from trainer.distributed.optimizer import apply_config_schedule, build_optimizer, build_scheduler
 from trainer.engines.step import StepResult
@@ -117,7 +118,7 @@ class MegatronEngine:
             micro_batch_size=s.micro_batch_size,
             forward_only=forward_only,
         )
-        totals = torch.zeros(2, device=parallel.device_type())
+        totals = torch.zeros(2, device=device_type())
         for output in outputs:  # only the last pipeline stage has any
             totals += output["lm loss"].to(totals.device)
         return loss.global_mean(totals)

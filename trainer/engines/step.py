@@ -1,4 +1,4 @@
-"""What an engine's optimizer step reports to the loop (trainer/train.py) and the metrics (trainer/metrics.py)."""
+"""What an engine's optimizer step reports to the loop (trainer/loop.py) and the metrics (trainer/metrics.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.contract import metrics as registry
-from trainer.evaluation.suite import SuiteError, read_suite
 from trainer.monitoring import exporters
 
 # What torchrun sets for its workers: the evaluation process is a world of its own.
@@ -45,29 +44,6 @@ _TORCHRUN_VARIABLES = (
     "TORCHELASTIC_ERROR_FILE",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )
-
-
-def evaluation_problems(cfg: TrainConfig) -> list[str]:
-    """The suite readable and whole, the interval on checkpoint saves: checked before training starts."""
-    e = cfg.evaluation
-    if e.suite is None:
-        return (
-            []
-            if e.interval is None
-            else ["evaluation.interval is set but evaluation.suite is not: give both"]
-        )
-    problems = []
-    try:
-        read_suite(e.suite)
-    except SuiteError as error:
-        problems.append(f"evaluation.suite = {e.suite!r}: {error}")
-    save = cfg.checkpoint.save_interval
-    if e.interval is not None and (save is None or e.interval % save):
-        problems.append(
-            f"evaluation.interval = {e.interval}: evaluation runs on a saved checkpoint, so give a multiple of "
-            f"checkpoint.save_interval ({save}), or leave it unset to evaluate at every save"
-        )
-    return problems
 
 
 class IntervalEvaluation:

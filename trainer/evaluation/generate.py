@@ -42,6 +42,7 @@ from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.data import DataError
 from trainer.data.chat import ChatTemplate, trained_template
 from trainer.data.tokenizer import HuggingFaceTokenizer, load_tokenizer
+from trainer.device import device_type
 from trainer.distributed import local, parallel
 from trainer.evaluation.jsonl import string_records
 from trainer.model import llama
@@ -345,7 +346,7 @@ class Generator:
 
     def logits(self, ids: list[int], position: int, context: StaticInferenceContext) -> torch.Tensor:
         """The next token's logits over the real vocabulary after feeding ids at positions from `position`."""
-        device = parallel.device_type()
+        device = device_type()
         tokens = torch.tensor([ids], device=device)
         positions = torch.arange(position, position + len(ids), device=device)[None]
         # megatron-core 0.16.1 GPTModel._postprocess: inference must gather the TP logits; [b, 1, padded vocab]

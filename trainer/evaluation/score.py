@@ -34,6 +34,7 @@ from trainer.checkpoint import formats
 from trainer.config import ConfigError, ModelConfig, TrainConfig, layout_problems
 from trainer.data import DataError
 from trainer.data.datasets import open_indexed_dataset
+from trainer.device import device_type
 from trainer.distributed import local, parallel
 from trainer.model import llama, loss
 from trainer.model.weights import model_only_config
@@ -88,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
         sequences = _sequences(args, record.seq_length, record.config.vocab_size)
         world_size = int(os.environ["WORLD_SIZE"]) if local.under_torchrun() else args.tp * args.pp
         cfg = _config(record.config, args.tp, args.pp, sequences, world_size)
-        problems = layout_problems(cfg, world_size, parallel.device_type())
+        problems = layout_problems(cfg, world_size, device_type())
         if problems:
             raise ScoreError(f"--tp {args.tp} --pp {args.pp}: " + "; ".join(problems))
     # Every check above raises a ValueError (ours subclass it, as pydantic's does) or a ConfigError.
@@ -253,7 +254,7 @@ def _micro_batches(sequences: list[list[int]], count: int, seq_length: int) -> I
             "loss_mask": loss_mask,
             "position_ids": torch.arange(seq_length)[None],
         }
-        yield {field: tensor.to(parallel.device_type()) for field, tensor in batch.items()}
+        yield {field: tensor.to(device_type()) for field, tensor in batch.items()}
 
 
 def _forward_step(vocab_size: int, batches, chunk):

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
+from trainer.config import TrainConfig
 from trainer.evaluation.jsonl import string_records
 
 # The two-sided 95 % normal quantile, Phi^-1(0.975), for both intervals.
@@ -200,3 +201,26 @@ def mean_interval(values: list[float], z: float = Z_95) -> tuple[float, float]:
         return -math.inf, math.inf
     spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return mean - z * spread / math.sqrt(n), mean + z * spread / math.sqrt(n)
+
+
+def evaluation_problems(cfg: TrainConfig) -> list[str]:
+    """The suite readable and whole, the interval on checkpoint saves: checked before training starts."""
+    e = cfg.evaluation
+    if e.suite is None:
+        return (
+            []
+            if e.interval is None
+            else ["evaluation.interval is set but evaluation.suite is not: give both"]
+        )
+    problems = []
+    try:
+        read_suite(e.suite)
+    except SuiteError as error:
+        problems.append(f"evaluation.suite = {e.suite!r}: {error}")
+    save = cfg.checkpoint.save_interval
+    if e.interval is not None and (save is None or e.interval % save):
+        problems.append(
+            f"evaluation.interval = {e.interval}: evaluation runs on a saved checkpoint, so give a multiple of "
+            f"checkpoint.save_interval ({save}), or leave it unset to evaluate at every save"
+        )
+    return problems

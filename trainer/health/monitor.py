@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from trainer import faults
 from trainer.config import TrainConfig
-from trainer.distributed import parallel
+from trainer.device import device_type
 from trainer.health import report
 from trainer.health.collectives import CollectiveTracker
 from trainer.health.straggler import Node, SlowRank, StragglerDetector
@@ -99,7 +99,7 @@ class HealthMonitor:
 
     def _gather(self, mean: float) -> list[float]:
         """The one all-gather of a window: every rank's mean step compute time."""
-        local = torch.tensor([mean], dtype=torch.float64, device=parallel.device_type())
+        local = torch.tensor([mean], dtype=torch.float64, device=device_type())
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         torch.distributed.all_gather(gathered, local)
         return [t.item() for t in gathered]

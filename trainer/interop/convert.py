@@ -44,6 +44,7 @@ from trainer.checkpoint.version import RECORD, ModelVersion, read_evaluations, r
 from trainer.config import ConfigError, ModelConfig, layout_problems
 from trainer.data import DataError
 from trainer.data.chat import ChatTemplate, trained_template
+from trainer.device import device_type
 from trainer.distributed import local, parallel
 from trainer.interop import export, hf
 from trainer.interop.hf import DTYPE_ALIASES, DTYPE_NAMES, HuggingFaceCheckpoint, HuggingFaceError, parse_size
@@ -152,7 +153,7 @@ def _verb_args(args: argparse.Namespace) -> list[str]:
 
 def _check_layout(model: ModelConfig, tp: int, pp: int) -> None:
     cfg = weights.model_only_config(model, tensor_parallel=tp, pipeline_parallel=pp, seq_length=1)
-    problems = layout_problems(cfg, tp * pp, parallel.device_type())
+    problems = layout_problems(cfg, tp * pp, device_type())
     if problems:
         raise ConvertError(f"--tp {tp} --pp {pp} does not fit the model: " + "; ".join(problems))
 

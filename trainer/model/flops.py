@@ -1,6 +1,6 @@
 """Transformer arithmetic of the Llama this trainer builds: parameter counts and model FLOPs, without torch.
 
-The one place for both facts: the trainer's MFU (trainer/train.py) and the planner (trainer/plan/) read them.
+The one place for both facts: the trainer's MFU (trainer/loop.py) and the planner (trainer/plan/) read them.
 Llama as trainer/model/llama.py builds it: RMSNorm (one weight vector), SwiGLU MLP (three matrices), grouped-query
 attention, rotary positions (no parameters), no biases, an untied output layer unless
 `share_embeddings_and_output_weights`.

@@ -24,7 +24,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transfor
 from megatron.core.transformer import TransformerConfig
 
 from trainer.config import TrainConfig
-from trainer.distributed.parallel import device_type
+from trainer.device import device_type
 from trainer.model import attention
 from trainer.model.flops import Kernels
 
@@ -113,7 +113,7 @@ class Built:
 def build(cfg: TrainConfig) -> Built:
     """The one model recipe every path uses (both engines, score, conversions, checkpoint readers): pad the
     vocabulary, configure megatron-core for this device, build this rank's chunks, initialize them from the seed.
-    cfg.model.vocab_size must be set (trainer.config.resolved_model fills it from the tokenizer)."""
+    cfg.model.vocab_size must be set (trainer.data.tokenizer.resolved_model fills it from the tokenizer)."""
     m = cfg.model
     assert m.vocab_size is not None, "build needs resolved_model's vocabulary"
     padded_vocab_size = m.padded_vocab_size(m.vocab_size)

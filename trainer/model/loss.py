@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state
 
-from trainer.distributed.parallel import device_type
+from trainer.device import device_type
 
 
 def masked_sum(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

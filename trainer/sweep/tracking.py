@@ -21,7 +21,7 @@ def trial_tracker(
 ) -> Callable[[optuna.trial.FrozenTrial], None]:
     """Each decided trial as an MLflow run of the experiment named after the sweep: its whole config, its
     validation losses by step, its state and, where it published one, its model version. A store that fails is
-    a warning for that trial, as in the trainer (trainer/train.py _track), not the end of the sweep: the trials and
+    a warning for that trial, as in the trainer (trainer/loop.py _track), not the end of the sweep: the trials and
     the study are already on disk."""
 
     def track(trial: optuna.trial.FrozenTrial) -> None:

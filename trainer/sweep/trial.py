@@ -21,7 +21,7 @@ from pathlib import Path
 METRICS = "metrics.jsonl"
 LOG = "train.log"
 POLL_S = 0.25
-# What the trainer prints when a budget cap stops it early (trainer/train.py, the `capped` branch): the step, then
+# What the trainer prints when a budget cap stops it early (trainer/loop.py, the `capped` branch): the step, then
 # cap_reached's reason (trainer/cost/ledger.py), then "saved and stopped".
 CAPPED = re.compile(r"step (\d+): (budget\.max_\w+ = .*?); saved and stopped")
 
