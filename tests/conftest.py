@@ -3,6 +3,7 @@ IMDSv2; no AWS credentials (`no_credentials`); and the training fixtures (tests/
 and config, multi-process runs)."""
 
 import functools
+import os
 import socket
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -121,6 +122,17 @@ def no_credentials(monkeypatch, tmp_path):
     clients_for.cache_clear()  # a Region's clients are found once per process
     yield
     clients_for.cache_clear()  # nor kept for the tests after this one
+
+
+def pytest_configure(config):
+    """In each xdist worker, torch computes on one thread. Its default, a thread per core, has the two workers'
+    threads spin against each other and against the runs they start: a tiny in-process fine-tune (40 AdamW steps,
+    tests/data/test_packing.py) took 0.45 s alone, 6.8 s beside two busy cores with 2 threads and 0.8 s with 1, and
+    16 s in the suite (docs/testing.md, "Idle waits"). Subprocesses set their own (OMP_NUM_THREADS=1)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
