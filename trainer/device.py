@@ -11,7 +11,7 @@ import os
 from typing import Literal
 
 # CUDA needs the NVIDIA driver's device files, /dev/nvidiactl among them (CUDA Installation Guide for Linux,
-# "Device Node Verification"); under WSL 2 it goes through /dev/dxg instead (CUDA on WSL User Guide); ROCm builds of
+# docs.nvidia.com/cuda/cuda-installation-guide-linux/#device-node-verification); under WSL 2 it goes through /dev/dxg instead (CUDA on WSL User Guide); ROCm builds of
 # torch answer torch.cuda for AMD GPUs, whose kernel driver is /dev/kfd (ROCm docs, "Running ROCm Docker containers":
 # --device=/dev/kfd).
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")

@@ -2,9 +2,11 @@
 
 Outside torchrun, it checks the config against the processes it will start and runs torchrun under the supervisor
 (trainer/distributed/local.py); under torchrun, each process checks it again (the same checks, on the launched
-world) and runs the training loop (trainer/loop.py). Outside torchrun nothing here imports torch or megatron-core
-on a machine without a GPU (trainer/device.py): their imports cost every launch, and every sweep trial,
-about 2 CPU seconds before the first check (docs/testing.md); the loop and a resume's checkpoint reads import them.
+world) and runs the training loop (trainer/loop.py). Outside torchrun, torch and megatron-core (about 2 CPU
+seconds of imports, docs/testing.md) come in only with the checks that use them: `precision: auto` reads the CPU's
+features with torch, the data checks open the dataset with megatron-core's reader, a resume reads its checkpoint.
+So `--help` and a config refused by its schema or layout answer at once (trainer/device.py: no torch to ask which
+device a machine without a GPU driver has).
 """
 
 from __future__ import annotations

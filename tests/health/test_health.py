@@ -190,7 +190,7 @@ GRAD_NORM = {
 
 
 def test_hang_summary_names_the_collective_and_the_ranks_that_never_entered_it():
-    earlier = {**GRAD_NORM, "number": 40, "caller": "trainer.train._mean_over_ranks"}
+    earlier = {**GRAD_NORM, "number": 40, "caller": "trainer.loop._max_over_ranks"}
     states = {0: _state(0, GRAD_NORM), 1: _state(1, last=earlier), 3: _state(3, GRAD_NORM)}  # 2: no report
     summary = hang_summary(states, world_size=4, idle=31.0, step=2)
     assert (summary["entered"], summary["never_entered"]) == ([0, 3], [1, 2])
@@ -198,7 +198,7 @@ def test_hang_summary_names_the_collective_and_the_ranks_that_never_entered_it()
         "no step for 31 s after step 2: ranks 0, 3 wait in torch.distributed.all_reduce #41 on ranks 0, 1, 2, 3 "
         "(called from megatron.core.optimizer.clip_grads.get_grad_norm_fp32); rank 1 on node0 (n/a) never "
         "entered it: not in a collective; last completed torch.distributed.all_reduce #40 on ranks 0, 1, 2, 3 "
-        "(called from trainer.train._mean_over_ranks); rank 2 sent no report (dead, or stuck holding the Python "
+        "(called from trainer.loop._max_over_ranks); rank 2 sent no report (dead, or stuck holding the Python "
         "interpreter)"
     )
 
