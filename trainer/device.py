@@ -7,17 +7,20 @@ files no CUDA (or ROCm) device exists, so the answer is "cpu" without torch; wit
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Literal
 
 # CUDA needs the NVIDIA driver's device files, /dev/nvidiactl among them (CUDA Installation Guide for Linux,
-# docs.nvidia.com/cuda/cuda-installation-guide-linux/#device-node-verification); under WSL 2 it goes through /dev/dxg instead (CUDA on WSL User Guide); ROCm builds of
-# torch answer torch.cuda for AMD GPUs, whose kernel driver is /dev/kfd (ROCm docs, "Running ROCm Docker containers":
-# --device=/dev/kfd).
+# docs.nvidia.com/cuda/cuda-installation-guide-linux/#device-node-verification); under WSL 2 it goes through
+# /dev/dxg instead (CUDA on WSL User Guide); ROCm builds of torch answer torch.cuda for AMD GPUs, whose kernel driver
+# is /dev/kfd (ROCm docs, "Running ROCm Docker containers": --device=/dev/kfd).
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
+@functools.cache
 def gpu_driver_present() -> bool:
+    """Looked up once a process: the loop asks `device_type` every step, and the driver does not come and go."""
     return any(os.path.exists(path) for path in GPU_DRIVER_FILES)
 
 

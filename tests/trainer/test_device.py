@@ -31,14 +31,17 @@ def test_with_a_gpu_driver_file_torch_decides(monkeypatch, tmp_path):
 
     (tmp_path / "nvidiactl").touch()
     monkeypatch.setattr(device, "GPU_DRIVER_FILES", (str(tmp_path / "nvidiactl"),))
-    assert device.gpu_driver_present()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    assert (device.device_type(), device.gpu_count()) == ("cuda", 8)
-    monkeypatch.setattr(
-        torch.cuda, "is_available", lambda: False
-    )  # a driver, but CUDA_VISIBLE_DEVICES="" say
-    assert (device.device_type(), device.gpu_count()) == ("cpu", 0)
+    device.gpu_driver_present.cache_clear()  # looked up once a process: again for this stand-in, and after it
+    try:
+        assert device.gpu_driver_present()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+        assert (device.device_type(), device.gpu_count()) == ("cuda", 8)
+        # a driver, but no GPU for this process (CUDA_VISIBLE_DEVICES="", say)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert (device.device_type(), device.gpu_count()) == ("cpu", 0)
+    finally:
+        device.gpu_driver_present.cache_clear()
 
 
 @pytest.mark.parametrize(
