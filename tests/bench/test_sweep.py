@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.sweep.conftest import objective_command, objective_evaluate, write_sweep
+from trainer.bench.pruning import RULES, describe
 from trainer.bench.sweep import BUDGET_TRIALS, bench_sweep
 from trainer.sweep.confirm import CONFIRM
 
@@ -56,4 +57,15 @@ def test_the_sweep_random_search_and_the_recipe_share_a_budget_per_sampler_seed_
     )  # fmt: skip
     steps = next(r for n, r in rows.items() if n.startswith("sampler seed 0: sweep trial-steps"))
     assert steps["ratio"] == pytest.approx(first["sweep"]["trial_steps"] / first["sweep"]["unpruned_steps"])
+    # each pruning rule replayed on random search's whole trials: its cost against theirs, summed over the seeds
+    for index, rule in enumerate(RULES):
+        replays = [row["random"]["pruning"][index] for row in details["seeds"]]
+        assert all(r["rule"] == describe(rule) and r["unpruned_steps"] == budget for r in replays)
+        assert all(r["best"] == min(range(BUDGET_TRIALS), key=lambda n, row=row: row["random"]["values"][n])
+                   for r, row in zip(replays, details["seeds"], strict=True))  # fmt: skip
+        replayed = next(r for n, r in rows.items() if n.startswith(f"pruning replayed on random search's trials: "
+                                                                   f"{describe(rule)} (kept"))  # fmt: skip
+        assert (replayed["value"], replayed["baseline_value"]) == (
+            sum(r["trial_steps"] for r in replays), 3 * budget,
+        )  # fmt: skip
     json.dumps(report)  # the report is written as JSON

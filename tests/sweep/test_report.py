@@ -107,3 +107,5 @@ def test_a_trial_pruned_after_several_evaluations_is_drawn_at_its_last_one():
     assert dots == [[0, 6.8]] and crosses == [[1, 7.2]]
     assert [text.get_text() for text in axes.texts] == ["step 30"]
     assert axes.collections[2].get_offsets().tolist() == [[0, 6.8]]  # the recipe's trial, ringed
+    # pruner.progress: past_warmup reports steps past each trial's own warm-up: the label says so
+    assert [text.get_text() for text in _history(study, "past_warmup").texts] == ["30 past warm-up"]

@@ -73,6 +73,14 @@ def write(tmp_path: Path, text: str) -> Path:
             "pruner.min_resource = 5 would judge trials before their warm-up has ended (the longest, "
             "schedule.lr_warmup_iters, is 10 steps): give min_resource >= 10",
         ),
+        # judged past each trial's own warm-up: the longest warm-up plus min_resource must leave a rung to judge at
+        (
+            "pruner: {min_resource: 10, progress: past_warmup}\nset: {schedule.eval_interval: 5}\n"
+            "space: {schedule.lr_warmup_iters: {low: 0, high: 10}}\n",
+            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) is not "
+            "below the trials' schedule.train_iters = 20: those trials could never be stopped; give min_resource "
+            "below 10",
+        ),
         # trial 0 is the recipe's own values (tiny.yaml: lr 1e-3, warm-up 2): they must lie in the space
         (
             "space: {optimizer.lr: {low: 0.002, high: 0.01}}\n",
@@ -151,8 +159,8 @@ def test_the_shipped_sweep_reads():
         "optimizer.min_lr",
         "optimizer.weight_decay",
         "schedule.lr_warmup_iters",
-        "schedule.global_batch_size",
-    }
+    }  # no global batch size: a step of a wider batch costs more than the trial-step budget counts
+    assert sweep.spec.pruner.min_resource == 30 and sweep.spec.pruner.progress == "step"
 
 
 @pytest.mark.parametrize(

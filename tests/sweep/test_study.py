@@ -93,6 +93,16 @@ def test_a_study_made_for_another_space_is_refused(tmp_path):
         open_study(other, "x", tmp_path / "s")
 
 
+def test_a_study_stored_before_pruner_progress_existed_resumes_and_another_progress_is_refused(tmp_path):
+    path = write_sweep(tmp_path)
+    # what a study made before the setting carries: the same spec, less it
+    stored = load_sweep(path).fingerprint
+    path.write_text(path.read_text().replace("reduction_factor: 3}", "reduction_factor: 3, progress: step}"))
+    assert load_sweep(path).fingerprint == stored
+    path.write_text(path.read_text().replace("progress: step}", "progress: past_warmup}"))
+    assert load_sweep(path).fingerprint != stored
+
+
 @pytest.mark.parametrize(
     ("kind", "pruner"),
     [
@@ -104,6 +114,27 @@ def test_a_study_made_for_another_space_is_refused(tmp_path):
 )
 def test_each_pruner_kind_is_optunas(tmp_path, kind, pruner):
     assert isinstance(open_study(sweep_of(tmp_path, pruner=kind), "p", tmp_path / "s").pruner, pruner)
+
+
+def test_past_warmup_progress_judges_each_trial_from_the_end_of_its_own_warm_up(tmp_path):
+    """pruner.progress: past_warmup (issue 48 item 2): the pruner sees a trial's evaluations at its steps past its own
+    warm-up, none from during it, while its cost stays its real steps."""
+    path = write_sweep(tmp_path, extra="  schedule.lr_warmup_iters: {choices: [2, 10, 20]}\n")
+    path.write_text(
+        path.read_text().replace("reduction_factor: 3}", "reduction_factor: 3, progress: past_warmup}")
+    )
+    study = objective_sweep(load_sweep(path), "progress", tmp_path / "s", 6)
+    judged = [t for t in study.get_trials() if t.state != TrialState.FAIL]
+    assert {t.params["schedule.lr_warmup_iters"] for t in judged} >= {2, 20}
+    for trial in judged:
+        warmup = trial.params["schedule.lr_warmup_iters"]
+        progress = [step - warmup for step in range(10, 61, 10) if step >= warmup]
+        reported = sorted(trial.intermediate_values)
+        # a pruned trial's reports stop where it was judged (its cost, STEPS, may run past that: the kill's delay)
+        assert reported == (progress if trial.state == TrialState.COMPLETE else progress[: len(reported)])
+    assert any(t.state == TrialState.PRUNED for t in judged)
+    complete = [t for t in judged if t.state == TrialState.COMPLETE]
+    assert complete and all(t.user_attrs[STEPS] == 60 for t in complete)
 
 
 def test_a_grid_runs_each_combination_once(tmp_path):

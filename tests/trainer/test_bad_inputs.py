@@ -747,6 +747,18 @@ ROWS: dict[str, Row] = {
             "space: {{schedule.lr_warmup_iters: {{low: 0, high: 10}}}}"
         ),
     ),
+    "sweep-pruner-past-warm-up-never-judges": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) is not "
+            "below the trials' schedule.train_iters = 20: those trials could never be stopped; give min_resource "
+            "below 10",
+        ),
+        sweep_file(
+            "pruner: {{min_resource: 10, progress: past_warmup}}\nset: {{schedule.eval_interval: 5}}\n"
+            "space: {{schedule.lr_warmup_iters: {{low: 0, high: 10}}}}"
+        ),
+    ),
     "sweep-recipe-outside-the-space": Row(
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
         (

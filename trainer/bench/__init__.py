@@ -12,6 +12,7 @@ allocations.py    allocated tensor bytes over time (what CUDA's allocator statis
 allreduce.py      all-reduce bus bandwidth over message sizes (NCCL on GPUs, gloo on CPUs)
 gpu.py            the GPU suite: a ~1B Llama at sequence 4096 on one GPU, and the all-reduce sweep
 sweep.py          the hyperparameter sweep (TPE, pruning) against the recipe's values and unpruned random search
+pruning.py        pruning rules replayed on random search's whole trials: which they stop, the best among them?
 serving.py        the local server against `trainer generate` on the same prompts, and a bounded load test of it
 hf_baseline.py    the same shape trained by a plain transformers SDPA loop: the GPU suite's baseline
 """

@@ -97,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only",
         choices=("sweep", "serving"),
-        help="one section alone: sweep (the sweep against the recipe and random search, 3 sampler seeds: about an hour "
-        "on 2 loaded cores), serving (the local server "
+        help="one section alone: sweep (the sweep against the recipe and random search, 3 sampler seeds: 11 minutes on "
+        "2 quiet cores, about an hour on loaded ones), serving (the local server "
         "against trainer generate, and a load test; about two minutes)",
     )
 

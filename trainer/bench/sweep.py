@@ -9,12 +9,15 @@ For each sampler seed:
   trainer seeds, the best called better only beyond the seed spread;
 - random search: Optuna's RandomSampler from the same seed (TPE's startup draws are its draws), trial 0 the recipe's
   values too, no pruning, as many whole trials as the budget buys;
-- the recipe's values: trial 0, the same run in every study (trained once, added to each: `_recipe_trial`).
+- the recipe's values: trial 0, the same run in every study (trained once, added to each: `_recipe_trial`);
+- each pruning rule of trainer/bench/pruning.py replayed on random search's trials (run to their ends): which it
+  would have stopped, and whether the one that ended best among them.
 
 Rows: per seed, the sweep's best (mean over its 3 trainer seeds) against the recipe's (the same); the sweep's best
 against random search's best; the sweep's trial-steps against the same trials unpruned. The goals (issue 48): the
 sweep's best beats the recipe's values on every seed, by more than the seed spread on average, with at least 40 %
-fewer trial-steps than the same trials unpruned."""
+fewer trial-steps than the same trials unpruned. And per pruning rule, over the seeds: the trial-steps it would have
+cost random search's trials against their whole runs, and on how many seeds it kept the one that ended best."""
 
 from __future__ import annotations
 
@@ -30,10 +33,11 @@ import yaml
 from optuna.trial import TrialState
 from rich.console import Console
 
+from trainer.bench.pruning import RULES, replay
 from trainer.bench.report import add_result
 from trainer.sweep.confirm import CONFIRM, RESULT, confirm
 from trainer.sweep.heldout import Evaluate
-from trainer.sweep.space import load_sweep
+from trainer.sweep.space import Pruner, load_sweep
 from trainer.sweep.study import STEPS, Command, heldout_evaluator, run_sweep, storage
 from trainer.sweep.trial import train_command
 
@@ -76,7 +80,8 @@ def bench_sweep(
             if side == "sweep" and seed != seeds[0]:
                 _reuse_recipe_runs(root / f"sweep-{seeds[0]}", directory)
             sides[side] = _run(path, f"bench-{side}-{seed}", directory, budget, steps, console,
-                               command, evaluate, recipe, confirmed=side == "sweep")  # fmt: skip
+                               command, evaluate, recipe, confirmed=side == "sweep",
+                               replayed=RULES if side == "random" else ())  # fmt: skip
         per_seed.append({"seed": seed, **sides})
     report["details"]["sweep"] = {"budget_trial_steps": budget, "seeds": per_seed}
     for row in per_seed:
@@ -107,6 +112,18 @@ def bench_sweep(
             tpe["trial_steps"],
             "the same trials without pruning",
             tpe["unpruned_steps"],
+        )
+    for index, rule in enumerate(per_seed[0]["random"]["pruning"]):
+        replays = [row["random"]["pruning"][index] for row in per_seed]
+        kept = sum(r["kept_best"] for r in replays)
+        add_result(
+            report,
+            f"pruning replayed on random search's trials: {rule['rule']} (kept the trial that ended best on "
+            f"{kept} of {len(replays)} sampler seeds)",
+            "steps",
+            sum(r["trial_steps"] for r in replays),
+            "the same trials unpruned",
+            sum(r["unpruned_steps"] for r in replays),
         )
 
 
@@ -149,8 +166,10 @@ def _run(
     recipe: optuna.trial.FrozenTrial,
     *,
     confirmed: bool,
+    replayed: tuple[Pruner, ...] = (),
 ) -> dict[str, Any]:
-    """Trials start while one of `trial_steps` still fits in `budget` trial-steps; trial 0 is `recipe`."""
+    """Trials start while one of `trial_steps` still fits in `budget` trial-steps; trial 0 is `recipe`; each of
+    `replayed` replayed on the trials (trainer/bench/pruning.py)."""
     started = time.monotonic()
 
     def spent_up(study: optuna.Study) -> bool:
@@ -178,6 +197,7 @@ def _run(
         "trials": {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState},
         "values": [t.value for t in trials],
         "verdict": None if verdict is None else asdict(verdict),
+        "pruning": [asdict(replay(complete, rule, sweep)) for rule in replayed],
         "search_seconds": searched,
         "seconds": time.monotonic() - started,
     }

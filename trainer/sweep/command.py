@@ -106,7 +106,7 @@ def _sweep(args: argparse.Namespace, name: str, console: Console, errors: Consol
     except KeyboardInterrupt:
         errors.print(f"[bold red]sweep:[/] interrupted; run the same command again to resume {name}")
         return 130
-    plots, left_out = write_plots(study, directory)
+    plots, left_out = write_plots(study, directory, sweep.spec.pruner.progress)
     for line in left_out:
         console.print(line)
     if verdict is None:

@@ -96,16 +96,25 @@ def write_best(study: optuna.Study, sweep: Sweep, directory: Path, verdict: Verd
     )
 
 
-def write_plots(study: optuna.Study, directory: Path) -> tuple[list[Path], list[str]]:
+# What the pruner's steps count (pruner.progress): an axis's name, and a pruned trial's label for its last one.
+PROGRESS = {
+    "step": ("step", "step {}"),
+    "past_warmup": ("steps past the trial's own warm-up", "{} past warm-up"),
+}
+
+
+def write_plots(study: optuna.Study, directory: Path, progress: str = "step") -> tuple[list[Path], list[str]]:
     """The history (every trial's value: complete ones on the held-out set, pruned ones at their last reported
-    validation loss), the intermediate values (what the pruner saw), parallel coordinates and parameter
-    importances, each a PNG; and a line for each plot left out, saying why."""
+    validation loss), the intermediate values (what the pruner saw, at the steps `progress` counts), parallel
+    coordinates and parameter importances, each a PNG; and a line for each plot left out, saying why."""
     from optuna.visualization import matplotlib as plots
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     figures: dict[str, Any] = {
-        "history": lambda: _history(study),
-        "intermediate": lambda: _labelled(plots.plot_intermediate_values(study), "step", "validation loss"),
+        "history": lambda: _history(study, progress),
+        "intermediate": lambda: _labelled(
+            plots.plot_intermediate_values(study), PROGRESS[progress][0], "validation loss"
+        ),
     }
     left_out = []
     if len(complete) >= 2:
@@ -148,9 +157,9 @@ def write_plots(study: optuna.Study, directory: Path) -> tuple[list[Path], list[
     return written, left_out
 
 
-def _history(study: optuna.Study) -> Any:
+def _history(study: optuna.Study, progress: str = "step") -> Any:
     """Each trial's value by trial number: complete trials (the held-out loss) as dots, pruned ones at their last
-    reported validation loss as crosses labelled with the step, the recipe's trial ringed, the best so far as a
+    reported validation loss as crosses labelled with the step (or steps past warm-up: `progress`), the recipe's trial ringed, the best so far as a
     line. Optuna's plot_optimization_history draws complete trials only, so a heavily pruned sweep looked empty."""
     from matplotlib import pyplot
 
@@ -172,7 +181,13 @@ def _history(study: optuna.Study) -> Any:
         label="pruned (validation loss at its last evaluation)",
     )  # fmt: skip
     for number, step, value in last:
-        axes.annotate(f"step {step}", (number, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        axes.annotate(
+            PROGRESS[progress][1].format(step),
+            (number, value),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
     recipe = [t for t in complete if t.user_attrs.get(RECIPE)]
     if recipe:
         axes.scatter([recipe[0].number], [float(recipe[0].value or 0)], s=160, facecolors="none", edgecolors="black",

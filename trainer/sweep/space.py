@@ -123,6 +123,13 @@ class Pruner(_Strict):
     min_resource: PositiveInt = 10  # steps a trial trains before it may be stopped
     reduction_factor: int = Field(3, ge=2)  # successive halving and Hyperband: keep 1 in this many per rung
     warmup_steps: int = Field(0, ge=0)  # median: steps before it prunes
+    # What a rung's steps count (issue 48 item 2): "step", the trial's own steps; "past_warmup", the steps since its
+    # own learning-rate warm-up ended, so that trials are compared at equal progress at their full learning rate.
+    progress: Literal["step", "past_warmup"] = "step"
+
+    def offset(self, warmup: int) -> int:
+        """The steps a trial with this warm-up has its evaluations moved back by before the pruner sees them."""
+        return warmup if self.progress == "past_warmup" else 0
 
     def build(self, train_iters: int) -> optuna.pruners.BasePruner:
         if self.kind == "successive_halving":
@@ -196,10 +203,11 @@ class Sweep:
     @property
     def fingerprint(self) -> str:
         """What the stored study was made for: a rerun with another space or shape is refused, not mixed in."""
-        body = json.dumps(
-            {"spec": self.spec.model_dump(mode="json", exclude={"trials"}), "shared": self.shared},
-            sort_keys=True,
-        )
+        spec = self.spec.model_dump(mode="json", exclude={"trials"})
+        # the rule before pruner.progress existed: studies stored then still resume
+        if spec["pruner"]["progress"] == "step":
+            del spec["pruner"]["progress"]
+        body = json.dumps({"spec": spec, "shared": self.shared}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def overrides(self, params: dict[str, Any]) -> list[str]:
@@ -237,6 +245,10 @@ class Sweep:
         ends = [int(end) for end in dimension.ends() if isinstance(end, (int, float))]
         recipe = self.recipe_params().get(WARMUP)
         return max([*ends, *([int(recipe)] if isinstance(recipe, (int, float)) else [])])
+
+    def trial_warmup(self, params: dict[str, Any]) -> int:
+        """A trial's learning-rate warm-up in steps (its parameters over the trial shape)."""
+        return self.trial_config(self.param_overrides(params)).schedule.lr_warmup_iters
 
     def trial_config(self, more: Sequence[str] = ()) -> TrainConfig:
         """A trial's config: the shared shape at the first ends, then `more` overrides (a trial's parameters)."""
@@ -418,10 +430,18 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
     schedule = sweep.trial_config().schedule
     problems = []
     warmup = sweep.longest_warmup()
-    if pruner.min_resource < warmup:
+    if pruner.progress == "past_warmup":
+        if pruner.min_resource + warmup >= schedule.train_iters:
+            problems.append(
+                f"pruner.min_resource = {pruner.min_resource} steps past the longest warm-up ({WARMUP} up to "
+                f"{warmup}) is not below the trials' schedule.train_iters = {schedule.train_iters}: those trials "
+                f"could never be stopped; give min_resource below {schedule.train_iters - warmup}"
+            )
+    elif pruner.min_resource < warmup:
         problems.append(
             f"pruner.min_resource = {pruner.min_resource} would judge trials before their warm-up has ended (the "
-            f"longest, {WARMUP}, is {warmup} steps): give min_resource >= {warmup}, or a shorter warm-up range"
+            f"longest, {WARMUP}, is {warmup} steps): give min_resource >= {warmup}, pruner.progress: past_warmup, "
+            "or a shorter warm-up range"
         )
     if pruner.min_resource >= schedule.train_iters:
         problems.append(

@@ -372,11 +372,14 @@ def trial_objective(
         shown = ", ".join(f"{key.split('.')[-1]}={_short(value)}" for key, value in params.items())
         console.print(f"trial {trial.number}: {shown}")
 
+        offset = sweep.spec.pruner.offset(sweep.trial_warmup(params))
+
         def report(step: int, val_loss: float) -> bool:
             with signals_held():
-                trial.report(val_loss, step)
                 trial.set_user_attr(STEPS, step)
-                stop = trial.should_prune()
+                # what the pruner compares: the loss at the trial's step, or at its steps past its own warm-up
+                # (pruner.progress); an evaluation before that warm-up has ended is not the pruner's to judge
+                stop = step >= offset and _reported(trial, val_loss, step - offset)
             console.print(
                 f"  trial {trial.number} step {step}: validation loss {val_loss:.4f}"
                 + (" -> pruned" if stop else "")
@@ -428,6 +431,12 @@ def trial_objective(
         return held.loss
 
     return objective
+
+
+def _reported(trial: optuna.Trial, val_loss: float, progress: int) -> bool:
+    """Report the loss at `progress` steps; whether the pruner stops the trial there."""
+    trial.report(val_loss, progress)
+    return trial.should_prune()
 
 
 def _best_value(study: optuna.Study) -> float | None:
