@@ -56,6 +56,19 @@ def test_rungs_counted_past_each_warm_up_judge_it_at_its_step_40_and_keep_it(tri
     assert result.trial_steps == 60 + 60 + 20 + 60
 
 
+def test_a_stop_at_the_last_evaluation_is_none_and_the_recipe_sets_no_bar(tmp_path):
+    """Rungs at 20 and 60 (min_resource 20, reduction factor 3): trial 2 is promoted at step 20 and behind trial 1
+    at step 60, where its run has ended (the live sweep scores it too). Trial 0, the recipe's values, is ahead of
+    both at step 20 but has no rung (the benchmark adds it complete), so it stops neither; and where it ends best
+    no rule is said to have kept it."""
+    sweep = load_sweep(write_sweep(tmp_path, pruner="none", extra=WARM_UP))
+    recipe = _trial(0, 2, {10: 6.5, 20: 6.0, 30: 5.9, 40: 5.8, 50: 5.7, 60: 5.0}, recipe=True, sweep=sweep)
+    first = _trial(1, 0, {10: 7.5, 20: 7.0, 30: 6.8, 40: 6.5, 50: 6.2, 60: 6.0}, sweep=sweep)
+    second = _trial(2, 0, {10: 7.4, 20: 6.9, 30: 6.8, 40: 6.7, 50: 6.6, 60: 6.5}, sweep=sweep)
+    result = replay([recipe, first, second], Pruner(min_resource=20, progress="step"), sweep)
+    assert (result.pruned, result.trial_steps, result.best, result.kept_best) == ((), 180, 0, None)
+
+
 def test_the_rules_measured_are_named_by_what_their_rungs_count():
     assert [describe(rule) for rule in RULES] == [
         "successive halving, first rung at 20 steps",

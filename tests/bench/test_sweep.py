@@ -61,6 +61,9 @@ def test_the_sweep_random_search_and_the_recipe_share_a_budget_per_sampler_seed_
     for index, rule in enumerate(RULES):
         replays = [row["random"]["pruning"][index] for row in details["seeds"]]
         assert all(r["rule"] == describe(rule) and r["unpruned_steps"] == budget for r in replays)
+        assert any(r["pruned"] for r in replays) and all(
+            r["trial_steps"] < budget for r in replays if r["pruned"]
+        )
         assert all(r["best"] == min(range(BUDGET_TRIALS), key=lambda n, row=row: row["random"]["values"][n])
                    for r, row in zip(replays, details["seeds"], strict=True))  # fmt: skip
         replayed = next(r for n, r in rows.items() if n.startswith(f"pruning replayed on random search's trials: "

@@ -7,6 +7,8 @@ step 10, as a crashing trainer would. `dollars_per_trial` (another override) mak
 ledger.json that spent that much, as the trainer's rank 0 does in its run directory (trainer/cost/ledger.py).
 At its end it writes heldout-losses.json: 64 windows' losses around its last validation loss, varying by window
 and by `seed` as a trained model's would (by `seed_spread` x sin(seed), 0.02 unless given) (read by conftest.objective_evaluate in the held-out scorer's place).
+`fade_lr=X` makes the trial whose optimizer.lr is X fall 2 nats behind at its last evaluation (ahead until then).
+`linger=S` keeps it running S seconds after its last line, as the trainer does while it saves its last checkpoint.
 `stop_at=N` stops it at step N as the trainer's dollar cap does (trainer/loop.py): that step's line, the
 trainer's "saved and stopped" message, exit 0. `nan_at=N` makes the validation loss NaN from step N on."""
 
@@ -28,6 +30,7 @@ if "dollars_per_trial" in settings:
 floor = 5.0 + (math.log10(lr) + 2.5) ** 2
 stop_at = int(settings.get("stop_at", iters + 1))
 nan_at = int(settings.get("nan_at", iters + 1))
+fades = lr == float(settings.get("fade_lr", "nan"))
 CAPPED = "step {}: budget.max_dollars = 1 reached: spent $1.00; saved and stopped. to go on, resume with more"
 
 
@@ -45,7 +48,9 @@ with (run_dir / "metrics.jsonl").open("a") as metrics:
         record = {
             "step": step,
             "loss": None if step == 0 else floor + 20 / step,
-            "val_loss": float("nan") if step >= nan_at else floor + 20 / (step + 1),
+            "val_loss": float("nan")
+            if step >= nan_at
+            else floor + 20 / (step + 1) + (2.0 if step == iters and fades else 0),
         }
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
@@ -55,6 +60,7 @@ with (run_dir / "metrics.jsonl").open("a") as metrics:
             print("objective: crashed on purpose", flush=True)
             sys.exit(3)
         time.sleep(0.05)
+time.sleep(float(settings.get("linger", 0)))
 seed = int(settings.get("seed", 7))
 final = floor + 20 / (iters + 1) + float(settings.get("seed_spread", 0.02)) * math.sin(seed)
 windows = [final + 0.5 * math.sin(1.7 * i) + 0.01 * math.cos(seed * i) for i in range(64)]

@@ -77,9 +77,24 @@ def write(tmp_path: Path, text: str) -> Path:
         (
             "pruner: {min_resource: 10, progress: past_warmup}\nset: {schedule.eval_interval: 5}\n"
             "space: {schedule.lr_warmup_iters: {low: 0, high: 10}}\n",
-            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) is not "
-            "below the trials' schedule.train_iters = 20: those trials could never be stopped; give min_resource "
-            "below 10",
+            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) first "
+            "falls on the evaluation at step 20, not before the trials' schedule.train_iters = 20: those trials "
+            "could never be stopped; give min_resource <= 5",
+        ),
+        # ... and judged at an evaluation before the end, not at min_resource itself: evaluations every 30 of 60
+        (
+            "pruner: {min_resource: 15, progress: past_warmup}\n"
+            "set: {schedule.eval_interval: 30, schedule.train_iters: 60, schedule.lr_decay_iters: 60}\n"
+            "space: {schedule.lr_warmup_iters: {low: 0, high: 20}}\n",
+            "pruner.min_resource = 15 steps past the longest warm-up (schedule.lr_warmup_iters up to 20) first falls "
+            "on the evaluation at step 60, not before the trials' schedule.train_iters = 60: those trials could "
+            "never be stopped; give min_resource <= 10",
+        ),
+        # only successive halving compares trials whose evaluations fall at different steps past their warm-ups
+        (
+            "pruner: {kind: median, min_resource: 2, progress: past_warmup}\nset: {schedule.eval_interval: 5}\n"
+            "space: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "pruner.progress = past_warmup needs pruner.kind: successive_halving (it is median)",
         ),
         # trial 0 is the recipe's own values (tiny.yaml: lr 1e-3, warm-up 2): they must lie in the space
         (

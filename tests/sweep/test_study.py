@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +97,14 @@ def test_a_study_made_for_another_space_is_refused(tmp_path):
 
 def test_a_study_stored_before_pruner_progress_existed_resumes_and_another_progress_is_refused(tmp_path):
     path = write_sweep(tmp_path)
-    # what a study made before the setting carries: the same spec, less it
-    stored = load_sweep(path).fingerprint
+    sweep = load_sweep(path)
+    # what a study made before the setting carries: the fingerprint of the same spec without it (the formula of
+    # Sweep.fingerprint before pruner.progress, commit 63d3ba2)
+    before = sweep.spec.model_dump(mode="json", exclude={"trials"})
+    del before["pruner"]["progress"]
+    body = json.dumps({"spec": before, "shared": sweep.shared}, sort_keys=True)
+    stored = hashlib.sha256(body.encode()).hexdigest()[:16]
+    assert sweep.fingerprint == stored
     path.write_text(path.read_text().replace("reduction_factor: 3}", "reduction_factor: 3, progress: step}"))
     assert load_sweep(path).fingerprint == stored
     path.write_text(path.read_text().replace("progress: step}", "progress: past_warmup}"))
@@ -135,6 +143,26 @@ def test_past_warmup_progress_judges_each_trial_from_the_end_of_its_own_warm_up(
     assert any(t.state == TrialState.PRUNED for t in judged)
     complete = [t for t in judged if t.state == TrialState.COMPLETE]
     assert complete and all(t.user_attrs[STEPS] == 60 for t in complete)
+
+
+def test_a_stop_at_the_last_evaluation_is_none_the_trial_is_complete_and_scored(tmp_path):
+    """Rungs at 20 and 60 (min_resource 20, reduction factor 3): the trial of lr 0.003 leads at step 20 and falls
+    behind the recipe's at step 60, where it has trained its whole run; it is scored, not thrown away as pruned
+    (trainer/bench/pruning.py replays it the same way)."""
+    path = tmp_path / "last.yaml"
+    path.write_text(
+        f"recipe: {TINY}\nsampler: {{kind: grid}}\n"
+        "pruner: {kind: successive_halving, min_resource: 20, reduction_factor: 3}\n"
+        "set: {schedule.train_iters: 60, schedule.lr_decay_iters: 60, schedule.eval_interval: 10}\n"
+        "space:\n  optimizer.lr: {choices: [0.001, 0.003]}\n"
+    )
+    # lingering after its last line, as the trainer saving its last checkpoint: a stop there could still kill it
+    study = objective_sweep(load_sweep(path), "last", tmp_path / "s", 3, "fade_lr=0.003", "linger=0.5")
+    faded = next(t for t in study.get_trials() if t.params["optimizer.lr"] == 0.003)
+    recipe = study.get_trials()[0]
+    assert faded.intermediate_values[20] < recipe.intermediate_values[20]  # ahead at the first rung
+    assert faded.intermediate_values[60] > recipe.intermediate_values[60]  # behind at the second, the end
+    assert faded.state == TrialState.COMPLETE and faded.user_attrs[STEPS] == 60 and faded.value is not None
 
 
 def test_a_grid_runs_each_combination_once(tmp_path):

@@ -750,9 +750,9 @@ ROWS: dict[str, Row] = {
     "sweep-pruner-past-warm-up-never-judges": Row(
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
         (
-            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) is not "
-            "below the trials' schedule.train_iters = 20: those trials could never be stopped; give min_resource "
-            "below 10",
+            "pruner.min_resource = 10 steps past the longest warm-up (schedule.lr_warmup_iters up to 10) first "
+            "falls on the evaluation at step 20, not before the trials' schedule.train_iters = 20: those trials "
+            "could never be stopped; give min_resource <= 5",
         ),
         sweep_file(
             "pruner: {{min_resource: 10, progress: past_warmup}}\nset: {{schedule.eval_interval: 5}}\n"

@@ -5,8 +5,10 @@ that how every trial ends is known.
 Each trial's validation losses are reported, in its order, to Optuna's own pruner of the rule in a study of its
 own, as the sweep's objective reports them (trainer/sweep/study.py): at the trial's steps, or at its steps past its
 own warm-up (pruner.progress: past_warmup), none from during that warm-up; a stop at the run's last evaluation is
-not one (the trial has ended). Trial 0, the recipe's values, joins as the sweep adds it: complete, with no rung of
-its own. The replay is exact for these trials; in a sweep the sampler would then draw other trials after a stop."""
+not one (the trial has trained its whole run and is scored). Trial 0, the recipe's values, joins as the benchmark's
+sweep adds it: complete, with no rung of its own (`make sweep` runs it through the pruner like any trial); where it
+ended best, no rule judged it, and the replay says so (kept_best None) rather than count it kept. The replay is exact
+for these trials; in a sweep the sampler would then draw other trials after a stop."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class Replay:
     trial_steps: int  # what the trials cost under it
     unpruned_steps: int  # what they cost run to their ends
     best: int  # the trial that ended best
-    kept_best: bool
+    kept_best: bool | None  # None: that was trial 0, the recipe's values, which no rule judges here
 
 
 def describe(pruner: Pruner) -> str:
@@ -70,5 +72,6 @@ def replay(trials: list[FrozenTrial], pruner: Pruner, sweep: Sweep) -> Replay:
             study.tell(trial, state=TrialState.PRUNED)
             pruned.append(frozen.number)
             steps += stopped
-    best = min(trials, key=lambda t: float(t.value if t.value is not None else "inf")).number
-    return Replay(describe(pruner), tuple(pruned), steps, train_iters * len(trials), best, best not in pruned)
+    best = min(trials, key=lambda t: float(t.value if t.value is not None else "inf"))
+    kept = None if best.user_attrs.get(RECIPE) else best.number not in pruned
+    return Replay(describe(pruner), tuple(pruned), steps, train_iters * len(trials), best.number, kept)

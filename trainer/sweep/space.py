@@ -419,6 +419,33 @@ def _described(dimension: Dimension) -> str:
     )
 
 
+def _past_warmup_problems(pruner: Pruner, train_iters: int, eval_interval: int, warmup: int) -> list[str]:
+    """pruner.progress: past_warmup moves each trial's rungs by its own warm-up. Only successive halving compares
+    trials at a rung whatever step they report it at: the median pruner compares values reported at the very same
+    step (optuna/pruners/_percentile.py, v5.1.0), which trials of different warm-ups never share, and Hyperband's
+    brackets are sized from train_iters. A trial is judged at its first evaluation at or past min_resource steps
+    beyond its warm-up, which must come before its run's end."""
+    if pruner.kind != "successive_halving":
+        return [
+            f"pruner.progress = past_warmup needs pruner.kind: successive_halving (it is {pruner.kind}): only it "
+            "compares trials whose evaluations fall at different steps past their warm-ups"
+        ]
+    judged = -(-(pruner.min_resource + warmup) // eval_interval) * eval_interval  # the first evaluation there
+    last = (train_iters - 1) // eval_interval * eval_interval  # the last evaluation before the run's end
+    if judged < train_iters:
+        return []
+    way = (
+        f"give min_resource <= {last - warmup}"
+        if last - warmup >= 1
+        else "evaluate more often (schedule.eval_interval) or give a shorter warm-up range"
+    )
+    return [
+        f"pruner.min_resource = {pruner.min_resource} steps past the longest warm-up ({WARMUP} up to {warmup}) "
+        f"first falls on the evaluation at step {judged}, not before the trials' schedule.train_iters = "
+        f"{train_iters}: those trials could never be stopped; {way}"
+    ]
+
+
 def _pruner_problems(sweep: Sweep) -> list[str]:
     """A pruner that could never stop a trial (nothing reported before the run's end), or one that would judge
     trials while a learning-rate warm-up still ramps: at step 10 of a 20-step warm-up a trial has seen half its
@@ -431,12 +458,7 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
     problems = []
     warmup = sweep.longest_warmup()
     if pruner.progress == "past_warmup":
-        if pruner.min_resource + warmup >= schedule.train_iters:
-            problems.append(
-                f"pruner.min_resource = {pruner.min_resource} steps past the longest warm-up ({WARMUP} up to "
-                f"{warmup}) is not below the trials' schedule.train_iters = {schedule.train_iters}: those trials "
-                f"could never be stopped; give min_resource below {schedule.train_iters - warmup}"
-            )
+        problems += _past_warmup_problems(pruner, schedule.train_iters, schedule.eval_interval, warmup)
     elif pruner.min_resource < warmup:
         problems.append(
             f"pruner.min_resource = {pruner.min_resource} would judge trials before their warm-up has ended (the "

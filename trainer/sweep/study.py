@@ -373,13 +373,16 @@ def trial_objective(
         console.print(f"trial {trial.number}: {shown}")
 
         offset = sweep.spec.pruner.offset(sweep.trial_warmup(params))
+        train_iters = sweep.train_iters([*sweep.param_overrides(params), *extra])
 
         def report(step: int, val_loss: float) -> bool:
             with signals_held():
                 trial.set_user_attr(STEPS, step)
                 # what the pruner compares: the loss at the trial's step, or at its steps past its own warm-up
-                # (pruner.progress); an evaluation before that warm-up has ended is not the pruner's to judge
-                stop = step >= offset and _reported(trial, val_loss, step - offset)
+                # (pruner.progress); an evaluation before that warm-up has ended is not the pruner's to judge.
+                # A stop at the run's last evaluation is none: the trial has trained its whole run, and is scored
+                # (a rung there, successive halving's second from a first at a third of the run, threw it away).
+                stop = step >= offset and _reported(trial, val_loss, step - offset) and step < train_iters
             console.print(
                 f"  trial {trial.number} step {step}: validation loss {val_loss:.4f}"
                 + (" -> pruned" if stop else "")
@@ -393,7 +396,7 @@ def trial_objective(
                 run_dir,
                 report,
                 timeout_s=timeout_s,
-                train_iters=sweep.train_iters([*sweep.param_overrides(params), *extra]),
+                train_iters=train_iters,
             )
         except TrialFailed as error:
             trial.set_user_attr(ERROR, str(error))
