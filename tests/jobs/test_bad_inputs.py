@@ -228,7 +228,7 @@ ROWS = {
     # none of a p5's 8.
     "sweep-stack-shape-fits-no-node": Row(
         ("IMAGE=0123456789ab", "SWEEP=trainer/configs/local-sweep.yaml", "PARALLEL=2"),
-        "space.schedule.global_batch_size = 8: schedule.global_batch_size = 8 is not divisible by "
+        "space.optimizer.lr = 0.001: schedule.global_batch_size = 16 is not divisible by "
         "schedule.micro_batch_size x data parallel size = 8 x 8 (a trial's 8 cuda process(es))",
         single_node_queue,
         target="sweep",
