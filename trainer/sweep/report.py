@@ -159,8 +159,9 @@ def write_plots(study: optuna.Study, directory: Path, progress: str = "step") ->
 
 def _history(study: optuna.Study, progress: str = "step") -> Any:
     """Each trial's value by trial number: complete trials (the held-out loss) as dots, pruned ones at their last
-    reported validation loss as crosses labelled with the step (or steps past warm-up: `progress`), the recipe's trial ringed, the best so far as a
-    line. Optuna's plot_optimization_history draws complete trials only, so a heavily pruned sweep looked empty."""
+    reported validation loss as crosses labelled with the step (or the steps past warm-up: `progress`), the recipe's
+    trial ringed, the best so far as a line. Optuna's plot_optimization_history draws complete trials only, so a
+    heavily pruned sweep looked empty."""
     from matplotlib import pyplot
 
     _figure, axes = pyplot.subplots()
