@@ -251,7 +251,9 @@ def inject_in_save(step: int, rank_pid: int | None = None) -> Iterator[None]:
 
     write_item = filesystem_async._write_item
     rank_pid = os.getpid() if rank_pid is None else rank_pid
-    killed = {rank_pid, os.getpid()}  # the rank, and its background writer where this is one
+    # The rank first, then its background writer where this is one: killed the other way round, a loaded machine
+    # could leave the rank running long enough to see its writer's death as a failed save and exit 1 itself.
+    killed = list(dict.fromkeys((rank_pid, os.getpid())))
 
     @functools.wraps(write_item)  # megatron reads its signature
     def faulty_write_item(*args, **kwargs):
@@ -261,8 +263,9 @@ def inject_in_save(step: int, rank_pid: int | None = None) -> Iterator[None]:
         result = write_item(*args, **kwargs)
         stream.flush()
         for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)  # the process megatron forked for this file
+            if pid != os.getpid():
+                os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # the process megatron forked for this file (last)
         return result
 
     filesystem_async._write_item = faulty_write_item

@@ -154,6 +154,31 @@ def test_fault_specs_name_what_is_wrong():
         Fault.parse("kill rank=1")
 
 
+def test_a_kill_in_save_kills_the_rank_before_its_writer_and_the_writing_process_last(monkeypatch, tmp_path):
+    """Killed the other way round, a loaded machine could leave the rank running long enough to see its writer's
+    death as a failed save and exit 1 itself (the torn-save test below failed so once under load)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from trainer import faults
+
+    monkeypatch.setenv(faults.FAULT_ENV, "kill-in-save step=8 rank=0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    faults._requested.cache_clear()
+    monkeypatch.setattr(filesystem_async, "_write_item", lambda *args, **kwargs: "written")
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, number: killed.append((pid, number)))
+    rank = (
+        1 << 22
+    ) | 7  # above the default pid_max, no process here; in a set of two it comes last (hash & 7)
+    try:
+        with faults.inject_in_save(8, rank_pid=rank), (tmp_path / "item").open("wb") as stream:
+            assert filesystem_async._write_item("transforms", stream, b"data") == "written"
+    finally:
+        faults._requested.cache_clear()
+    assert killed == [(rank, signal.SIGKILL), (os.getpid(), signal.SIGKILL)]
+
+
 # End to end on the real trainer.
 
 
