@@ -3,8 +3,8 @@ configuration that ends best"): the rule replayed on random search's trials, whi
 that how every trial ends is known.
 
 Each trial's validation losses are reported, in its order, to Optuna's own pruner of the rule in a study of its
-own, as the sweep's objective reports them (trainer/sweep/study.py): at the trial's steps, or at its steps past its
-own warm-up (pruner.progress: past_warmup), none from during that warm-up; a stop at the run's last evaluation is
+own, through the sweep's own judgement (trainer/sweep/study.py `judge`): at the trial's steps, or at its steps past
+its own warm-up (pruner.progress: past_warmup), none from during that warm-up; a stop at the run's last evaluation is
 not one (the trial has trained its whole run and is scored). Trial 0, the recipe's values, joins as the benchmark's
 sweep adds it: complete, with no rung of its own (`make sweep` runs it through the pruner like any trial); where it
 ended best, no rule judged it, and the replay says so (kept_best None) rather than count it kept. The replay is exact
@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from trainer.sweep.space import Pruner, Sweep
-from trainer.sweep.study import RECIPE
+from trainer.sweep.study import RECIPE, judge
 
 # The rules measured side by side: rungs in steps from the longest warm-up's end (20) and from half the run (30),
 # and rungs counted past each trial's own warm-up, from 20 and from 10 steps.
@@ -56,13 +56,12 @@ def replay(trials: list[FrozenTrial], pruner: Pruner, sweep: Sweep) -> Replay:
             steps += train_iters
             continue
         trial = study.ask()
-        offset = pruner.offset(sweep.trial_warmup(frozen.params))
+        offset = pruner.offset(
+            sweep.trial_config(sweep.param_overrides(frozen.params)).schedule.lr_warmup_iters
+        )
         stopped = None
         for step, value in sorted(frozen.intermediate_values.items()):
-            if step < offset:
-                continue
-            trial.report(value, step - offset)
-            if trial.should_prune() and step < train_iters:
+            if judge(trial, value, step, offset, train_iters):
                 stopped = step
                 break
         if stopped is None:

@@ -246,10 +246,6 @@ class Sweep:
         recipe = self.recipe_params().get(WARMUP)
         return max([*ends, *([int(recipe)] if isinstance(recipe, (int, float)) else [])])
 
-    def trial_warmup(self, params: dict[str, Any]) -> int:
-        """A trial's learning-rate warm-up in steps (its parameters over the trial shape)."""
-        return self.trial_config(self.param_overrides(params)).schedule.lr_warmup_iters
-
     def trial_config(self, more: Sequence[str] = ()) -> TrainConfig:
         """A trial's config: the shared shape at the first ends, then `more` overrides (a trial's parameters)."""
         return load_config(self.recipe, [*self.overrides(self.first_ends()), *more])

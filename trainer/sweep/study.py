@@ -372,17 +372,13 @@ def trial_objective(
         shown = ", ".join(f"{key.split('.')[-1]}={_short(value)}" for key, value in params.items())
         console.print(f"trial {trial.number}: {shown}")
 
-        offset = sweep.spec.pruner.offset(sweep.trial_warmup(params))
-        train_iters = sweep.train_iters([*sweep.param_overrides(params), *extra])
+        schedule = sweep.trial_config([*sweep.param_overrides(params), *extra]).schedule
+        offset, train_iters = sweep.spec.pruner.offset(schedule.lr_warmup_iters), schedule.train_iters
 
         def report(step: int, val_loss: float) -> bool:
             with signals_held():
                 trial.set_user_attr(STEPS, step)
-                # what the pruner compares: the loss at the trial's step, or at its steps past its own warm-up
-                # (pruner.progress); an evaluation before that warm-up has ended is not the pruner's to judge.
-                # A stop at the run's last evaluation is none: the trial has trained its whole run, and is scored
-                # (a rung there, successive halving's second from a first at a third of the run, threw it away).
-                stop = step >= offset and _reported(trial, val_loss, step - offset) and step < train_iters
+                stop = judge(trial, val_loss, step, offset, train_iters)
             console.print(
                 f"  trial {trial.number} step {step}: validation loss {val_loss:.4f}"
                 + (" -> pruned" if stop else "")
@@ -436,10 +432,16 @@ def trial_objective(
     return objective
 
 
-def _reported(trial: optuna.Trial, val_loss: float, progress: int) -> bool:
-    """Report the loss at `progress` steps; whether the pruner stops the trial there."""
-    trial.report(val_loss, progress)
-    return trial.should_prune()
+def judge(trial: optuna.Trial, val_loss: float, step: int, offset: int, train_iters: int) -> bool:
+    """Report a trial's validation loss at `step` to the pruner; whether it stops the trial there. The pruner sees
+    the step less `offset` (pruner.progress: its own warm-up, or 0); an evaluation before that is not its to judge.
+    A stop at the run's last evaluation is none: the trial has trained its whole run and is scored (a rung there,
+    successive halving's second from a first at a third of the run, threw it away). trainer/bench/pruning.py
+    replays trials through this too."""
+    if step < offset:
+        return False
+    trial.report(val_loss, step - offset)
+    return trial.should_prune() and step < train_iters
 
 
 def _best_value(study: optuna.Study) -> float | None:
