@@ -90,6 +90,19 @@ def write(tmp_path: Path, text: str) -> Path:
             "on the evaluation at step 60, not before the trials' schedule.train_iters = 60: those trials could "
             "never be stopped; give min_resource <= 10",
         ),
+        # counted in steps too, a trial is judged at its first evaluation at or past min_resource, which must come
+        # before the run's end (a stop there is ignored): evaluations every 15 of 20 put min_resource 10 on step 15
+        # and min_resource 16 on the run's end (20)
+        (
+            "pruner: {min_resource: 16}\nset: {schedule.eval_interval: 15}\n"
+            "space: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "pruner.min_resource = 16 first falls on the evaluation at step 20 (schedule.eval_interval = 15), not "
+            "before the trials' schedule.train_iters = 20: no trial could be stopped; give min_resource <= 15",
+        ),
+        (
+            "pruner: {kind: none, progress: past_warmup}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n",
+            "pruner.progress = past_warmup needs pruner.kind: successive_halving (it is none)",
+        ),
         # only successive halving compares trials whose evaluations fall at different steps past their warm-ups
         (
             "pruner: {kind: median, min_resource: 2, progress: past_warmup}\nset: {schedule.eval_interval: 5}\n"
@@ -125,6 +138,12 @@ def test_a_bad_sweep_is_refused_with_the_key_and_value(tmp_path, body, message):
     with pytest.raises(SweepError, match="invalid sweep") as error:
         load_sweep(write(tmp_path, body))
     assert message in str(error.value)
+
+
+def test_a_first_rung_on_an_evaluation_before_the_runs_end_is_accepted(tmp_path):
+    """The refusal above stops where a trial can be judged: min_resource 15 falls on step 15's evaluation of 20."""
+    body = "pruner: {min_resource: 15}\nset: {schedule.eval_interval: 15}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n"
+    assert load_sweep(write(tmp_path, body)).spec.pruner.min_resource == 15
 
 
 def test_a_missing_file_or_recipe_is_named(tmp_path):

@@ -759,6 +759,17 @@ ROWS: dict[str, Row] = {
             "space: {{schedule.lr_warmup_iters: {{low: 0, high: 10}}}}"
         ),
     ),
+    "sweep-pruner-first-rung-at-the-runs-end": Row(
+        "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
+        (
+            "pruner.min_resource = 16 first falls on the evaluation at step 20 (schedule.eval_interval = 15), not "
+            "before the trials' schedule.train_iters = 20: no trial could be stopped; give min_resource <= 15",
+        ),
+        sweep_file(
+            "pruner: {{min_resource: 16}}\nset: {{schedule.eval_interval: 15}}\n"
+            "space: {{optimizer.lr: {{low: 0.001, high: 0.01}}}}"
+        ),
+    ),
     "sweep-recipe-outside-the-space": Row(
         "sweep --sweep {tmp}/s.yaml --runs {tmp}/runs",
         (

@@ -415,6 +415,12 @@ def _described(dimension: Dimension) -> str:
     )
 
 
+_PAST_WARMUP_NEEDS_HALVING = (
+    "pruner.progress = past_warmup needs pruner.kind: successive_halving (it is {kind}): only it compares trials "
+    "whose evaluations fall at different steps past their warm-ups"
+)
+
+
 def _past_warmup_problems(pruner: Pruner, train_iters: int, eval_interval: int, warmup: int) -> list[str]:
     """pruner.progress: past_warmup moves each trial's rungs by its own warm-up. Only successive halving compares
     trials at a rung whatever step they report it at: the median pruner compares values reported at the very same
@@ -422,12 +428,8 @@ def _past_warmup_problems(pruner: Pruner, train_iters: int, eval_interval: int, 
     brackets are sized from train_iters. A trial is judged at its first evaluation at or past min_resource steps
     beyond its warm-up, which must come before its run's end."""
     if pruner.kind != "successive_halving":
-        return [
-            f"pruner.progress = past_warmup needs pruner.kind: successive_halving (it is {pruner.kind}): only it "
-            "compares trials whose evaluations fall at different steps past their warm-ups"
-        ]
-    judged = -(-(pruner.min_resource + warmup) // eval_interval) * eval_interval  # the first evaluation there
-    last = (train_iters - 1) // eval_interval * eval_interval  # the last evaluation before the run's end
+        return [_PAST_WARMUP_NEEDS_HALVING.format(kind=pruner.kind)]
+    judged, last = _evaluations(pruner.min_resource + warmup, train_iters, eval_interval)
     if judged < train_iters:
         return []
     way = (
@@ -449,6 +451,8 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
     there (issue 48: 10 of 12 trials pruned at step 10, the recipe's own among them)."""
     pruner = sweep.spec.pruner
     if pruner.kind == "none":
+        if pruner.progress == "past_warmup":  # a setting that would move nothing
+            return [_PAST_WARMUP_NEEDS_HALVING.format(kind=pruner.kind)]
         return []
     schedule = sweep.trial_config().schedule
     problems = []
@@ -474,4 +478,26 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
             f"{pruner.kind} has nothing to stop on; set schedule.eval_interval below it (in the sweep's set) or "
             "pruner.kind: none"
         )
+    elif pruner.progress == "step" and pruner.min_resource < schedule.train_iters:
+        problems += _first_rung_problems(pruner, schedule.train_iters, schedule.eval_interval)
     return problems
+
+
+def _first_rung_problems(pruner: Pruner, train_iters: int, eval_interval: int) -> list[str]:
+    """A trial is judged at its first evaluation at or past min_resource steps; a stop at the run's last
+    evaluation is ignored (trainer/sweep/study.py judge), so that evaluation must come before the run's end."""
+    judged, last = _evaluations(pruner.min_resource, train_iters, eval_interval)
+    if judged < train_iters:
+        return []
+    return [
+        f"pruner.min_resource = {pruner.min_resource} first falls on the evaluation at step {judged} "
+        f"(schedule.eval_interval = {eval_interval}), not before the trials' schedule.train_iters = {train_iters}: "
+        f"no trial could be stopped; give min_resource <= {last} or evaluate more often"
+    ]
+
+
+def _evaluations(steps: int, train_iters: int, eval_interval: int) -> tuple[int, int]:
+    """A trial's first evaluation at or past `steps` (the run's end evaluates too), and its last before the end."""
+    return min(-(-steps // eval_interval) * eval_interval, train_iters), (
+        train_iters - 1
+    ) // eval_interval * eval_interval
