@@ -3,11 +3,25 @@
 
 import argparse
 import functools
+import signal
 import sys
 
 from tests.sweep.conftest import objective_command, objective_evaluate
 from trainer.sweep import command
 
+# Ctrl-C as a terminal's foreground job gets it: Python's KeyboardInterrupt. A process inherits an ignored or
+# blocked signal across exec (signal(7), "Execution of signal handlers"; sigprocmask(2)), and this one is started by
+# a pytest worker whose state other tests' libraries may have left changed: a clean-clone run once saw this driver
+# run its trial to the end after SIGINT (tests/sweep/test_driver.py, the `int` case).
+if signal.getsignal(
+    signal.SIGINT
+) is not signal.default_int_handler or signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+    print(
+        f"tests/sweep/driver.py: SIGINT inherited as {signal.getsignal(signal.SIGINT)}; reset",
+        file=sys.stderr,
+    )
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 command.heldout_evaluator = lambda *_: objective_evaluate
 arguments = sys.argv[1:]
 settings = arguments[: arguments.index("--")] if "--" in arguments else []
