@@ -9,17 +9,15 @@ import sys
 from tests.sweep.conftest import objective_command, objective_evaluate
 from trainer.sweep import command
 
-# Ctrl-C as a terminal's foreground job gets it: Python's KeyboardInterrupt. A process inherits an ignored or
-# blocked signal across exec (signal(7), "Execution of signal handlers"; sigprocmask(2)), and this one is started by
-# a pytest worker whose state other tests' libraries may have left changed: a clean-clone run once saw this driver
-# run its trial to the end after SIGINT (tests/sweep/test_driver.py, the `int` case).
-if signal.getsignal(
-    signal.SIGINT
-) is not signal.default_int_handler or signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
-    print(
-        f"tests/sweep/driver.py: SIGINT inherited as {signal.getsignal(signal.SIGINT)}; reset",
-        file=sys.stderr,
-    )
+# Ctrl-C as a terminal's foreground job gets it: Python's KeyboardInterrupt. An ignored signal is inherited across
+# exec (signal(7)), and a shell without job control starts a background command with SIGINT ignored (POSIX Shell
+# Command Language, 2.11 "Signals and Error Handling"): in a clean-clone run started as `nohup ... &` from a script,
+# this driver (a descendant) ran its trial to the end after SIGINT, and test_driver.py's `int` case failed.
+inherited = signal.getsignal(signal.SIGINT)
+if inherited is not signal.default_int_handler or signal.SIGINT in signal.pthread_sigmask(
+    signal.SIG_BLOCK, []
+):
+    print(f"tests/sweep/driver.py: SIGINT inherited as {inherited}; reset", file=sys.stderr)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 command.heldout_evaluator = lambda *_: objective_evaluate
