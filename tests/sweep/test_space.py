@@ -142,7 +142,10 @@ def test_a_bad_sweep_is_refused_with_the_key_and_value(tmp_path, body, message):
 
 def test_a_first_rung_on_an_evaluation_before_the_runs_end_is_accepted(tmp_path):
     """The refusal above stops where a trial can be judged: min_resource 15 falls on step 15's evaluation of 20."""
-    body = "pruner: {min_resource: 15}\nset: {schedule.eval_interval: 15}\nspace: {optimizer.lr: {low: 0.001, high: 0.01}}\n"
+    body = (
+        "pruner: {min_resource: 15}\nset: {schedule.eval_interval: 15}\n"
+        "space: {optimizer.lr: {low: 0.001, high: 0.01}}\n"
+    )
     assert load_sweep(write(tmp_path, body)).spec.pruner.min_resource == 15
 
 

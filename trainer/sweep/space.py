@@ -415,20 +415,12 @@ def _described(dimension: Dimension) -> str:
     )
 
 
-_PAST_WARMUP_NEEDS_HALVING = (
-    "pruner.progress = past_warmup needs pruner.kind: successive_halving (it is {kind}): only it compares trials "
-    "whose evaluations fall at different steps past their warm-ups"
-)
-
-
 def _past_warmup_problems(pruner: Pruner, train_iters: int, eval_interval: int, warmup: int) -> list[str]:
-    """pruner.progress: past_warmup moves each trial's rungs by its own warm-up. Only successive halving compares
-    trials at a rung whatever step they report it at: the median pruner compares values reported at the very same
-    step (optuna/pruners/_percentile.py, v5.1.0), which trials of different warm-ups never share, and Hyperband's
-    brackets are sized from train_iters. A trial is judged at its first evaluation at or past min_resource steps
+    """pruner.progress: past_warmup moves each trial's rungs by its own warm-up; the caller refuses it for every kind
+    but successive halving, the only one that compares trials at a rung whatever step they report it at: the median
+    pruner compares values reported at the very same step (optuna/pruners/_percentile.py, v5.1.0), which trials of
+    different warm-ups never share, and Hyperband's brackets are sized from train_iters. A trial is judged at its first evaluation at or past min_resource steps
     beyond its warm-up, which must come before its run's end."""
-    if pruner.kind != "successive_halving":
-        return [_PAST_WARMUP_NEEDS_HALVING.format(kind=pruner.kind)]
     judged, last = _evaluations(pruner.min_resource + warmup, train_iters, eval_interval)
     if judged < train_iters:
         return []
@@ -450,15 +442,20 @@ def _pruner_problems(sweep: Sweep) -> list[str]:
     learning rate, and the issue that made this rule found the pruner dropping the configurations that ended best
     there (issue 48: 10 of 12 trials pruned at step 10, the recipe's own among them)."""
     pruner = sweep.spec.pruner
-    if pruner.kind == "none":
-        if pruner.progress == "past_warmup":  # a setting that would move nothing
-            return [_PAST_WARMUP_NEEDS_HALVING.format(kind=pruner.kind)]
-        return []
-    schedule = sweep.trial_config().schedule
     problems = []
+    # refused for every other kind, `none` included (there it would move nothing)
+    if pruner.progress == "past_warmup" and pruner.kind != "successive_halving":
+        problems.append(
+            f"pruner.progress = past_warmup needs pruner.kind: successive_halving (it is {pruner.kind}): only it "
+            "compares trials whose evaluations fall at different steps past their warm-ups"
+        )
+    if pruner.kind == "none":
+        return problems
+    schedule = sweep.trial_config().schedule
     warmup = sweep.longest_warmup()
     if pruner.progress == "past_warmup":
-        problems += _past_warmup_problems(pruner, schedule.train_iters, schedule.eval_interval, warmup)
+        if pruner.kind == "successive_halving":
+            problems += _past_warmup_problems(pruner, schedule.train_iters, schedule.eval_interval, warmup)
     elif pruner.min_resource < warmup:
         problems.append(
             f"pruner.min_resource = {pruner.min_resource} would judge trials before their warm-up has ended (the "
@@ -498,6 +495,5 @@ def _first_rung_problems(pruner: Pruner, train_iters: int, eval_interval: int) -
 
 def _evaluations(steps: int, train_iters: int, eval_interval: int) -> tuple[int, int]:
     """A trial's first evaluation at or past `steps` (the run's end evaluates too), and its last before the end."""
-    return min(-(-steps // eval_interval) * eval_interval, train_iters), (
-        train_iters - 1
-    ) // eval_interval * eval_interval
+    first = min(-(-steps // eval_interval) * eval_interval, train_iters)
+    return first, (train_iters - 1) // eval_interval * eval_interval
